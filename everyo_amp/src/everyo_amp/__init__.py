@@ -1,0 +1,1 @@
+"""everyo-amp: an EveryO plugin distribution (see docs/architecture.md)."""

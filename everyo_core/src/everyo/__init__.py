@@ -1,0 +1,123 @@
+"""EveryO: a deep-learning framework on NumPy.
+
+``import everyo as eo`` gives the core (Tensor, autograd, Module, optimizers, save/load) and,
+through plugins, everything installed distributions register: ``eo.Linear`` from
+everyo-layers, ``eo.autocast`` from everyo-amp, ``eo.export_onnx`` from everyo-onnx, and
+``everyo.distributed`` from everyo-dist.
+"""
+
+from __future__ import annotations
+
+from everyo import functional as _functional
+from everyo.autograd import Op, unbroadcast
+from everyo.data import DataLoader, TensorDataset
+from everyo.dispatch import dispatch
+from everyo.errors import (
+    EveryOError,
+    EveryOSerializationError,
+    MissingDistributionError,
+    MissingDistributionModuleError,
+    PluginError,
+)
+from everyo.functional import (
+    abs,
+    add,
+    clip,
+    concatenate,
+    div,
+    exp,
+    log,
+    log_softmax,
+    matmul,
+    max,
+    maximum,
+    mean,
+    min,
+    minimum,
+    mul,
+    neg,
+    pad,
+    pow,
+    relu,
+    reshape,
+    sigmoid,
+    softmax,
+    sqrt,
+    stack,
+    sub,
+    sum,
+    tanh,
+    transpose,
+    var,
+    where,
+)
+from everyo.grad_mode import enable_grad, is_grad_enabled, no_grad
+from everyo.gradcheck import GradcheckError, gradcheck
+from everyo.hookspecs import hookimpl
+from everyo.module import Module, Parameter, Sequential
+from everyo.optim import SGD, Adam, AdamW, Optimizer
+from everyo.plugins import register_plugin, registry
+from everyo.serialization import load, save
+from everyo.tensor import (
+    Tensor,
+    arange,
+    full,
+    full_like,
+    ones,
+    ones_like,
+    rand,
+    rand_like,
+    randn,
+    randn_like,
+    tensor,
+    zeros,
+    zeros_like,
+)
+
+__version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    """``eo.<name>`` for what plugins registered (layers, API names, ops) or an install hint."""
+    from everyo.first_party import DISTRIBUTION_OF, missing
+    from everyo.plugins import host
+
+    for kind in ("layers", "api"):
+        found = host.registries[kind].get(name)
+        if found is not None:
+            return found
+    if name in host.registries["ops"]:
+        return _op_function(name)
+    if name in DISTRIBUTION_OF:
+        raise missing(name, DISTRIBUTION_OF[name])
+    raise AttributeError(f"module 'everyo' has no attribute {name!r}")
+
+
+def _op_function(name: str):
+    def op_function(*operands, **attrs):
+        return dispatch(name, *operands, **attrs)
+
+    op_function.__name__ = op_function.__qualname__ = name
+    op_function.__doc__ = f"Apply the registered op {name!r} (see ``everyo plugins``)."
+    return op_function
+
+
+def __dir__():
+    from everyo.plugins import host
+
+    return sorted(set(globals()) | set(host.registries["layers"].items)
+                  | set(host.registries["api"].items))
+
+
+def _load_plugins() -> None:
+    from everyo import core_plugin
+    from everyo.plugins import host
+
+    host.register_plugin(core_plugin, name="everyo", distribution="everyo-core",
+                         version=__version__)
+    if host.autoload_enabled():
+        host.load_entry_points()
+
+
+_load_plugins()
+del _load_plugins, annotations

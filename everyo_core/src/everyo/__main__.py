@@ -1,0 +1,3 @@
+from everyo.cli import main
+
+raise SystemExit(main())

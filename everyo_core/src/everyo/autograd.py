@@ -1,0 +1,207 @@
+"""Reverse-mode autograd: the ``Op`` base class and the backward engine.
+
+An op is a small class with ``forward`` and ``backward`` on NumPy arrays. ``Op.apply`` wraps the
+operands, runs ``forward`` and, when any operand requires a gradient, keeps the op instance as
+the output's graph node. ``backward`` receives the output's gradient and returns one gradient per
+operand (``None`` where ``needs_input_grad`` is False).
+
+Example op::
+
+    class Square(Op):
+        def forward(self, x):
+            self.saved = x
+            return x * x
+
+        def backward(self, grad):
+            return (2 * self.saved * grad,)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from everyo.errors import EveryOError
+from everyo.grad_mode import _grad_enabled
+from everyo.tensor import DEFAULT_FLOAT, Tensor
+
+_released = object()
+
+
+class Op:
+    """Base of every differentiable operation; subclasses implement forward and backward.
+
+    Attributes available in ``forward``/``backward``:
+        needs_input_grad: one bool per operand, True where a gradient is wanted.
+        saved: whatever ``forward`` stores for ``backward`` (freed after backward).
+    """
+
+    __slots__ = ("parents", "needs_input_grad", "saved")
+
+    #: Name used in error messages; set from the registered name when registered.
+    name = "op"
+
+    def forward(self, *arrays, **attrs) -> np.ndarray:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def backward(self, grad: np.ndarray):  # pragma: no cover - interface
+        raise NotImplementedError
+
+    @classmethod
+    def apply(cls, *operands, **attrs) -> Tensor:
+        """Run the op on ``operands`` (Tensors, arrays or scalars) and record it if needed."""
+        tensors = _as_tensors(operands)
+        op = object.__new__(cls)
+        needs = tuple([t.requires_grad for t in tensors])
+        record = True in needs and _grad_enabled.get()
+        op.needs_input_grad = needs
+        op.saved = None
+        out = op.forward(*[t.data for t in tensors], **attrs)
+        if record:
+            op.parents = tensors
+            return Tensor._make(out, True, op)
+        return Tensor._make(out, False, None)
+
+
+def _as_tensors(operands) -> tuple:
+    """Operands as Tensors; Python scalars take the dtype of the tensor they meet."""
+    for o in operands:
+        if type(o) is not Tensor and not isinstance(o, Tensor):
+            break
+    else:
+        return operands
+    like = None
+    for o in operands:
+        if isinstance(o, Tensor):
+            like = o.data.dtype
+            break
+    out = []
+    for o in operands:
+        if isinstance(o, Tensor):
+            out.append(o)
+        elif isinstance(o, np.ndarray):
+            out.append(Tensor._make(o, False, None))
+        else:
+            out.append(Tensor._make(_constant(o, like), False, None))
+    return tuple(out)
+
+
+def _constant(value, like: np.dtype | None) -> np.ndarray:
+    array = np.asarray(value)
+    if like is not None and array.ndim == 0:
+        # NOTE: PyTorch's rule: a Python scalar never widens a tensor (float16 * 2.5 stays
+        # float16); an int tensor meeting a float scalar becomes the default float.
+        if like.kind == "f" or (like.kind in "iu" and array.dtype.kind in "iub"):
+            return array.astype(like)
+        if array.dtype.kind == "f":
+            return array.astype(DEFAULT_FLOAT)
+    if array.dtype == np.float64 and not isinstance(value, (np.ndarray, np.generic)):
+        return array.astype(DEFAULT_FLOAT)
+    return array
+
+
+def unbroadcast(grad: np.ndarray, shape: tuple) -> np.ndarray:
+    """Sum ``grad`` over the axes along which an operand of ``shape`` was broadcast."""
+    if grad.shape == shape:
+        return grad
+    extra = grad.ndim - len(shape)
+    axes = tuple(range(extra)) + tuple(
+        i + extra for i, n in enumerate(shape) if n == 1 and grad.shape[i + extra] != 1
+    )
+    if axes:
+        # NOTE: float16 gradients are summed in float32 and rounded once, as tensor cores do.
+        if grad.dtype == np.float16:
+            grad = grad.sum(axis=axes, keepdims=True, dtype=np.float32).astype(np.float16)
+        else:
+            grad = grad.sum(axis=axes, keepdims=True)
+    return grad.reshape(shape)
+
+
+def _topological_order(root_op) -> list:
+    """Ops reachable from ``root_op``, each after every op that consumes its output."""
+    order: list = []
+    visited = {id(root_op)}
+    stack = [(root_op, False)]
+    while stack:
+        op, expanded = stack.pop()
+        if expanded:
+            order.append(op)
+            continue
+        parents = op.parents
+        if parents is None or op.saved is _released:
+            raise EveryOError(
+                "backward() through a graph that was already freed: a previous backward() "
+                "released it; pass retain_graph=True to the first call to go through it again"
+            )
+        stack.append((op, True))
+        for t in parents:
+            ctx = t._ctx
+            if ctx is not None and id(ctx) not in visited:
+                visited.add(id(ctx))
+                stack.append((ctx, False))
+    order.reverse()
+    return order
+
+
+def run_backward(root: Tensor, grad=None, retain_graph: bool = False) -> None:
+    """Propagate ``grad`` (default 1) from ``root`` to every leaf that requires a gradient."""
+    if not root.requires_grad:
+        raise EveryOError(
+            "backward() on a tensor that does not require grad: no operand of the ops that "
+            "produced it had requires_grad=True (or it was computed under no_grad())"
+        )
+    if grad is None:
+        if root.data.size != 1:
+            raise EveryOError(
+                f"backward() without a gradient needs a one-element tensor, got shape "
+                f"{root.shape}; pass grad= with that shape"
+            )
+        grad = np.ones_like(root.data)
+    else:
+        grad = np.asarray(grad.data if isinstance(grad, Tensor) else grad, dtype=root.data.dtype)
+        if grad.shape != root.shape:
+            raise EveryOError(f"backward(grad): grad shape {grad.shape} != tensor shape {root.shape}")
+    if root._ctx is None:
+        _accumulate_leaf(root, grad, copy=True)
+        return
+
+    pending = {id(root._ctx): grad}
+    for op in _topological_order(root._ctx):
+        g = pending.pop(id(op), None)
+        if g is None:
+            continue
+        grads = op.backward(g)
+        if type(grads) is not tuple:
+            grads = (grads,)
+        for t, gi, needed in zip(op.parents, grads, op.needs_input_grad):
+            if not needed or gi is None:
+                continue
+            if gi.dtype != t.data.dtype:
+                # NOTE: a gradient arriving at a tensor takes that tensor's dtype: float16
+                # activations get float16 gradients, float32 master weights float32 ones.
+                gi = gi.astype(t.data.dtype)
+            if gi.shape != t.data.shape:
+                raise EveryOError(
+                    f"op {type(op).__name__}: backward returned a gradient of shape {gi.shape} "
+                    f"for an operand of shape {t.data.shape}"
+                )
+            ctx = t._ctx
+            if ctx is None:
+                _accumulate_leaf(t, gi, copy=gi is g or not gi.flags.owndata)
+            else:
+                key = id(ctx)
+                previous = pending.get(key)
+                pending[key] = gi if previous is None else previous + gi
+        if not retain_graph:
+            op.saved = _released
+            op.parents = None
+
+
+def _accumulate_leaf(t: Tensor, g: np.ndarray, copy: bool) -> None:
+    if not t.requires_grad:
+        return
+    if t.grad is None:
+        # NOTE: copy when the array may be shared (a pass-through or a view), so that an
+        # in-place edit of one leaf's .grad never changes another's.
+        t.grad = np.array(g, copy=True) if copy else g
+    else:
+        t.grad += g

@@ -1,0 +1,43 @@
+"""The ``everyo`` command: ``everyo plugins`` lists loaded plugins and what each registered."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+KIND_LABELS = {"ops": "ops", "layers": "layers", "api": "api",
+               "autocast_policies": "autocast policies", "onnx_converters": "ONNX converters",
+               "backends": "backends"}
+
+
+def _plugins(out) -> int:
+    import everyo  # noqa: F401  (loads the plugins)
+    from everyo.plugins import PluginHost, host
+
+    if not PluginHost.autoload_enabled():
+        print("(plugin autoloading is disabled by EVERYO_DISABLE_PLUGIN_AUTOLOAD)", file=out)
+    for info in host.plugins:
+        version = f" {info.version}" if info.version else ""
+        print(f"{info.name}  [{info.distribution}{version}]", file=out)
+        if not info.registered:
+            print("    (registers nothing yet)", file=out)
+        for kind, names in info.registered.items():
+            print(f"    {KIND_LABELS[kind]}: {', '.join(names)}", file=out)
+    for failure in host.failures:
+        print(f"{failure.name}  [{failure.distribution}]  FAILED TO LOAD: {failure.error}",
+              file=out)
+    return 1 if host.failures else 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="everyo", description="EveryO command-line tools")
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("plugins", help="list loaded plugins and what each registered")
+    args = parser.parse_args(argv)
+    if args.command == "plugins":
+        return _plugins(sys.stdout)
+    return 2  # pragma: no cover - argparse rejects unknown commands
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

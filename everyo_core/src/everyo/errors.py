@@ -1,0 +1,25 @@
+"""The exception hierarchy every EveryO distribution raises from."""
+
+
+class EveryOError(Exception):
+    """Base class of every error EveryO raises on purpose."""
+
+
+class EveryOSerializationError(EveryOError):
+    """Saving, loading or exporting a model failed (corrupt file, unsupported layer, ...)."""
+
+
+class PluginError(EveryOError):
+    """A plugin registered something invalid, or the same name twice."""
+
+
+class MissingDistributionError(EveryOError, AttributeError):
+    """``eo.<name>`` belongs to a first-party distribution that is not installed (or not loaded).
+
+    An ``AttributeError``, so ``hasattr(eo, "autocast")`` stays a clean probe.
+    """
+
+
+class MissingDistributionModuleError(EveryOError, ImportError):
+    """``import everyo.distributed`` without everyo-dist: the ``ImportError`` twin of
+    :class:`MissingDistributionError`."""

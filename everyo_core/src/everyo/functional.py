@@ -1,0 +1,135 @@
+"""The core ops as ``eo.`` functions; each is one call to :func:`everyo.dispatch`."""
+
+from __future__ import annotations
+
+from everyo.dispatch import dispatch
+
+
+def _unary(name: str, doc: str):
+    def fn(x):
+        return dispatch(name, x)
+
+    fn.__name__, fn.__qualname__, fn.__doc__ = name, name, doc
+    return fn
+
+
+neg = _unary("neg", "Elementwise negation.")
+abs = _unary("abs", "Elementwise absolute value (gradient sign(x), 0 at 0).")  # noqa: A001
+exp = _unary("exp", "Elementwise e**x.")
+log = _unary("log", "Elementwise natural logarithm.")
+sqrt = _unary("sqrt", "Elementwise square root.")
+tanh = _unary("tanh", "Elementwise hyperbolic tangent.")
+sigmoid = _unary("sigmoid", "Elementwise logistic function, stable for large |x|.")
+relu = _unary("relu", "Elementwise max(x, 0).")
+
+
+def _reduction(name: str, doc: str):
+    def fn(x, axis=None, keepdims=False):
+        return dispatch(name, x, axis=axis, keepdims=keepdims)
+
+    fn.__name__, fn.__qualname__, fn.__doc__ = name, name, doc
+    return fn
+
+
+sum = _reduction("sum", "Sum over ``axis`` (all axes by default).")  # noqa: A001
+mean = _reduction("mean", "Mean over ``axis`` (all axes by default).")
+max = _reduction("max", "Maximum over ``axis``; ties share the gradient.")  # noqa: A001
+min = _reduction("min", "Minimum over ``axis``; ties share the gradient.")  # noqa: A001
+
+
+def var(x, axis=None, keepdims=False, ddof=0):
+    """Variance over ``axis``; ``ddof=0`` (NumPy's default) is the population variance."""
+    return dispatch("var", x, axis=axis, keepdims=keepdims, ddof=ddof)
+
+
+def add(a, b):
+    """``a + b`` with broadcasting."""
+    return dispatch("add", a, b)
+
+
+def sub(a, b):
+    """``a - b`` with broadcasting."""
+    return dispatch("sub", a, b)
+
+
+def mul(a, b):
+    """``a * b`` with broadcasting."""
+    return dispatch("mul", a, b)
+
+
+def div(a, b):
+    """``a / b`` with broadcasting."""
+    return dispatch("div", a, b)
+
+
+def pow(a, b):  # noqa: A001
+    """``a ** b`` with broadcasting."""
+    return dispatch("pow", a, b)
+
+
+def maximum(a, b):
+    """Elementwise maximum; where a == b each side gets half the gradient."""
+    return dispatch("maximum", a, b)
+
+
+def minimum(a, b):
+    """Elementwise minimum; where a == b each side gets half the gradient."""
+    return dispatch("minimum", a, b)
+
+
+def where(condition, a, b):
+    """Elements of ``a`` where ``condition`` holds, else of ``b``."""
+    return dispatch("where", condition, a, b)
+
+
+def clip(x, min=None, max=None):  # noqa: A002
+    """Limit values to [min, max]; the gradient flows where the value was not clipped."""
+    return dispatch("clip", x, min=min, max=max)
+
+
+def matmul(a, b, bias=None):
+    """``a @ b``, batched over leading axes; ``bias`` is added in the same op.
+
+    Example:
+        >>> import everyo as eo
+        >>> eo.matmul(eo.ones(2, 3), eo.ones(3, 4), bias=eo.zeros(4)).shape
+        (2, 4)
+    """
+    if bias is None:
+        return dispatch("matmul", a, b)
+    return dispatch("matmul", a, b, bias)
+
+
+def reshape(x, shape):
+    """``x`` with a new shape holding the same elements."""
+    return dispatch("reshape", x, shape=tuple(shape))
+
+
+def transpose(x, axes=None):
+    """Permute axes (reverse them by default)."""
+    return dispatch("transpose", x, axes=axes)
+
+
+def concatenate(tensors, axis=0):
+    """Join tensors along an existing axis."""
+    return dispatch("concatenate", *tensors, axis=axis)
+
+
+def stack(tensors, axis=0):
+    """Join same-shaped tensors along a new axis."""
+    return dispatch("stack", *tensors, axis=axis)
+
+
+def pad(x, pad_width, value=0.0):
+    """Constant padding; ``pad_width`` as in ``np.pad``."""
+    return dispatch("pad", x, pad_width=pad_width, value=value)
+
+
+def softmax(x, axis=-1):
+    """Numerically stable softmax along ``axis``."""
+    return dispatch("softmax", x, axis=axis)
+
+
+def log_softmax(x, axis=-1):
+    """Numerically stable log-softmax along ``axis``."""
+    return dispatch("log_softmax", x, axis=axis)

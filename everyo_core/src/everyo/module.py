@@ -1,0 +1,248 @@
+"""``Module``, ``Parameter`` and ``Sequential``: the bases every layer builds on."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Iterator
+
+import numpy as np
+
+from everyo.errors import EveryOError
+from everyo.tensor import DEFAULT_FLOAT, Tensor
+
+
+class Parameter(Tensor):
+    """A tensor that is a module's learnable state: it requires a gradient by default.
+
+    Dtypes follow ``eo.tensor``: Python floats and integers become float32, a NumPy array keeps
+    its floating dtype.
+
+    Example:
+        >>> import everyo as eo, numpy as np
+        >>> eo.Parameter([1, 2]).dtype, eo.Parameter(np.zeros(2)).dtype
+        ('float32', 'float64')
+    """
+
+    __slots__ = ()
+
+    def __init__(self, data, requires_grad: bool = True, dtype=None):
+        from everyo.tensor import tensor
+
+        array = tensor(data, dtype=dtype).data
+        if array.dtype.kind != "f":
+            array = array.astype(DEFAULT_FLOAT)
+        super().__init__(array, requires_grad=requires_grad)
+
+    def __repr__(self) -> str:
+        return "Parameter(" + super().__repr__() + ")"
+
+
+class Module:
+    """Base class of layers and models: holds parameters, buffers and sub-modules.
+
+    Subclasses set attributes in ``__init__`` (a ``Parameter``, a ``Module``, or a buffer via
+    :meth:`register_buffer`) and implement ``forward``. Calling the module calls ``forward``.
+
+    Example:
+        >>> import everyo as eo
+        >>> class Scale(eo.Module):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.factor = eo.Parameter([2.0])
+        ...     def forward(self, x):
+        ...         return x * self.factor
+        >>> Scale()(eo.ones(2)).data
+        array([2., 2.], dtype=float32)
+    """
+
+    def __init__(self) -> None:
+        object.__setattr__(self, "_parameter_names", [])
+        object.__setattr__(self, "_buffer_names", [])
+        object.__setattr__(self, "_module_names", [])
+        object.__setattr__(self, "training", True)
+
+    def __setattr__(self, name: str, value) -> None:
+        if "_parameter_names" not in self.__dict__:
+            raise EveryOError(f"{type(self).__name__}.__init__ must call super().__init__() "
+                              f"before assigning attributes")
+        for names in (self._parameter_names, self._module_names):
+            if name in names:
+                names.remove(name)
+        if isinstance(value, Parameter):
+            self._parameter_names.append(name)
+        elif isinstance(value, Module):
+            self._module_names.append(name)
+        object.__setattr__(self, name, value)
+
+    def register_buffer(self, name: str, array) -> None:
+        """Non-learnable state saved in ``state_dict`` (e.g. running statistics)."""
+        if name not in self._buffer_names:
+            self._buffer_names.append(name)
+        object.__setattr__(self, name, None if array is None else np.asarray(array))
+
+    def forward(self, *args, **kwargs):
+        raise NotImplementedError(f"{type(self).__name__} does not implement forward()")
+
+    def __call__(self, *args, **kwargs):
+        return self.forward(*args, **kwargs)
+
+    # -- traversal ------------------------------------------------------------------------------
+    def named_children(self) -> Iterator[tuple[str, "Module"]]:
+        for name in self._module_names:
+            yield name, self.__dict__[name]
+
+    def children(self) -> Iterator["Module"]:
+        for _, module in self.named_children():
+            yield module
+
+    def named_modules(self, prefix: str = "") -> Iterator[tuple[str, "Module"]]:
+        yield prefix, self
+        for name, child in self.named_children():
+            yield from child.named_modules(f"{prefix}.{name}" if prefix else name)
+
+    def modules(self) -> Iterator["Module"]:
+        for _, module in self.named_modules():
+            yield module
+
+    def named_parameters(self, prefix: str = "") -> Iterator[tuple[str, Parameter]]:
+        seen: set[int] = set()
+        for path, module in self.named_modules(prefix):
+            for name in module._parameter_names:
+                param = module.__dict__[name]
+                if id(param) not in seen:
+                    seen.add(id(param))
+                    yield (f"{path}.{name}" if path else name), param
+
+    def parameters(self) -> Iterator[Parameter]:
+        for _, param in self.named_parameters():
+            yield param
+
+    def named_buffers(self) -> Iterator[tuple[str, np.ndarray]]:
+        for path, module in self.named_modules():
+            for name in module._buffer_names:
+                buffer = module.__dict__[name]
+                if buffer is not None:
+                    yield (f"{path}.{name}" if path else name), buffer
+
+    # -- modes and state --------------------------------------------------------------------------
+    def train(self, mode: bool = True) -> "Module":
+        for module in self.modules():
+            object.__setattr__(module, "training", mode)
+        return self
+
+    def eval(self) -> "Module":
+        return self.train(False)
+
+    def zero_grad(self) -> None:
+        """Forget accumulated gradients (sets every ``.grad`` to None, as PyTorch 2 does)."""
+        for param in self.parameters():
+            param.grad = None
+
+    def to(self, dtype) -> "Module":
+        """Convert floating parameters and buffers to ``dtype`` in place (e.g. ``"float64"``)."""
+        dtype = np.dtype(dtype)
+        for param in self.parameters():
+            if param.data.dtype.kind == "f":
+                param.data = param.data.astype(dtype)
+                param.grad = None
+        for module in self.modules():
+            for name in module._buffer_names:
+                buffer = module.__dict__[name]
+                if buffer is not None and buffer.dtype.kind == "f":
+                    object.__setattr__(module, name, buffer.astype(dtype))
+        return self
+
+    def state_dict(self) -> "OrderedDict[str, np.ndarray]":
+        """Copies of every parameter and buffer, by dotted name."""
+        state: OrderedDict = OrderedDict()
+        for name, param in self.named_parameters():
+            state[name] = param.data.copy()
+        for name, buffer in self.named_buffers():
+            state[name] = np.array(buffer, copy=True)
+        return state
+
+    def load_state_dict(self, state, strict: bool = True) -> None:
+        """Copy ``state`` into this module's parameters and buffers, in place.
+
+        Raises ``EveryOError`` naming every missing or unexpected key (when ``strict``) and any
+        key whose shape differs, before changing anything.
+        """
+        targets = dict(self.named_parameters())
+        buffers = {name: None for name, _ in self.named_buffers()}
+        expected = set(targets) | set(buffers)
+        given = set(state)
+        problems = []
+        if strict and expected - given:
+            problems.append(f"missing keys {sorted(expected - given)}")
+        if strict and given - expected:
+            problems.append(f"unexpected keys {sorted(given - expected)}")
+        current = self.state_dict()
+        for key in sorted(given & expected):
+            value = np.asarray(state[key].data if isinstance(state[key], Tensor) else state[key])
+            if value.shape != current[key].shape:
+                problems.append(f"{key!r} has shape {value.shape} in the state but "
+                                f"{current[key].shape} in the model")
+        if problems:
+            raise EveryOError(f"{type(self).__name__}.load_state_dict: " + "; ".join(problems))
+        for key in given & expected:
+            value = np.asarray(state[key].data if isinstance(state[key], Tensor) else state[key])
+            if key in targets:
+                targets[key].data[...] = value
+            else:
+                owner_path, _, name = key.rpartition(".")
+                owner = dict(self.named_modules())[owner_path]
+                buffer = owner.__dict__[name]
+                object.__setattr__(owner, name, value.astype(buffer.dtype, copy=True))
+
+    def extra_repr(self) -> str:
+        return ""
+
+    def __repr__(self) -> str:
+        children = list(self.named_children())
+        if not children:
+            return f"{type(self).__name__}({self.extra_repr()})"
+        lines = [f"  ({name}): " + repr(child).replace("\n", "\n  ") for name, child in children]
+        return f"{type(self).__name__}(\n" + "\n".join(lines) + "\n)"
+
+
+class Sequential(Module):
+    """Modules applied one after another; indexable like a list.
+
+    Example:
+        >>> import everyo as eo
+        >>> class AddOne(eo.Module):
+        ...     def forward(self, x):
+        ...         return x + 1
+        >>> model = eo.Sequential(AddOne(), AddOne())
+        >>> model(eo.zeros(2)).data, len(model), type(model[0]).__name__
+        (array([2., 2.], dtype=float32), 2, 'AddOne')
+    """
+
+    def __init__(self, *layers: Module):
+        super().__init__()
+        for layer in layers:
+            self.append(layer)
+
+    def append(self, layer: Module) -> "Sequential":
+        if not isinstance(layer, Module):
+            raise EveryOError(f"Sequential takes Modules, got {type(layer).__name__} at "
+                              f"position {len(self)}")
+        setattr(self, str(len(self._module_names)), layer)
+        return self
+
+    def __getitem__(self, index):
+        layers = [self.__dict__[name] for name in self._module_names]
+        if isinstance(index, slice):
+            return Sequential(*layers[index])
+        return layers[index]
+
+    def __len__(self) -> int:
+        return len(self._module_names)
+
+    def __iter__(self):
+        return iter([self.__dict__[name] for name in self._module_names])
+
+    def forward(self, x):
+        for name in self._module_names:
+            x = self.__dict__[name](x)
+        return x

@@ -1,0 +1,85 @@
+"""Batched matrix multiplication, optionally fused with a bias (addmm-style)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from everyo.autograd import Op, unbroadcast
+from everyo.errors import EveryOError
+
+_F16 = np.dtype(np.float16)
+_F32 = np.dtype(np.float32)
+
+
+def blas_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``a @ b``; float16 operands multiply through float32 BLAS and round back to float16.
+
+    NOTE: NumPy has no float16 BLAS path (its float16 matmul is a slow scalar loop). Rounding
+    the inputs to float16, accumulating in float32 and rounding the result is what GPU tensor
+    cores do, and is at least as accurate as accumulating in float16.
+    """
+    if a.dtype == _F16 or b.dtype == _F16:
+        out_dtype = np.result_type(a, b)
+        if out_dtype == _F16:
+            return np.matmul(a.astype(_F32), b.astype(_F32)).astype(_F16)
+    return np.matmul(a, b)
+
+
+def _check_shapes(a: np.ndarray, b: np.ndarray) -> None:
+    if a.ndim == 0 or b.ndim == 0:
+        raise EveryOError(f"matmul: {a.shape} @ {b.shape}: operands must have at least 1 dimension")
+    inner_a, inner_b = a.shape[-1], b.shape[0] if b.ndim == 1 else b.shape[-2]
+    if inner_a != inner_b:
+        raise EveryOError(f"matmul: {a.shape} @ {b.shape}: inner dimensions "
+                          f"{inner_a} and {inner_b} differ")
+
+
+class MatMul(Op):
+    """``a @ b (+ bias)``. With a bias the whole affine map is one op, so a precision policy
+    casting matmul's operands sees the bias too."""
+
+    __slots__ = ("bias_shape",)
+
+    def forward(self, a, b, bias=None):
+        _check_shapes(a, b)
+        # NOTE: 1-D operands follow NumPy: promote to a matrix, drop the axis afterwards.
+        a2 = a[None, :] if a.ndim == 1 else a
+        b2 = b[:, None] if b.ndim == 1 else b
+        self.saved = (a, b)
+        out = blas_matmul(a2, b2)
+        if b.ndim == 1:
+            out = out[..., 0]
+        if a.ndim == 1:
+            out = out[..., 0, :] if b.ndim > 1 else out[..., 0]
+        if bias is not None:
+            self.bias_shape = bias.shape
+            out = out + bias
+        return out
+
+    def backward(self, g):
+        a, b = self.saved
+        na, nb = self.needs_input_grad[:2]
+        ga = gb = gbias = None
+        a2 = a[None, :] if a.ndim == 1 else a
+        b2 = b[:, None] if b.ndim == 1 else b
+        g2 = g
+        if b.ndim == 1:
+            g2 = g2[..., None]
+        if a.ndim == 1:
+            g2 = np.expand_dims(g2, -2)
+        if na:
+            ga = blas_matmul(g2, np.swapaxes(b2, -1, -2))
+            ga = unbroadcast(ga, a2.shape).reshape(a.shape)
+        if nb:
+            if b2.ndim == 2 and a2.ndim > 2:
+                # NOTE: one big GEMM over the flattened batch instead of a batched product.
+                gb = blas_matmul(a2.reshape(-1, a2.shape[-1]).T, g2.reshape(-1, g2.shape[-1]))
+            else:
+                gb = unbroadcast(blas_matmul(np.swapaxes(a2, -1, -2), g2), b2.shape)
+            gb = gb.reshape(b.shape)
+        if len(self.needs_input_grad) > 2 and self.needs_input_grad[2]:
+            gbias = unbroadcast(g, self.bias_shape)
+        return ga, gb, gbias
+
+
+OPS = {"matmul": MatMul}

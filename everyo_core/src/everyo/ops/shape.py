@@ -1,0 +1,128 @@
+"""Ops that move elements without changing them: reshape, transpose, indexing, concatenate,
+stack and pad."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from everyo.autograd import Op
+from everyo.errors import EveryOError
+
+
+class Reshape(Op):
+    __slots__ = ("shape",)
+
+    def forward(self, x, shape):
+        self.shape = x.shape
+        try:
+            return x.reshape(shape)
+        except ValueError:
+            raise EveryOError(f"reshape: cannot reshape {x.shape} ({x.size} elements) "
+                              f"into {tuple(shape)}") from None
+
+    def backward(self, g):
+        return (g.reshape(self.shape),)
+
+
+class Transpose(Op):
+    __slots__ = ("axes",)
+
+    def forward(self, x, axes=None):
+        self.axes = tuple(range(x.ndim))[::-1] if axes is None else tuple(axes)
+        if sorted(a % x.ndim for a in self.axes) != list(range(x.ndim)):
+            raise EveryOError(f"transpose: axes {self.axes} are not a permutation of "
+                              f"{x.ndim} axes (shape {x.shape})")
+        return x.transpose(self.axes)
+
+    def backward(self, g):
+        return (g.transpose(np.argsort(self.axes)),)
+
+
+def _plain_index(index):
+    """Tensors inside an index become arrays; lists become integer/bool arrays."""
+    from everyo.tensor import Tensor
+
+    if isinstance(index, Tensor):
+        return index.data
+    if isinstance(index, list):
+        return np.asarray(index)
+    if isinstance(index, tuple):
+        return tuple(_plain_index(i) for i in index)
+    return index
+
+
+def _is_advanced(index) -> bool:
+    parts = index if isinstance(index, tuple) else (index,)
+    return any(isinstance(p, np.ndarray) and p.dtype != bool for p in parts)
+
+
+class GetItem(Op):
+    """Basic and integer-array indexing; the gradient is scattered back (added on repeats)."""
+
+    __slots__ = ("shape", "index")
+
+    def forward(self, x, index):
+        self.shape, self.index = x.shape, _plain_index(index)
+        try:
+            return x[self.index]
+        except IndexError as exc:
+            raise EveryOError(f"getitem: index {index!r} is invalid for shape {x.shape}: "
+                              f"{exc}") from None
+
+    def backward(self, g):
+        grad = np.zeros(self.shape, g.dtype)
+        if _is_advanced(self.index):
+            np.add.at(grad, self.index, g)  # repeated indices must add up
+        else:
+            grad[self.index] = g
+        return (grad,)
+
+
+class Concatenate(Op):
+    __slots__ = ("axis", "splits")
+
+    def forward(self, *xs, axis=0):
+        self.axis = axis
+        self.splits = np.cumsum([x.shape[axis] for x in xs])[:-1]
+        try:
+            return np.concatenate(xs, axis=axis)
+        except ValueError as exc:
+            raise EveryOError(f"concatenate along axis {axis}: shapes "
+                              f"{[x.shape for x in xs]} do not fit ({exc})") from None
+
+    def backward(self, g):
+        parts = np.split(g, self.splits, axis=self.axis)
+        return tuple(p if n else None for p, n in zip(parts, self.needs_input_grad))
+
+
+class Stack(Op):
+    __slots__ = ("axis",)
+
+    def forward(self, *xs, axis=0):
+        self.axis = axis
+        if len({x.shape for x in xs}) > 1:
+            raise EveryOError(f"stack: every tensor must have the same shape, got "
+                              f"{[x.shape for x in xs]}")
+        return np.stack(xs, axis=axis)
+
+    def backward(self, g):
+        parts = np.moveaxis(g, self.axis, 0)
+        return tuple(p if n else None for p, n in zip(parts, self.needs_input_grad))
+
+
+class Pad(Op):
+    """Constant padding, ``pad_width`` as in ``np.pad``."""
+
+    __slots__ = ("region",)
+
+    def forward(self, x, pad_width, value=0.0):
+        widths = np.broadcast_to(np.asarray(pad_width, int), (x.ndim, 2))
+        self.region = tuple(slice(lo, lo + n) for (lo, _), n in zip(widths, x.shape))
+        return np.pad(x, widths, constant_values=value)
+
+    def backward(self, g):
+        return (g[self.region],)
+
+
+OPS = {"reshape": Reshape, "transpose": Transpose, "getitem": GetItem,
+       "concatenate": Concatenate, "stack": Stack, "pad": Pad}

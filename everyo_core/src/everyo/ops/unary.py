@@ -1,0 +1,107 @@
+"""Elementwise unary ops: neg, abs, exp, log, sqrt, tanh, sigmoid, relu, cast."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from everyo.autograd import Op
+
+
+class Neg(Op):
+    def forward(self, x):
+        return -x
+
+    def backward(self, g):
+        return (-g,)
+
+
+class Abs(Op):
+    def forward(self, x):
+        self.saved = x
+        return np.abs(x)
+
+    def backward(self, g):
+        return (g * np.sign(self.saved),)
+
+
+class Exp(Op):
+    def forward(self, x):
+        out = np.exp(x)
+        self.saved = out
+        return out
+
+    def backward(self, g):
+        return (g * self.saved,)
+
+
+class Log(Op):
+    def forward(self, x):
+        self.saved = x
+        return np.log(x)
+
+    def backward(self, g):
+        return (g / self.saved,)
+
+
+class Sqrt(Op):
+    def forward(self, x):
+        out = np.sqrt(x)
+        self.saved = out
+        return out
+
+    def backward(self, g):
+        return (g / (2 * self.saved),)
+
+
+class Tanh(Op):
+    def forward(self, x):
+        out = np.tanh(x)
+        self.saved = out
+        return out
+
+    def backward(self, g):
+        y = self.saved
+        return (g * (1 - y * y),)
+
+
+def stable_sigmoid(x: np.ndarray) -> np.ndarray:
+    """1 / (1 + exp(-x)) without overflow for large |x|."""
+    z = np.exp(-np.abs(x))
+    return np.where(x >= 0, 1 / (1 + z), z / (1 + z)).astype(x.dtype, copy=False)
+
+
+class Sigmoid(Op):
+    def forward(self, x):
+        out = stable_sigmoid(x)
+        self.saved = out
+        return out
+
+    def backward(self, g):
+        y = self.saved
+        return (g * y * (1 - y),)
+
+
+class ReLU(Op):
+    def forward(self, x):
+        self.saved = x > 0
+        return np.maximum(x, 0)
+
+    def backward(self, g):
+        return (g * self.saved,)
+
+
+class Cast(Op):
+    """Differentiable dtype conversion; the gradient goes back in the operand's dtype."""
+
+    __slots__ = ("source",)
+
+    def forward(self, x, dtype):
+        self.source = x.dtype
+        return x.astype(dtype, copy=False)
+
+    def backward(self, g):
+        return (g.astype(self.source, copy=False),)
+
+
+OPS = {"neg": Neg, "abs": Abs, "exp": Exp, "log": Log, "sqrt": Sqrt, "tanh": Tanh,
+       "sigmoid": Sigmoid, "relu": ReLU, "cast": Cast}

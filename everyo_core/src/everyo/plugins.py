@@ -1,0 +1,219 @@
+"""The plugin host: finds plugins, calls their registration hooks, keeps the registries.
+
+Plugins are loaded once, when ``everyo`` is imported: the core's own plugin first, then every
+entry point in the ``everyo`` group (unless ``EVERYO_DISABLE_PLUGIN_AUTOLOAD=1``). After that,
+dispatch never calls a hook: it reads the registries, which are plain dicts.
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+import warnings
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Any
+
+import pluggy
+
+from everyo import hookspecs
+from everyo.dispatch import OPS
+from everyo.errors import PluginError
+
+ENTRY_POINT_GROUP = "everyo"
+DISABLE_AUTOLOAD_ENV = "EVERYO_DISABLE_PLUGIN_AUTOLOAD"
+
+
+_SINGULAR = {"ops": "op", "layers": "layer", "api": "name", "autocast_policies": "autocast policy",
+             "onnx_converters": "ONNX converter for", "backends": "backend"}
+
+
+def _key_name(key: Any) -> str:
+    return key.__name__ if isinstance(key, type) else str(key)
+
+
+class Registry:
+    """Things of one kind (ops, layers, ...) by name, each remembering the plugin that owns it."""
+
+    def __init__(self, kind: str, items: dict | None = None):
+        self.kind = kind
+        self.items: dict = items if items is not None else {}
+        self.owners: dict = {}
+
+    def add(self, key, thing, *, owner: str, override: bool = False) -> None:
+        if key in self.items and not override:
+            raise PluginError(
+                f"{self.kind} {_key_name(key)!r} is registered twice: by plugin "
+                f"{self.owners[key]!r} and again by plugin {owner!r} (pass override=True to "
+                f"replace it on purpose)"
+            )
+        self.items[key] = thing
+        self.owners[key] = owner
+
+    def owned_by(self, owner: str) -> list[str]:
+        return [_key_name(k) for k, o in self.owners.items() if o == owner]
+
+    def __contains__(self, key) -> bool:
+        return key in self.items
+
+    def __getitem__(self, key):
+        return self.items[key]
+
+    def get(self, key, default=None):
+        return self.items.get(key, default)
+
+
+def _validate(kind: str, key, thing) -> None:
+    from everyo.autograd import Op
+
+    if kind in ("ops", "layers", "api", "backends", "autocast_policies"):
+        if not isinstance(key, str) or not key.isidentifier():
+            raise PluginError(f"{kind} must be registered under an identifier, got {key!r}")
+    if kind == "ops" and not (isinstance(thing, type) and issubclass(thing, Op)):
+        raise PluginError(f"op {key!r} must be a subclass of everyo.Op, got {thing!r}")
+    if kind in ("layers", "api", "backends") and not callable(thing):
+        raise PluginError(f"{kind} entry {key!r} must be callable, got {thing!r}")
+    if kind == "autocast_policies" and not (hasattr(thing, "ops") and hasattr(thing, "dtype")):
+        raise PluginError(f"autocast policy {key!r} needs .ops and .dtype attributes")
+    if kind == "onnx_converters" and not (isinstance(key, type) and callable(thing)):
+        raise PluginError(f"an ONNX converter is registered as (layer_class, function), "
+                          f"got ({key!r}, {thing!r})")
+
+
+@dataclass
+class PluginInfo:
+    """One loaded plugin: its name, where it came from and what it registered."""
+
+    name: str
+    distribution: str
+    version: str
+    registered: dict = field(default_factory=dict)
+
+
+@dataclass
+class PluginFailure:
+    """A plugin that could not be loaded, and why."""
+
+    name: str
+    distribution: str
+    error: str
+
+
+class PluginHost:
+    """Owns the pluggy manager and one :class:`Registry` per hook kind."""
+
+    def __init__(self) -> None:
+        self.manager = pluggy.PluginManager(hookspecs.PROJECT_NAME)
+        self.manager.add_hookspecs(hookspecs)
+        self.registries = {kind: Registry(_SINGULAR[kind]) for kind in hookspecs.HOOK_KINDS}
+        self.registries["ops"] = Registry("op", OPS)
+        self.plugins: list[PluginInfo] = []
+        self.failures: list[PluginFailure] = []
+
+    # -- registration -------------------------------------------------------------------------
+    def register_plugin(self, plugin, name: str | None = None, distribution: str = "(local)",
+                        version: str = "") -> PluginInfo:
+        """Register ``plugin`` (a module or object with hookimpls) and run its hooks now.
+
+        Raises ``PluginError`` if it registers a name another plugin owns; in that case nothing
+        it registered is kept.
+        """
+        name = name or getattr(plugin, "__name__", None) or type(plugin).__name__
+        if self.manager.has_plugin(name):
+            raise PluginError(f"a plugin named {name!r} is already registered")
+        self.manager.register(plugin, name=name)
+        try:
+            staged = self._collect(plugin, name)
+            self._commit(staged, name)
+        except BaseException:
+            self.manager.unregister(name=name)
+            raise
+        info = PluginInfo(name, distribution, version,
+                          {kind: [_key_name(k) for k, _, _ in items] for kind, items in staged.items()
+                           if items})
+        self.plugins.append(info)
+        return info
+
+    def _collect(self, plugin, name: str) -> dict:
+        """Call ``plugin``'s registration hooks, staging what it registers."""
+        staged: dict = {}
+        for kind, hook_name in hookspecs.HOOK_KINDS.items():
+            items = staged.setdefault(kind, [])
+
+            def register(key, thing, *, override: bool = False, _kind=kind, _items=items):
+                _validate(_kind, key, thing)
+                _items.append((key, thing, override))
+
+            for impl in getattr(self.manager.hook, hook_name).get_hookimpls():
+                if impl.plugin is plugin:
+                    impl.function(**{arg: register for arg in impl.argnames})
+        return staged
+
+    def _commit(self, staged: dict, owner: str) -> None:
+        for kind, items in staged.items():
+            registry = self.registries[kind]
+            for key, thing, override in items:
+                if key in registry.items and not override and registry.owners[key] != owner:
+                    registry.add(key, thing, owner=owner)  # raises, naming both plugins
+            keys = [key for key, _, _ in items]
+            duplicates = {_key_name(k) for k in keys if keys.count(k) > 1}
+            if duplicates:
+                raise PluginError(f"plugin {owner!r} registers {kind} {sorted(duplicates)} twice")
+        for kind, items in staged.items():
+            for key, thing, _ in items:
+                if kind == "ops":
+                    thing.name = key
+                self.registries[kind].add(key, thing, owner=owner, override=True)
+
+    def load_entry_points(self) -> None:
+        """Load every plugin of the ``everyo`` entry-point group, reporting broken ones."""
+        for ep in sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+            dist = ep.dist.name if ep.dist is not None else "(unknown)"
+            version = ep.dist.version if ep.dist is not None else ""
+            if self.manager.has_plugin(ep.name):
+                continue
+            try:
+                plugin = ep.load()
+                self.register_plugin(plugin, name=ep.name, distribution=dist, version=version)
+            except Exception as exc:  # a broken plugin must not break `import everyo`
+                detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+                self.failures.append(PluginFailure(ep.name, dist, detail))
+                warnings.warn(
+                    f"EveryO plugin {ep.name!r} from distribution {dist!r} failed to load: "
+                    f"{detail}",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+
+    @staticmethod
+    def autoload_enabled() -> bool:
+        return os.environ.get(DISABLE_AUTOLOAD_ENV, "").strip().lower() not in ("1", "true", "yes")
+
+
+host = PluginHost()
+
+
+def register_plugin(plugin, name: str | None = None) -> PluginInfo:
+    """Register a plugin explicitly (for tests, notebooks, or with autoload disabled).
+
+    Example:
+        >>> import everyo as eo
+        >>> class Mine:
+        ...     @eo.hookimpl
+        ...     def everyo_register_layers(self, register):
+        ...         register("Identity2", lambda: (lambda x: x))
+        >>> eo.register_plugin(Mine(), name="mine-doc").registered
+        {'layers': ['Identity2']}
+        >>> eo.Identity2()(3)
+        3
+    """
+    return host.register_plugin(plugin, name=name)
+
+
+def registry(kind: str) -> Registry:
+    """The registry of one kind: ``"ops"``, ``"layers"``, ``"api"``, ``"autocast_policies"``,
+    ``"onnx_converters"`` or ``"backends"``."""
+    try:
+        return host.registries[kind]
+    except KeyError:
+        raise PluginError(f"unknown registry {kind!r}; kinds are {sorted(host.registries)}") from None

@@ -1,0 +1,122 @@
+"""``eo.save`` / ``eo.load``: nested dicts/lists of arrays in a plain ``.npz``, never pickle.
+
+The tree's structure (keys, lists, scalars, strings) is stored as a JSON document inside the
+archive; every array is its own ``.npy`` member. Loading uses ``allow_pickle=False``, so a
+checkpoint from anywhere can be opened without running code.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tempfile
+import zipfile
+from collections import OrderedDict
+
+import numpy as np
+
+from everyo.errors import EveryOSerializationError
+from everyo.tensor import Tensor
+
+FORMAT = "everyo-npz"
+VERSION = 1
+_STRUCTURE_KEY = "__everyo_structure__"
+
+
+def _encode(value, arrays: dict, where: str):
+    if hasattr(value, "state_dict") and callable(value.state_dict):
+        value = value.state_dict()
+    if isinstance(value, Tensor):
+        value = value.data
+    if isinstance(value, np.ndarray):
+        if value.dtype.kind not in "biufc":
+            raise EveryOSerializationError(f"save: {where} has dtype {value.dtype}, which cannot "
+                                           f"be stored without pickle")
+        ref = f"a{len(arrays)}"
+        arrays[ref] = value
+        return {"array": ref}
+    if isinstance(value, np.generic):
+        value = value.item()
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return {"value": value}
+    if isinstance(value, dict):
+        items = []
+        for k, v in value.items():
+            if not isinstance(k, (str, int)):
+                raise EveryOSerializationError(f"save: key {k!r} in {where} is not a str or int")
+            items.append([k, _encode(v, arrays, f"{where}[{k!r}]")])
+        return {"dict": items}
+    if isinstance(value, (list, tuple)):
+        kind = "list" if isinstance(value, list) else "tuple"
+        return {kind: [_encode(v, arrays, f"{where}[{i}]") for i, v in enumerate(value)]}
+    raise EveryOSerializationError(f"save: {where} is a {type(value).__name__}; only arrays, "
+                                   f"tensors, numbers, strings, None, dicts and lists are stored")
+
+
+def _decode(node, archive):
+    if "array" in node:
+        return archive[node["array"]]
+    if "value" in node:
+        return node["value"]
+    if "dict" in node:
+        return OrderedDict((k, _decode(v, archive)) for k, v in node["dict"])
+    if "list" in node:
+        return [_decode(v, archive) for v in node["list"]]
+    if "tuple" in node:
+        return tuple(_decode(v, archive) for v in node["tuple"])
+    raise ValueError(f"unknown node {sorted(node)}")
+
+
+def save(obj, path) -> None:
+    """Write ``obj`` (a state dict, a module, nested dicts/lists of arrays) to ``path``.
+
+    The file is written to a temporary file beside ``path`` and renamed over it, so a crash
+    never leaves a half-written checkpoint.
+
+    Example:
+        >>> import everyo as eo, numpy as np, tempfile, os
+        >>> path = os.path.join(tempfile.mkdtemp(), "w.npz")
+        >>> eo.save({"w": np.arange(3.0), "step": 7}, path)
+        >>> eo.load(path)["step"]
+        7
+    """
+    path = os.fspath(path)
+    arrays: dict = {}
+    structure = {"format": FORMAT, "version": VERSION, "tree": _encode(obj, arrays, "the object")}
+    arrays[_STRUCTURE_KEY] = np.frombuffer(json.dumps(structure).encode(), dtype=np.uint8)
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".everyo-", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, **arrays)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def load(path):
+    """Read what :func:`save` wrote; raises ``EveryOSerializationError`` on a damaged file."""
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"load: no such file: {path}")
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+        with np.load(io.BytesIO(raw), allow_pickle=False) as npz:
+            archive = {name: npz[name] for name in npz.files}
+        structure = json.loads(archive.pop(_STRUCTURE_KEY).tobytes().decode())
+        if structure.get("format") != FORMAT:
+            raise ValueError(f"format {structure.get('format')!r} is not {FORMAT!r}")
+        if structure.get("version", 0) > VERSION:
+            raise ValueError(f"written by a newer EveryO (format version {structure['version']})")
+        return _decode(structure["tree"], archive)
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, UnicodeDecodeError,
+            json.JSONDecodeError) as exc:
+        raise EveryOSerializationError(
+            f"load: {path} is truncated, corrupt or not an EveryO checkpoint ({exc})"
+        ) from exc

@@ -1,0 +1,338 @@
+"""``Tensor``: a NumPy array plus what reverse-mode autograd needs, and the creation functions."""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from everyo import functional
+from everyo.dispatch import dispatch
+from everyo.errors import EveryOError
+
+DEFAULT_FLOAT = np.dtype(np.float32)
+
+
+def _normalize_dtype(dtype) -> np.dtype | None:
+    if dtype is None:
+        return None
+    try:
+        return np.dtype(dtype)
+    except TypeError as exc:
+        raise EveryOError(f"unknown dtype {dtype!r}") from exc
+
+
+def _check_grad_dtype(dtype: np.dtype) -> None:
+    if dtype.kind not in "fc":
+        raise EveryOError(
+            f"only floating-point tensors can require gradients; this one is {dtype.name}"
+        )
+
+
+class Tensor:
+    """An n-dimensional array that records the operations applied to it.
+
+    ``data`` is the NumPy array itself (writable); ``grad`` is None until ``backward()`` has
+    reached the tensor, then a NumPy array of the tensor's dtype and shape.
+
+    Example:
+        >>> import everyo as eo
+        >>> x = eo.tensor([1.0, 2.0, 3.0], requires_grad=True)
+        >>> (x * x).sum().backward()
+        >>> x.grad
+        array([2., 4., 6.], dtype=float32)
+    """
+
+    __slots__ = ("data", "grad", "requires_grad", "_ctx", "__weakref__")
+    __array_priority__ = 1000  # ndarray (op) Tensor defers to Tensor's reflected operator
+
+    def __init__(self, data, requires_grad: bool = False, dtype=None):
+        array = np.asarray(data, dtype=_normalize_dtype(dtype))
+        if requires_grad:
+            _check_grad_dtype(array.dtype)
+        self.data = array
+        self.grad = None
+        self.requires_grad = bool(requires_grad)
+        self._ctx = None
+
+    @classmethod
+    def _make(cls, data: np.ndarray, requires_grad: bool, ctx) -> "Tensor":
+        """Wrap an op's output without validation (the hot path)."""
+        t = object.__new__(Tensor)
+        t.data = data
+        t.grad = None
+        t.requires_grad = requires_grad
+        t._ctx = ctx
+        return t
+
+    # -- properties -------------------------------------------------------------------------
+    @property
+    def dtype(self) -> str:
+        """The dtype's name, e.g. ``'float32'``."""
+        return self.data.dtype.name
+
+    @property
+    def shape(self) -> tuple:
+        return self.data.shape
+
+    @property
+    def ndim(self) -> int:
+        return self.data.ndim
+
+    @property
+    def size(self) -> int:
+        return self.data.size
+
+    @property
+    def is_leaf(self) -> bool:
+        """True for tensors created by the user rather than by an op that records a graph."""
+        return self._ctx is None
+
+    @property
+    def T(self) -> "Tensor":
+        return dispatch("transpose", self)
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __array__(self, dtype=None, copy=None):
+        if dtype is None:
+            return self.data
+        return self.data.astype(dtype)
+
+    def __repr__(self) -> str:
+        body = np.array2string(self.data, separator=", ", prefix="tensor(")
+        extra = ", requires_grad=True" if self.requires_grad else ""
+        return f"tensor({body}, dtype={self.dtype}{extra})"
+
+    def __bool__(self) -> bool:
+        return bool(self.data)
+
+    __hash__ = object.__hash__
+
+    # -- conversion -------------------------------------------------------------------------
+    def item(self):
+        """The single value of a one-element tensor as a Python number."""
+        if self.data.size != 1:
+            raise EveryOError(f"item() needs a tensor with one element, got shape {self.shape}")
+        return self.data.item()
+
+    def numpy(self) -> np.ndarray:
+        """The underlying array (shared, not copied)."""
+        return self.data
+
+    def detach(self) -> "Tensor":
+        """A tensor sharing this one's data that is cut from the graph."""
+        return Tensor._make(self.data, False, None)
+
+    def requires_grad_(self, requires_grad: bool = True) -> "Tensor":
+        if requires_grad:
+            _check_grad_dtype(self.data.dtype)
+        self.requires_grad = requires_grad
+        return self
+
+    def astype(self, dtype) -> "Tensor":
+        """Differentiable cast: the gradient is cast back to this tensor's dtype."""
+        return dispatch("cast", self, dtype=np.dtype(dtype))
+
+    # -- autograd ---------------------------------------------------------------------------
+    def backward(self, grad=None, retain_graph: bool = False) -> None:
+        """Accumulate d(self)/d(leaf) into every leaf's ``.grad``.
+
+        Args:
+            grad: the gradient of some scalar with respect to this tensor; defaults to 1 for a
+                one-element tensor.
+            retain_graph: keep the graph so that ``backward()`` can run through it again.
+        """
+        from everyo.autograd import run_backward
+
+        run_backward(self, grad, retain_graph)
+
+    # -- shape ops with flexible signatures ----------------------------------------------------
+    def reshape(self, *shape) -> "Tensor":
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+            shape = tuple(shape[0])
+        return dispatch("reshape", self, shape=shape)
+
+    def transpose(self, *axes) -> "Tensor":
+        if len(axes) == 1 and isinstance(axes[0], (tuple, list)):
+            axes = tuple(axes[0])
+        return dispatch("transpose", self, axes=axes or None)
+
+    def flatten(self, start_axis: int = 0) -> "Tensor":
+        lead = self.shape[:start_axis]
+        return dispatch("reshape", self, shape=lead + (-1,))
+
+    def unsqueeze(self, axis: int) -> "Tensor":
+        return dispatch("reshape", self, shape=np.expand_dims(self.data, axis).shape)
+
+    def squeeze(self, axis=None) -> "Tensor":
+        return dispatch("reshape", self, shape=np.squeeze(self.data, axis).shape)
+
+    def argmax(self, axis=None) -> "Tensor":
+        return Tensor._make(np.argmax(self.data, axis=axis), False, None)
+
+    def argmin(self, axis=None) -> "Tensor":
+        return Tensor._make(np.argmin(self.data, axis=axis), False, None)
+
+
+def _binary(name: str):
+    def forward(self, other):
+        return dispatch(name, self, other)
+
+    def reflected(self, other):
+        return dispatch(name, other, self)
+
+    return forward, reflected
+
+
+def _method(name: str):
+    def method(self, *args, **kwargs):
+        return dispatch(name, self, *args, **kwargs)
+
+    method.__name__ = name
+    return method
+
+
+def _compare(ufunc):
+    def method(self, other):
+        other = other.data if isinstance(other, Tensor) else other
+        return Tensor._make(ufunc(self.data, other), False, None)
+
+    return method
+
+
+for _dunder, _op in {"add": "add", "sub": "sub", "mul": "mul", "truediv": "div",
+                     "pow": "pow", "matmul": "matmul"}.items():
+    _fwd, _refl = _binary(_op)
+    setattr(Tensor, f"__{_dunder}__", _fwd)
+    setattr(Tensor, f"__r{_dunder}__", _refl)
+
+for _dunder, _ufunc in {"lt": np.less, "le": np.less_equal, "gt": np.greater,
+                        "ge": np.greater_equal, "eq": np.equal, "ne": np.not_equal}.items():
+    setattr(Tensor, f"__{_dunder}__", _compare(_ufunc))
+
+Tensor.__neg__ = _method("neg")
+Tensor.__abs__ = _method("abs")
+Tensor.__getitem__ = lambda self, index: dispatch("getitem", self, index=index)
+
+for _name in ("exp", "log", "sqrt", "tanh", "sigmoid", "relu", "abs", "neg", "clip",
+              "sum", "mean", "max", "min", "var", "softmax", "log_softmax", "matmul",
+              "maximum", "minimum", "pad"):
+    setattr(Tensor, _name, getattr(functional, _name))
+
+del _dunder, _op, _fwd, _refl, _ufunc, _name
+
+
+# -- creation ---------------------------------------------------------------------------------
+
+def _default_float(array: np.ndarray, explicit_dtype, from_ndarray: bool) -> np.ndarray:
+    # NOTE: Python floats parse as float64; like PyTorch we default them to float32, but an
+    # array the user built as float64 on purpose keeps its precision.
+    if explicit_dtype is None and not from_ndarray and array.dtype == np.float64:
+        return array.astype(DEFAULT_FLOAT)
+    return array
+
+
+def tensor(data, dtype=None, requires_grad: bool = False) -> Tensor:
+    """Create a tensor holding a copy of ``data``.
+
+    Args:
+        data: a nested list, scalar, NumPy array or Tensor.
+        dtype: e.g. ``"float32"``; default float32 for Python floats, the array's own dtype
+            for a NumPy array (so float64 arrays stay float64).
+        requires_grad: record operations for ``backward()``.
+
+    Example:
+        >>> import everyo as eo
+        >>> eo.tensor([1.0, 2.0]).dtype
+        'float32'
+    """
+    if isinstance(data, Tensor):
+        data = data.data
+    dtype = _normalize_dtype(dtype)
+    from_ndarray = isinstance(data, (np.ndarray, np.generic))
+    array = np.array(data, dtype=dtype, copy=True)
+    return Tensor(_default_float(array, dtype, from_ndarray), requires_grad=requires_grad)
+
+
+def _shape(shape) -> tuple:
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        return tuple(shape[0])
+    return tuple(shape)
+
+
+def _filled(fill, shape, dtype, requires_grad) -> Tensor:
+    dtype = _normalize_dtype(dtype) or DEFAULT_FLOAT
+    return Tensor(np.full(_shape(shape), fill, dtype=dtype), requires_grad=requires_grad)
+
+
+def zeros(*shape, dtype=None, requires_grad: bool = False) -> Tensor:
+    """A tensor of zeros: ``eo.zeros(2, 3)`` or ``eo.zeros((2, 3))``."""
+    return _filled(0, shape, dtype, requires_grad)
+
+
+def ones(*shape, dtype=None, requires_grad: bool = False) -> Tensor:
+    """A tensor of ones: ``eo.ones(2, 3)``."""
+    return _filled(1, shape, dtype, requires_grad)
+
+
+def full(*shape, fill_value, dtype=None, requires_grad: bool = False) -> Tensor:
+    """A tensor filled with ``fill_value``: ``eo.full(2, 3, fill_value=0.5)``."""
+    return _filled(fill_value, shape, dtype, requires_grad)
+
+
+def randn(*shape, seed=None, dtype=None, requires_grad: bool = False) -> Tensor:
+    """Standard-normal samples; ``seed`` makes them reproducible."""
+    dtype = _normalize_dtype(dtype) or DEFAULT_FLOAT
+    data = np.random.default_rng(seed).standard_normal(_shape(shape)).astype(dtype)
+    return Tensor(data, requires_grad=requires_grad)
+
+
+def rand(*shape, seed=None, dtype=None, requires_grad: bool = False) -> Tensor:
+    """Uniform samples in [0, 1); ``seed`` makes them reproducible."""
+    dtype = _normalize_dtype(dtype) or DEFAULT_FLOAT
+    data = np.random.default_rng(seed).random(_shape(shape)).astype(dtype)
+    return Tensor(data, requires_grad=requires_grad)
+
+
+def arange(start, stop=None, step=1, dtype=None) -> Tensor:
+    """Evenly spaced values, as ``np.arange`` (float results default to float32)."""
+    data = np.arange(start, stop, step) if stop is not None else np.arange(start)
+    return Tensor(_default_float(data.astype(_normalize_dtype(dtype) or data.dtype), dtype, False))
+
+
+def _like(fill):
+    def like(other, dtype=None, requires_grad: bool = False) -> Tensor:
+        other = other.data if isinstance(other, Tensor) else np.asarray(other)
+        return Tensor(np.full(other.shape, fill, dtype=_normalize_dtype(dtype) or other.dtype),
+                      requires_grad=requires_grad)
+
+    return like
+
+
+zeros_like = _like(0)
+zeros_like.__doc__ = "Zeros with the shape (and by default the dtype) of ``other``."
+ones_like = _like(1)
+ones_like.__doc__ = "Ones with the shape (and by default the dtype) of ``other``."
+
+
+def full_like(other, fill_value, dtype=None, requires_grad: bool = False) -> Tensor:
+    """``fill_value`` with the shape (and by default the dtype) of ``other``."""
+    return _like(fill_value)(other, dtype=dtype, requires_grad=requires_grad)
+
+
+def randn_like(other, seed=None, dtype=None, requires_grad: bool = False) -> Tensor:
+    """Standard-normal samples shaped like ``other``."""
+    other = other.data if isinstance(other, Tensor) else np.asarray(other)
+    return randn(*other.shape, seed=seed, dtype=dtype or other.dtype, requires_grad=requires_grad)
+
+
+def rand_like(other, seed=None, dtype=None, requires_grad: bool = False) -> Tensor:
+    """Uniform samples in [0, 1) shaped like ``other``."""
+    other = other.data if isinstance(other, Tensor) else np.asarray(other)
+    return rand(*other.shape, seed=seed, dtype=dtype or other.dtype, requires_grad=requires_grad)
+
+
+def is_scalar(value) -> bool:
+    return isinstance(value, (numbers.Number, np.generic)) and not isinstance(value, np.ndarray)

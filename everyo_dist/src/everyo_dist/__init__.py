@@ -1,0 +1,1 @@
+"""everyo-dist: an EveryO plugin distribution (see docs/architecture.md)."""

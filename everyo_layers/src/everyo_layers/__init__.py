@@ -1,0 +1,1 @@
+"""everyo-layers: an EveryO plugin distribution (see docs/architecture.md)."""

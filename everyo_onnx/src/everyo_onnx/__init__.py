@@ -1,0 +1,1 @@
+"""everyo-onnx: an EveryO plugin distribution (see docs/architecture.md)."""

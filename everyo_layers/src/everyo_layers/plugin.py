@@ -1,1 +1,46 @@
-"""Entry point of the everyo-layers plugin: its hookimpls register what it provides."""
+"""Entry point of everyo-layers: registers every op, layer, loss and utility it provides.
+
+Each concept module declares what it exports in two dicts, ``OPS`` (name -> Op class) and
+``LAYERS`` (public name -> Module subclass or function); this file only collects them, so
+adding a module means adding it to ``MODULES`` below.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from everyo import hookimpl
+
+MODULES = (
+    "everyo_layers.conv",
+    "everyo_layers.pool",
+    "everyo_layers.linear",
+    "everyo_layers.activation",
+    "everyo_layers.dropout",
+    "everyo_layers.reshape",
+    "everyo_layers.norm",
+    "everyo_layers.loss",
+    "everyo_layers.training",
+    "everyo_layers.recurrent",
+    "everyo_layers.embedding",
+    "everyo_layers.attention",
+    "everyo_layers.transformer",
+)
+
+
+def _modules():
+    return [importlib.import_module(name) for name in MODULES]
+
+
+@hookimpl
+def everyo_register_ops(register):
+    for module in _modules():
+        for name, op in getattr(module, "OPS", {}).items():
+            register(name, op)
+
+
+@hookimpl
+def everyo_register_layers(register):
+    for module in _modules():
+        for name, layer in getattr(module, "LAYERS", {}).items():
+            register(name, layer)

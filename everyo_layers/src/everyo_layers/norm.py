@@ -1,0 +1,4 @@
+"""(being written)"""
+
+OPS: dict = {}
+LAYERS: dict = {}

@@ -82,6 +82,11 @@ def _as_tensors(operands) -> tuple:
             out.append(Tensor._make(o, False, None))
         else:
             out.append(Tensor._make(_constant(o, like), False, None))
+    if like is not None and like.kind in "iub" and any(
+            isinstance(o, float) for o in operands):
+        # NOTE: int tensor (op) Python float gives the default float (PyTorch), not float64.
+        out = [Tensor._make(t.data.astype(DEFAULT_FLOAT), False, None)
+               if t.data.dtype.kind in "iub" else t for t in out]
     return tuple(out)
 
 

@@ -18,7 +18,7 @@ class TensorDataset:
     Example:
         >>> import everyo as eo, numpy as np
         >>> ds = eo.TensorDataset(np.zeros((4, 2)), np.arange(4))
-        >>> len(ds), ds[1][1]
+        >>> len(ds), int(ds[1][1])
         (4, 1)
     """
 

@@ -1,4 +1,173 @@
-"""(being written)"""
+"""Activation layers (ReLU, Sigmoid, Tanh, Softmax, LogSoftmax, GELU, LeakyReLU) and the two
+ops the core lacks, ``gelu`` and ``leaky_relu``."""
 
-OPS: dict = {}
-LAYERS: dict = {}
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from everyo import EveryOError, Module, Op, dispatch
+
+from everyo_layers.checks import check_float
+
+try:  # NOTE: SciPy's erf is exact and fast; it is optional, not a dependency of this package.
+    from scipy.special import erf as _erf
+except ImportError:  # pragma: no cover - exercised only where SciPy is absent
+    _erf_scalar = np.vectorize(math.erf, otypes=[np.float64])
+
+    def _erf(x):
+        return _erf_scalar(x).astype(x.dtype, copy=False)
+
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+_INV_SQRT_2 = 1.0 / math.sqrt(2.0)
+_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+
+
+class GELUOp(Op):
+    """``x * Phi(x)`` (erf form) or its tanh approximation (``approximate="tanh"``)."""
+
+    __slots__ = ("approximate",)
+
+    def forward(self, x, approximate="none"):
+        self.approximate = approximate
+        dtype = x.dtype
+        x32 = x if dtype != np.float16 else x.astype(np.float32)
+        if approximate == "tanh":
+            inner = _SQRT_2_OVER_PI * (x32 + 0.044715 * x32 ** 3)
+            t = np.tanh(inner)
+            self.saved = (x32, t)
+            out = 0.5 * x32 * (1 + t)
+        else:
+            cdf = 0.5 * (1 + _erf(x32 * _INV_SQRT_2))
+            self.saved = (x32, cdf)
+            out = x32 * cdf
+        return out.astype(dtype, copy=False)
+
+    def backward(self, g):
+        x, second = self.saved
+        if self.approximate == "tanh":
+            t = second
+            d_inner = _SQRT_2_OVER_PI * (1 + 3 * 0.044715 * x * x)
+            dydx = 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * d_inner
+        else:
+            dydx = second + x * (_INV_SQRT_2PI * np.exp(-0.5 * x * x))
+        return ((g * dydx).astype(g.dtype, copy=False),)
+
+
+class LeakyReLUOp(Op):
+    """``x`` where positive, ``negative_slope * x`` elsewhere."""
+
+    __slots__ = ("slope",)
+
+    def forward(self, x, negative_slope=0.01):
+        self.slope = negative_slope
+        positive = x > 0
+        self.saved = positive
+        return np.where(positive, x, x * x.dtype.type(negative_slope))
+
+    def backward(self, g):
+        return (np.where(self.saved, g, g * g.dtype.type(self.slope)),)
+
+
+class _Activation(Module):
+    """An activation with no parameters; subclasses implement ``apply``."""
+
+    def forward(self, x):
+        check_float(type(self).__name__, x)
+        return self.apply(x)
+
+
+class ReLU(_Activation):
+    """``max(x, 0)``.
+
+    Example:
+        >>> import everyo as eo
+        >>> eo.ReLU()(eo.tensor([-1.0, 2.0])).data
+        array([0., 2.], dtype=float32)
+    """
+
+    def apply(self, x):
+        return dispatch("relu", x)
+
+
+class Sigmoid(_Activation):
+    """``1 / (1 + exp(-x))``, stable for large |x|."""
+
+    def apply(self, x):
+        return dispatch("sigmoid", x)
+
+
+class Tanh(_Activation):
+    """Hyperbolic tangent."""
+
+    def apply(self, x):
+        return dispatch("tanh", x)
+
+
+class Softmax(_Activation):
+    """Softmax along ``axis`` (default the last).
+
+    Example:
+        >>> import everyo as eo
+        >>> eo.Softmax()(eo.zeros(1, 4)).data
+        array([[0.25, 0.25, 0.25, 0.25]], dtype=float32)
+    """
+
+    def __init__(self, axis: int = -1):
+        super().__init__()
+        self.axis = int(axis)
+
+    def apply(self, x):
+        return dispatch("softmax", x, axis=self.axis)
+
+    def extra_repr(self) -> str:
+        return f"axis={self.axis}"
+
+
+class LogSoftmax(Softmax):
+    """``log(softmax(x))`` along ``axis``, computed stably."""
+
+    def apply(self, x):
+        return dispatch("log_softmax", x, axis=self.axis)
+
+
+class GELU(_Activation):
+    """Gaussian error linear unit ``x * Phi(x)``; ``approximate="tanh"`` for the tanh form.
+
+    Example:
+        >>> import everyo as eo
+        >>> round(float(eo.GELU()(eo.tensor([1.0])).data[0]), 4)
+        0.8413
+    """
+
+    def __init__(self, approximate: str = "none"):
+        super().__init__()
+        if approximate not in ("none", "tanh"):
+            raise EveryOError(f"GELU: approximate must be 'none' or 'tanh', got {approximate!r}")
+        self.approximate = approximate
+
+    def apply(self, x):
+        return dispatch("gelu", x, approximate=self.approximate)
+
+    def extra_repr(self) -> str:
+        return f"approximate={self.approximate!r}"
+
+
+class LeakyReLU(_Activation):
+    """``x`` where positive, ``negative_slope * x`` elsewhere (default slope 0.01)."""
+
+    def __init__(self, negative_slope: float = 0.01):
+        super().__init__()
+        self.negative_slope = float(negative_slope)
+
+    def apply(self, x):
+        return dispatch("leaky_relu", x, negative_slope=self.negative_slope)
+
+    def extra_repr(self) -> str:
+        return f"negative_slope={self.negative_slope}"
+
+
+OPS = {"gelu": GELUOp, "leaky_relu": LeakyReLUOp}
+LAYERS = {"ReLU": ReLU, "Sigmoid": Sigmoid, "Tanh": Tanh, "Softmax": Softmax,
+          "LogSoftmax": LogSoftmax, "GELU": GELU, "LeakyReLU": LeakyReLU}

@@ -1,4 +1,190 @@
-"""(being written)"""
+"""``Conv2D`` on NHWC input and the ``conv2d`` op: strided windows (im2col) and ONE matmul."""
 
-OPS: dict = {}
-LAYERS: dict = {}
+from __future__ import annotations
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from everyo import EveryOError, Module, Op, dispatch
+from everyo.ops.linalg import blas_matmul
+
+from everyo_layers.checks import check_float, pair
+from everyo_layers.linear import fan_in_bound, uniform_parameter
+from everyo_layers.padding import output_size, resolve_padding
+
+_F16 = np.dtype(np.float16)
+
+
+def pad_hw(x: np.ndarray, pads: tuple, value=0) -> np.ndarray:
+    """``x`` (NHWC) with ``pads = ((top, bottom), (left, right))`` added around H and W."""
+    (top, bottom), (left, right) = pads
+    if not (top or bottom or left or right):
+        return x
+    n, h, w, c = x.shape
+    out = np.full((n, h + top + bottom, w + left + right, c), value, dtype=x.dtype)
+    out[:, top:top + h, left:left + w, :] = x
+    return out
+
+
+def window_view(xp: np.ndarray, kernel: tuple, stride: tuple, dilation: tuple,
+                out_hw: tuple) -> np.ndarray:
+    """A read-only ``(N, Ho, Wo, kh, kw, C)`` view of every window of padded NHWC ``xp``."""
+    sn, sh, sw, sc = xp.strides
+    n, _, _, c = xp.shape
+    shape = (n, out_hw[0], out_hw[1], kernel[0], kernel[1], c)
+    strides = (sn, sh * stride[0], sw * stride[1], sh * dilation[0], sw * dilation[1], sc)
+    return as_strided(xp, shape, strides, writeable=False)
+
+
+def window_slices(offset: tuple, stride: tuple, dilation: tuple, out_hw: tuple) -> tuple:
+    """Index of the input elements that kernel position ``offset`` meets in every window."""
+    (i, j), (sh, sw), (dh, dw), (ho, wo) = offset, stride, dilation, out_hw
+    return (slice(None), slice(i * dh, i * dh + sh * (ho - 1) + 1, sh),
+            slice(j * dw, j * dw + sw * (wo - 1) + 1, sw), slice(None))
+
+
+def _sum_rows(g2: np.ndarray) -> np.ndarray:
+    if g2.dtype == _F16:
+        return g2.sum(axis=0, dtype=np.float32).astype(_F16)
+    return g2.sum(axis=0)
+
+
+class Conv2DOp(Op):
+    """2-D cross-correlation of NHWC ``x`` with ``weight`` (kh, kw, in, out), plus ``bias``.
+
+    ``padding`` must already be resolved to ``((top, bottom), (left, right))``. The windows are
+    gathered into one ``(N*Ho*Wo, kh*kw*in)`` matrix and multiplied by the reshaped weight in one
+    BLAS call; float16 multiplies through float32 BLAS and rounds back, as ``matmul`` does.
+    """
+
+    __slots__ = ("stride", "dilation", "pads", "x_shape", "out_hw", "w_shape")
+
+    def forward(self, x, weight, bias=None, stride=(1, 1), padding=((0, 0), (0, 0)),
+                dilation=(1, 1)):
+        if x.ndim != 4 or weight.ndim != 4 or x.shape[3] != weight.shape[2]:
+            raise EveryOError(f"conv2d: input {x.shape} (NHWC) and weight {weight.shape} "
+                              f"(kh, kw, in, out) do not fit")
+        kh, kw, cin, cout = weight.shape
+        n, h, w, _ = x.shape
+        out_hw = (output_size(h, kh, stride[0], dilation[0], padding[0]),
+                  output_size(w, kw, stride[1], dilation[1], padding[1]))
+        if min(out_hw) <= 0:
+            raise EveryOError(f"conv2d: a {kh}x{kw} kernel (dilation {dilation}) does not fit "
+                              f"input {x.shape} with padding {padding}")
+        self.stride, self.dilation, self.pads = stride, dilation, padding
+        self.x_shape, self.out_hw, self.w_shape = x.shape, out_hw, weight.shape
+        xp = pad_hw(x, padding)
+        cols = window_view(xp, (kh, kw), stride, dilation, out_hw).reshape(-1, kh * kw * cin)
+        w2 = weight.reshape(kh * kw * cin, cout)
+        out = blas_matmul(cols, w2)
+        if bias is not None:
+            if bias.dtype == out.dtype:
+                out += bias
+            else:
+                out = out + bias
+        needs = self.needs_input_grad
+        self.saved = (cols if needs[1] else None, w2 if needs[0] else None)
+        return out.reshape(n, out_hw[0], out_hw[1], cout)
+
+    def backward(self, g):
+        cols, w2 = self.saved
+        needs = self.needs_input_grad
+        g2 = g.reshape(-1, g.shape[-1])
+        gx = gw = gb = None
+        if needs[1]:
+            gw = blas_matmul(cols.T, g2).reshape(self.w_shape)
+        if len(needs) > 2 and needs[2]:
+            gb = _sum_rows(g2)
+        if needs[0]:
+            gx = self._input_grad(blas_matmul(g2, w2.T))
+        return gx, gw, gb
+
+    def _input_grad(self, gcols: np.ndarray) -> np.ndarray:
+        """Scatter-add the window gradients back onto the (padded) input: col2im.
+
+        NOTE: the loop runs over the kh*kw kernel positions, each one strided add over the
+        whole batch, never over pixels.
+        """
+        n, h, w, c = self.x_shape
+        kh, kw = self.w_shape[:2]
+        (top, bottom), (left, right) = self.pads
+        ho, wo = self.out_hw
+        gcols = gcols.reshape(n, ho, wo, kh, kw, c)
+        gxp = np.zeros((n, h + top + bottom, w + left + right, c), dtype=gcols.dtype)
+        for i in range(kh):
+            for j in range(kw):
+                gxp[window_slices((i, j), self.stride, self.dilation, self.out_hw)] += \
+                    gcols[:, :, :, i, j, :]
+        return gxp[:, top:top + h, left:left + w, :]
+
+
+class Conv2D(Module):
+    """2-D convolution over NHWC input (channels last, as Keras).
+
+    Args:
+        in_channels, out_channels: channels of the input and the output.
+        kernel_size: int or (kh, kw).
+        stride: int or (sh, sw).
+        padding: ``"valid"``, ``"same"`` (TensorFlow's rule: output ``ceil(in/stride)``, the odd
+            extra pad on the bottom/right), an int, ``(ph, pw)`` or
+            ``((top, bottom), (left, right))``.
+        dilation: int or (dh, dw).
+        bias: learn an additive bias per output channel.
+        seed: seed of the initialisation (PyTorch's: U(+-1/sqrt(in*kh*kw))).
+
+    Attributes:
+        weight: Parameter of shape ``(kh, kw, in_channels, out_channels)``.
+        bias: Parameter of shape ``(out_channels,)`` or None.
+
+    Example:
+        >>> import everyo as eo
+        >>> conv = eo.Conv2D(3, 8, 3, padding="same", seed=0)
+        >>> conv(eo.ones(2, 5, 5, 3)).shape, conv.weight.shape
+        ((2, 5, 5, 8), (3, 3, 3, 8))
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1,
+                 padding="valid", dilation=1, bias: bool = True, seed=None):
+        super().__init__()
+        if in_channels <= 0 or out_channels <= 0:
+            raise EveryOError(f"Conv2D: channels must be positive, got {in_channels} and "
+                              f"{out_channels}")
+        self.in_channels, self.out_channels = int(in_channels), int(out_channels)
+        self.kernel_size = pair(kernel_size, "Conv2D kernel_size")
+        self.stride = pair(stride, "Conv2D stride")
+        self.dilation = pair(dilation, "Conv2D dilation")
+        if min(self.kernel_size + self.stride + self.dilation) <= 0:
+            raise EveryOError(f"Conv2D: kernel_size, stride and dilation must be positive, got "
+                              f"{self.kernel_size}, {self.stride}, {self.dilation}")
+        resolve_padding(padding, (1, 1), self.kernel_size)  # validate the form early
+        self.padding = padding
+        rng = np.random.default_rng(seed)
+        kh, kw = self.kernel_size
+        bound = fan_in_bound(self.in_channels * kh * kw)
+        self.weight = uniform_parameter(rng, (kh, kw, self.in_channels, self.out_channels), bound)
+        self.bias = uniform_parameter(rng, (self.out_channels,), bound) if bias else None
+
+    @property
+    def label(self) -> str:
+        return f"Conv2D({self.in_channels}→{self.out_channels})"
+
+    def forward(self, x):
+        data = check_float(self.label, x)
+        if data.ndim != 4 or data.shape[-1] != self.in_channels:
+            hint = (" — is this NCHW?" if data.ndim == 4 and data.shape[1] == self.in_channels
+                    else "")
+            raise EveryOError(f"{self.label}: expected NHWC input with {self.in_channels} "
+                              f"channels, got shape {data.shape}{hint}")
+        pads = resolve_padding(self.padding, data.shape[1:3], self.kernel_size, self.stride,
+                               self.dilation)
+        operands = (x, self.weight) if self.bias is None else (x, self.weight, self.bias)
+        return dispatch("conv2d", *operands, stride=self.stride, padding=pads,
+                        dilation=self.dilation)
+
+    def extra_repr(self) -> str:
+        return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
+                f"stride={self.stride}, padding={self.padding!r}, dilation={self.dilation}")
+
+
+OPS = {"conv2d": Conv2DOp}
+LAYERS = {"Conv2D": Conv2D}

@@ -1,4 +1,74 @@
-"""(being written)"""
+"""``Linear``: the fully connected layer, ``y = x @ W + b`` as one addmm-style matmul op."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from everyo import EveryOError, Module, Parameter, dispatch
+
+from everyo_layers.checks import check_last_axis
+
+
+def uniform_parameter(rng: np.random.Generator, shape: tuple, bound: float) -> Parameter:
+    """A float32 Parameter drawn from U(-bound, bound)."""
+    return Parameter(rng.uniform(-bound, bound, size=shape).astype(np.float32))
+
+
+def fan_in_bound(fan_in: int) -> float:
+    """PyTorch's default bound for weights and biases: ``1/sqrt(fan_in)``.
+
+    NOTE: torch.nn.Linear/Conv2d use kaiming_uniform_(a=sqrt(5)), whose bound
+    ``gain * sqrt(3/fan_in)`` with ``gain = sqrt(2/(1+5))`` simplifies to ``1/sqrt(fan_in)``.
+    """
+    return 1.0 / math.sqrt(fan_in) if fan_in > 0 else 0.0
+
+
+class Linear(Module):
+    """Fully connected layer: ``y = x @ weight + bias`` over the last axis.
+
+    Args:
+        in_features: size of the input's last axis.
+        out_features: size of the output's last axis.
+        bias: learn an additive bias.
+        seed: seed of the initialisation (PyTorch's scheme: U(-1/sqrt(in), 1/sqrt(in))).
+
+    Attributes:
+        weight: Parameter of shape ``(in_features, out_features)`` (Keras's layout).
+        bias: Parameter of shape ``(out_features,)`` or None.
+
+    Example:
+        >>> import everyo as eo
+        >>> layer = eo.Linear(3, 2, seed=0)
+        >>> layer(eo.ones(4, 3)).shape, layer.weight.shape
+        ((4, 2), (3, 2))
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, seed=None):
+        super().__init__()
+        if in_features <= 0 or out_features <= 0:
+            raise EveryOError(f"Linear: in_features and out_features must be positive, got "
+                              f"{in_features} and {out_features}")
+        self.in_features, self.out_features = int(in_features), int(out_features)
+        rng = np.random.default_rng(seed)
+        bound = fan_in_bound(self.in_features)
+        self.weight = uniform_parameter(rng, (self.in_features, self.out_features), bound)
+        self.bias = uniform_parameter(rng, (self.out_features,), bound) if bias else None
+
+    @property
+    def label(self) -> str:
+        return f"Linear({self.in_features}→{self.out_features})"
+
+    def forward(self, x):
+        check_last_axis(self.label, x, self.in_features)
+        if self.bias is None:
+            return dispatch("matmul", x, self.weight)
+        return dispatch("matmul", x, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"{self.in_features}, {self.out_features}, bias={self.bias is not None}"
+
 
 OPS: dict = {}
-LAYERS: dict = {}
+LAYERS = {"Linear": Linear}

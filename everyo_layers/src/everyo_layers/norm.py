@@ -1,4 +1,247 @@
-"""(being written)"""
+"""Normalisation: ``LayerNorm``, ``BatchNorm1D``, ``BatchNorm2D`` (channel-last) and their fused
+ops. Statistics are computed in float32 even for float16 input; the output keeps the input's
+dtype."""
 
-OPS: dict = {}
-LAYERS: dict = {}
+from __future__ import annotations
+
+import numpy as np
+
+from everyo import EveryOError, Module, Op, Parameter, dispatch
+
+from everyo_layers.checks import check_float
+
+
+def _compute_dtype(dtype: np.dtype) -> np.dtype:
+    # NOTE: float16 statistics overflow/underflow quickly (a sum of squares of a few hundred
+    # activations can exceed 65504), so they are formed in float32; float64 stays float64.
+    return np.promote_types(dtype, np.float32)
+
+
+class LayerNormOp(Op):
+    """Normalise over the trailing ``ndims`` axes, then scale and shift (weight, bias optional)."""
+
+    __slots__ = ("axes",)
+
+    def forward(self, x, weight=None, bias=None, ndims=1, eps=1e-5):
+        xc = x.astype(_compute_dtype(x.dtype), copy=False)
+        self.axes = tuple(range(x.ndim - ndims, x.ndim))
+        centered = xc - xc.mean(axis=self.axes, keepdims=True)
+        var = np.mean(np.square(centered), axis=self.axes, keepdims=True)
+        inv_std = 1.0 / np.sqrt(var + eps)
+        xhat = centered * inv_std
+        out = xhat
+        if weight is not None:
+            out = out * weight
+        if bias is not None:
+            out = out + bias
+        self.saved = (xhat, inv_std, weight)
+        return out.astype(x.dtype, copy=False)
+
+    def backward(self, g):
+        xhat, inv_std, weight = self.saved
+        needs = self.needs_input_grad
+        gy = g.astype(xhat.dtype, copy=False)
+        lead = tuple(range(g.ndim - len(self.axes)))
+        gx = gw = gb = None
+        if needs[0]:
+            gxhat = gy * weight if weight is not None else gy
+            mean_g = gxhat.mean(axis=self.axes, keepdims=True)
+            mean_gx = (gxhat * xhat).mean(axis=self.axes, keepdims=True)
+            gx = inv_std * (gxhat - mean_g - xhat * mean_gx)
+        if len(needs) > 1 and needs[1]:
+            gw = (gy * xhat).sum(axis=lead)
+        if len(needs) > 2 and needs[2]:
+            gb = gy.sum(axis=lead)
+        return gx, gw, gb
+
+
+class BatchNormOp(Op):
+    """Channel-last batch normalisation. With ``training`` it normalises by the batch
+    statistics (biased variance) and updates ``running_mean``/``running_var`` in place (unbiased
+    variance, PyTorch's rule); otherwise it normalises by the running statistics."""
+
+    __slots__ = ("training",)
+
+    def forward(self, x, weight=None, bias=None, running_mean=None, running_var=None,
+                training=True, momentum=0.1, eps=1e-5):
+        compute = _compute_dtype(x.dtype)
+        xc = x.astype(compute, copy=False)
+        self.training = training
+        if training:
+            axes = tuple(range(x.ndim - 1))
+            count = x.size // x.shape[-1]
+            mean = xc.mean(axis=axes)
+            centered = xc - mean
+            var = np.mean(np.square(centered), axis=axes)
+            if running_mean is not None:
+                running_mean *= 1 - momentum
+                running_mean += (momentum * mean).astype(running_mean.dtype, copy=False)
+                running_var *= 1 - momentum
+                unbiased = var * (count / (count - 1))
+                running_var += (momentum * unbiased).astype(running_var.dtype, copy=False)
+        else:
+            centered = xc - running_mean.astype(compute, copy=False)
+            var = running_var.astype(compute, copy=False)
+        inv_std = (1.0 / np.sqrt(var + eps)).astype(compute, copy=False)
+        xhat = centered * inv_std
+        out = xhat
+        if weight is not None:
+            out = out * weight
+        if bias is not None:
+            out = out + bias
+        self.saved = (xhat, inv_std, weight)
+        return out.astype(x.dtype, copy=False)
+
+    def backward(self, g):
+        xhat, inv_std, weight = self.saved
+        needs = self.needs_input_grad
+        gy = g.astype(xhat.dtype, copy=False)
+        axes = tuple(range(g.ndim - 1))
+        sum_gy = gy.sum(axis=axes)
+        sum_gy_xhat = np.einsum("...c,...c->c", gy, xhat) if xhat.ndim > 1 else gy * xhat
+        gx = None
+        if needs[0]:
+            scale = inv_std if weight is None else inv_std * weight
+            if self.training:
+                count = g.size // g.shape[-1]
+                gx = (gy - (sum_gy + xhat * sum_gy_xhat) / count) * scale
+            else:
+                gx = gy * scale
+        gw = sum_gy_xhat if len(needs) > 1 and needs[1] else None
+        gb = sum_gy if len(needs) > 2 and needs[2] else None
+        return gx, gw, gb
+
+
+class LayerNorm(Module):
+    """Normalise each sample over its trailing ``normalized_shape`` axes (mean 0, variance 1),
+    then apply a learned per-element scale and shift.
+
+    Args:
+        normalized_shape: int or tuple, the trailing shape to normalise over.
+        eps: added to the variance.
+        elementwise_affine: learn ``weight`` (ones) and ``bias`` (zeros).
+
+    Example:
+        >>> import everyo as eo
+        >>> out = eo.LayerNorm(4)(eo.arange(8.0).reshape(2, 4))
+        >>> out.data.mean(axis=-1).round(6).tolist()
+        [0.0, 0.0]
+    """
+
+    def __init__(self, normalized_shape, eps: float = 1e-5, elementwise_affine: bool = True):
+        super().__init__()
+        if isinstance(normalized_shape, (int, np.integer)):
+            normalized_shape = (int(normalized_shape),)
+        self.normalized_shape = tuple(int(n) for n in normalized_shape)
+        self.eps = float(eps)
+        self.elementwise_affine = bool(elementwise_affine)
+        if elementwise_affine:
+            self.weight = Parameter(np.ones(self.normalized_shape, np.float32))
+            self.bias = Parameter(np.zeros(self.normalized_shape, np.float32))
+        else:
+            self.weight = self.bias = None
+
+    def forward(self, x):
+        data = check_float(f"LayerNorm{self.normalized_shape}", x)
+        n = len(self.normalized_shape)
+        if data.shape[data.ndim - n:] != self.normalized_shape or data.ndim < n:
+            raise EveryOError(f"LayerNorm{self.normalized_shape}: expected input ending in "
+                              f"{self.normalized_shape}, got shape {data.shape}")
+        params = (self.weight, self.bias) if self.elementwise_affine else ()
+        return dispatch("layer_norm", x, *params, ndims=n, eps=self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.normalized_shape}, eps={self.eps}"
+
+
+class _BatchNorm(Module):
+    """Shared by BatchNorm1D/2D: parameters, running statistics and the train/eval switch."""
+
+    ranks: tuple = ()
+    layout: str = ""
+
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum=0.1, affine: bool = True,
+                 track_running_stats: bool = True):
+        super().__init__()
+        self.num_features = int(num_features)
+        self.eps = float(eps)
+        self.momentum = momentum
+        self.affine = bool(affine)
+        self.track_running_stats = bool(track_running_stats)
+        c = self.num_features
+        if affine:
+            self.weight = Parameter(np.ones(c, np.float32))
+            self.bias = Parameter(np.zeros(c, np.float32))
+        else:
+            self.weight = self.bias = None
+        tracked = track_running_stats
+        self.register_buffer("running_mean", np.zeros(c, np.float32) if tracked else None)
+        self.register_buffer("running_var", np.ones(c, np.float32) if tracked else None)
+        self.register_buffer("num_batches_tracked", np.array(0, np.int64) if tracked else None)
+
+    @property
+    def label(self) -> str:
+        return f"{type(self).__name__}({self.num_features})"
+
+    def _check(self, x) -> np.ndarray:
+        data = check_float(self.label, x)
+        if data.ndim not in self.ranks or data.shape[-1] != self.num_features:
+            hint = ""
+            if data.ndim >= 2 and data.shape[1] == self.num_features != data.shape[-1]:
+                hint = " — channels go last here, is this channels-first?"
+            raise EveryOError(f"{self.label}: expected {self.layout} input with "
+                              f"{self.num_features} channels on the last axis, got shape "
+                              f"{data.shape}{hint}")
+        return data
+
+    def forward(self, x):
+        data = self._check(x)
+        use_batch_stats = self.training or not self.track_running_stats
+        momentum = 0.0
+        if self.training and self.track_running_stats:
+            if data.size // data.shape[-1] < 2:
+                raise EveryOError(f"{self.label}: training needs more than one value per "
+                                  f"channel, got input shape {data.shape}")
+            self.num_batches_tracked += 1
+            # NOTE: momentum=None means a cumulative average, as in PyTorch.
+            momentum = (1.0 / int(self.num_batches_tracked) if self.momentum is None
+                        else float(self.momentum))
+        params = (self.weight, self.bias) if self.affine else ()
+        return dispatch("batch_norm", x, *params, running_mean=self.running_mean,
+                        running_var=self.running_var, training=use_batch_stats,
+                        momentum=momentum, eps=self.eps)
+
+    def extra_repr(self) -> str:
+        return (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, "
+                f"affine={self.affine}, track_running_stats={self.track_running_stats}")
+
+
+class BatchNorm1D(_BatchNorm):
+    """Batch normalisation of ``(N, C)`` or ``(N, L, C)`` input, per channel (the last axis).
+
+    Example:
+        >>> import everyo as eo
+        >>> bn = eo.BatchNorm1D(3)
+        >>> bn(eo.randn(8, 3, seed=0)).shape, bn.running_mean.shape
+        ((8, 3), (3,))
+    """
+
+    ranks = (2, 3)
+    layout = "(N, C) or (N, L, C)"
+
+
+class BatchNorm2D(_BatchNorm):
+    """Batch normalisation of NHWC input, per channel (the last axis).
+
+    Example:
+        >>> import everyo as eo
+        >>> eo.BatchNorm2D(4)(eo.randn(2, 5, 5, 4, seed=0)).shape
+        (2, 5, 5, 4)
+    """
+
+    ranks = (4,)
+    layout = "NHWC"
+
+
+OPS = {"layer_norm": LayerNormOp, "batch_norm": BatchNormOp}
+LAYERS = {"LayerNorm": LayerNorm, "BatchNorm1D": BatchNorm1D, "BatchNorm2D": BatchNorm2D}

@@ -1,4 +1,181 @@
-"""(being written)"""
+"""``MaxPool2D`` and ``AvgPool2D`` on NHWC input, and their ops ``max_pool2d``/``avg_pool2d``.
 
-OPS: dict = {}
-LAYERS: dict = {}
+Both reduce over the pool's kh*kw kernel positions, each position being one view of the whole
+batch: a reshape when the windows tile the input (no padding, stride == pool size, divisible
+sizes), a strided slice of the padded input otherwise. No loop runs over pixels.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from everyo import EveryOError, Module, Op, dispatch
+
+from everyo_layers.checks import check_float, pair
+from everyo_layers.conv import pad_hw, window_slices
+from everyo_layers.padding import output_size, resolve_padding
+
+_NO_PADS = ((0, 0), (0, 0))
+
+
+class _Windows:
+    """The kernel-position views of an NHWC array for one pooling geometry."""
+
+    __slots__ = ("pool", "stride", "pads", "out_hw", "tiled")
+
+    def __init__(self, shape: tuple, pool: tuple, stride: tuple, pads: tuple):
+        n, h, w, c = shape
+        self.pool, self.stride, self.pads = pool, stride, pads
+        self.out_hw = (output_size(h, pool[0], stride[0], 1, pads[0]),
+                       output_size(w, pool[1], stride[1], 1, pads[1]))
+        if min(self.out_hw) <= 0:
+            raise EveryOError(f"pooling: a {pool[0]}x{pool[1]} window does not fit input "
+                              f"{shape} with padding {pads}")
+        self.tiled = (pads == _NO_PADS and stride == pool
+                      and h == self.out_hw[0] * pool[0] and w == self.out_hw[1] * pool[1])
+
+    def views(self, padded: np.ndarray):
+        """One ``(N, Ho, Wo, C)`` view per kernel position (writable if ``padded`` is)."""
+        (ph, pw), (ho, wo) = self.pool, self.out_hw
+        if self.tiled:
+            # NOTE: non-overlapping windows: (N, Ho, ph, Wo, pw, C) is a free reshape.
+            blocks = padded.reshape(padded.shape[0], ho, ph, wo, pw, padded.shape[3])
+            return [blocks[:, :, i, :, j, :] for i in range(ph) for j in range(pw)]
+        return [padded[window_slices((i, j), self.stride, (1, 1), self.out_hw)]
+                for i in range(ph) for j in range(pw)]
+
+    def padded_shape(self, shape: tuple) -> tuple:
+        (top, bottom), (left, right) = self.pads
+        return shape[0], shape[1] + top + bottom, shape[2] + left + right, shape[3]
+
+    def crop(self, padded: np.ndarray, shape: tuple) -> np.ndarray:
+        (top, _), (left, _) = self.pads
+        return padded[:, top:top + shape[1], left:left + shape[2], :]
+
+
+class MaxPool2DOp(Op):
+    """Maximum over each window; padding counts as -inf. Gradient to the first maximum of each
+    window (PyTorch's choice when values tie)."""
+
+    __slots__ = ("windows", "x_shape")
+
+    def forward(self, x, pool_size=(2, 2), stride=(2, 2), padding=_NO_PADS):
+        self.windows = windows = _Windows(x.shape, pool_size, stride, padding)
+        self.x_shape = x.shape
+        xp = pad_hw(x, padding, value=-np.inf)
+        views = windows.views(xp)
+        out = views[0].copy()
+        for view in views[1:]:
+            np.maximum(out, view, out=out)
+        self.saved = (xp, out)
+        return out
+
+    def backward(self, g):
+        xp, out = self.saved
+        grad = np.zeros(xp.shape, dtype=g.dtype)
+        taken = np.zeros(out.shape, dtype=bool)
+        for source, target in zip(self.windows.views(xp), self.windows.views(grad)):
+            hit = source == out
+            hit &= ~taken
+            taken |= hit
+            target += np.where(hit, g, 0)
+        return (self.windows.crop(grad, self.x_shape),)
+
+
+class AvgPool2DOp(Op):
+    """Mean over each window, excluding padding from the count (as Keras)."""
+
+    __slots__ = ("windows", "x_shape", "dtype")
+
+    def forward(self, x, pool_size=(2, 2), stride=(2, 2), padding=_NO_PADS):
+        self.windows = windows = _Windows(x.shape, pool_size, stride, padding)
+        self.x_shape, self.dtype = x.shape, x.dtype
+        accumulate = np.promote_types(x.dtype, np.float32)  # float16 sums in float32
+        total = None
+        for view in windows.views(pad_hw(x, padding)):
+            total = view.astype(accumulate) if total is None else np.add(total, view, out=total)
+        count = self._count()
+        self.saved = count
+        return (total / count).astype(x.dtype, copy=False)
+
+    def _count(self):
+        """How many real (unpadded) elements each window holds, shaped to broadcast."""
+        if self.windows.pads == _NO_PADS:
+            return np.float32(self.windows.pool[0] * self.windows.pool[1])
+        ones = pad_hw(np.ones((1,) + self.x_shape[1:3] + (1,), np.float32), self.windows.pads)
+        count = None
+        for view in self.windows.views(ones):
+            count = view.copy() if count is None else count + view
+        return count
+
+    def backward(self, g):
+        share = (g / self.saved).astype(g.dtype, copy=False)
+        grad = np.zeros(self.windows.padded_shape(self.x_shape), dtype=g.dtype)
+        for target in self.windows.views(grad):
+            target += share
+        return (self.windows.crop(grad, self.x_shape),)
+
+
+class _Pool2D(Module):
+    op_name = ""
+
+    def __init__(self, pool_size=2, stride=None, padding="valid"):
+        super().__init__()
+        name = type(self).__name__
+        self.pool_size = pair(pool_size, f"{name} pool_size")
+        self.stride = self.pool_size if stride is None else pair(stride, f"{name} stride")
+        if min(self.pool_size + self.stride) <= 0:
+            raise EveryOError(f"{name}: pool_size and stride must be positive, got "
+                              f"{self.pool_size} and {self.stride}")
+        resolve_padding(padding, (1, 1), self.pool_size)  # validate the form early
+        self.padding = padding
+
+    @property
+    def label(self) -> str:
+        return f"{type(self).__name__}{self.pool_size}"
+
+    def forward(self, x):
+        data = check_float(self.label, x)
+        if data.ndim != 4:
+            raise EveryOError(f"{self.label}: expected NHWC input (4 axes), got shape "
+                              f"{data.shape}")
+        pads = resolve_padding(self.padding, data.shape[1:3], self.pool_size, self.stride)
+        for (lo, hi), size in zip(pads, self.pool_size):
+            if max(lo, hi) >= size:
+                raise EveryOError(f"{self.label}: padding {self.padding!r} resolves to {pads}; "
+                                  f"each pad must be smaller than the pool size {self.pool_size}")
+        return dispatch(self.op_name, x, pool_size=self.pool_size, stride=self.stride,
+                        padding=pads)
+
+    def extra_repr(self) -> str:
+        return f"pool_size={self.pool_size}, stride={self.stride}, padding={self.padding!r}"
+
+
+class MaxPool2D(_Pool2D):
+    """Maximum over ``pool_size`` windows of NHWC input (stride defaults to the pool size).
+
+    Example:
+        >>> import everyo as eo
+        >>> eo.MaxPool2D(2)(eo.arange(16.0).reshape(1, 4, 4, 1)).data[0, :, :, 0]
+        array([[ 5.,  7.],
+               [13., 15.]], dtype=float32)
+    """
+
+    op_name = "max_pool2d"
+
+
+class AvgPool2D(_Pool2D):
+    """Mean over ``pool_size`` windows of NHWC input; padded positions are not counted.
+
+    Example:
+        >>> import everyo as eo
+        >>> eo.AvgPool2D(2)(eo.arange(16.0).reshape(1, 4, 4, 1)).data[0, :, :, 0]
+        array([[ 2.5,  4.5],
+               [10.5, 12.5]], dtype=float32)
+    """
+
+    op_name = "avg_pool2d"
+
+
+OPS = {"max_pool2d": MaxPool2DOp, "avg_pool2d": AvgPool2DOp}
+LAYERS = {"MaxPool2D": MaxPool2D, "AvgPool2D": AvgPool2D}

@@ -1,1 +1,6 @@
-"""everyo-onnx: an EveryO plugin distribution (see docs/architecture.md)."""
+"""everyo-onnx: layer-by-layer ONNX export of EveryO models, verified with ONNX Runtime.
+
+Importing this package is cheap: ``onnx`` and ``onnxruntime`` are imported only when a model
+is exported or run. The public functions are reached as ``eo.export_onnx``, ``eo.run_onnx`` and
+``eo.onnx_available`` (see ``docs/onnx.md``).
+"""

@@ -1,0 +1,85 @@
+"""Precision policies: which ops run in the lower precision, and which are kept in float32.
+
+A policy is data, not code: ``autocast`` turns it into a dispatch interceptor. The default
+policy is registered by this distribution's plugin through ``everyo_register_autocast_policies``
+exactly as a third-party policy would be.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from everyo import EveryOError
+
+#: Ops whose float32 operands are cast down: the two BLAS-shaped ops, where 16 bits are safe
+#: (products accumulate in float32) and where the memory of saved activations is.
+LOWER_PRECISION_OPS = frozenset({"matmul", "conv2d"})
+
+#: Ops that must see float32 even when an operand is a float16 activation: sums over many
+#: values, exponentials and logarithms, normalisation statistics and losses, where float16's
+#: range (max 65504, smallest subnormal 6e-8) runs out. Names an installed plugin does not
+#: register are harmless: they simply never match.
+FLOAT32_OPS = frozenset({
+    # core reductions and transcendental functions
+    "sum", "mean", "var", "exp", "log", "pow", "softmax", "log_softmax",
+    # losses and normalisation (registered by everyo-layers when they are single ops)
+    "mse_loss", "l1_loss", "cross_entropy", "nll_loss", "binary_cross_entropy_with_logits",
+    "layer_norm", "batch_norm", "batch_norm1d", "batch_norm2d",
+})
+
+
+@dataclass(frozen=True)
+class AutocastPolicy:
+    """What ``eo.autocast`` changes: op names to run in ``dtype``, and op names kept in float32.
+
+    Args:
+        ops: names of ops whose floating operands are cast to ``dtype`` (float64 operands are
+            left alone: asking for float64 is asking for precision).
+        dtype: the lower precision, e.g. ``"float16"``.
+        upcast: names of ops whose lower-precision floating operands are cast up to
+            ``upcast_dtype`` before the op runs.
+        upcast_dtype: the precision of the ``upcast`` ops, ``"float32"`` by default.
+
+    Example:
+        >>> from everyo_amp import AutocastPolicy
+        >>> policy = AutocastPolicy(ops={"matmul"}, dtype="float16")
+        >>> sorted(policy.ops), policy.dtype
+        (['matmul'], 'float16')
+    """
+
+    ops: frozenset
+    dtype: str = "float16"
+    upcast: frozenset = frozenset()
+    upcast_dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ops", frozenset(self.ops))
+        object.__setattr__(self, "upcast", frozenset(self.upcast))
+        object.__setattr__(self, "dtype", floating_dtype(self.dtype, "AutocastPolicy dtype"))
+        object.__setattr__(self, "upcast_dtype",
+                           floating_dtype(self.upcast_dtype, "AutocastPolicy upcast_dtype"))
+        both = self.ops & self.upcast
+        if both:
+            raise EveryOError(f"AutocastPolicy: ops {sorted(both)} are both cast down to "
+                              f"{self.dtype} and kept in {self.upcast_dtype}; pick one")
+
+    def with_dtype(self, dtype) -> "AutocastPolicy":
+        """The same policy with another lower precision."""
+        return AutocastPolicy(self.ops, dtype, self.upcast, self.upcast_dtype)
+
+
+def floating_dtype(dtype, what: str) -> str:
+    """The name of ``dtype`` if it is a NumPy floating dtype, else a clear ``EveryOError``."""
+    try:
+        resolved = np.dtype(dtype)
+    except TypeError:
+        hint = " (NumPy has no bfloat16; use 'float16')" if str(dtype) == "bfloat16" else ""
+        raise EveryOError(f"{what}: unknown dtype {dtype!r}{hint}") from None
+    if resolved.kind != "f":
+        raise EveryOError(f"{what} must be a floating dtype such as 'float16', got {resolved.name}")
+    return resolved.name
+
+
+DEFAULT_POLICY = AutocastPolicy(ops=LOWER_PRECISION_OPS, dtype="float16", upcast=FLOAT32_OPS)

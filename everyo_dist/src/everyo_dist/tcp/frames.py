@@ -1,0 +1,181 @@
+"""The tcp backend's wire format: fixed-size binary headers followed by raw array bytes.
+
+Every frame starts with a 100-byte header::
+
+    magic "EOTC" | version u8 | kind u8 | payload dtype u8 | pad | step u32 | payload bytes u64
+    | fingerprint (80 bytes: sequence number, op, dtype, shape, root — see ``fingerprint.py``)
+
+and is followed by exactly ``payload bytes`` of raw little-endian array data (or UTF-8 JSON for
+the few control frames). Nothing on the wire is ever unpickled or evaluated: a header is
+``struct``-decoded and validated field by field, and the payload size must agree with the shape
+the header announces, so a peer cannot make a receiver allocate or read more than the collective
+it claims to be part of needs.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import struct
+import time
+from typing import NamedTuple
+
+import numpy as np
+
+from everyo_dist.errors import DistributedError
+from everyo_dist.fingerprint import (DTYPE_CODES, DTYPE_NAMES, FINGERPRINT_SIZE, CollectiveOp,
+                                     Fingerprint)
+
+MAGIC = b"EOTC"
+VERSION = 1
+_PREFIX = struct.Struct("<4sBBBxIQ")
+HEADER_SIZE = _PREFIX.size + FINGERPRINT_SIZE
+# Control frames (registration, peer table, abort reasons) are small JSON documents.
+CONTROL_LIMIT = 64 * 1024
+# A data frame carries at most the announced array, widened to float64 (ring partial sums).
+_WIDEST_ITEMSIZE = 8
+_NO_FINGERPRINT = Fingerprint(0, CollectiveOp.BARRIER)
+
+
+class ProtocolError(DistributedError):
+    """A peer sent bytes that are not a valid frame; the connection is dropped."""
+
+
+class FrameKind(enum.IntEnum):
+    """What a frame carries; unknown kinds are refused."""
+
+    DATA = 1      # one step of a collective: an array chunk
+    ABORT = 2     # the sender gave up on the collective; payload: JSON reason
+    REGISTER = 3  # worker -> rendezvous: JSON {"rank", "world_size", "port"}
+    PEERS = 4     # rendezvous -> worker: JSON {"peers": [[host, port], ...]}
+    IDENTIFY = 5  # worker -> worker after the handshake: JSON {"rank"}
+
+
+CONTROL_KINDS = (FrameKind.ABORT, FrameKind.REGISTER, FrameKind.PEERS, FrameKind.IDENTIFY)
+
+
+class FrameHeader(NamedTuple):
+    """A decoded, validated header."""
+
+    kind: FrameKind
+    payload_dtype: str | None
+    step: int
+    payload_bytes: int
+    fingerprint: Fingerprint
+
+
+def pack_header(kind: FrameKind, payload_dtype: str | None, payload_bytes: int,
+                fingerprint: Fingerprint = _NO_FINGERPRINT, step: int = 0) -> bytes:
+    """Encode a header.
+
+    Example:
+        >>> raw = pack_header(FrameKind.IDENTIFY, "uint8", 10)
+        >>> len(raw) == HEADER_SIZE, unpack_header(raw).payload_bytes
+        (True, 10)
+    """
+    code = DTYPE_CODES[payload_dtype] if payload_dtype is not None else 0
+    return _PREFIX.pack(MAGIC, VERSION, int(kind), code, step, payload_bytes) + fingerprint.pack()
+
+
+def unpack_header(raw: bytes | bytearray | memoryview) -> FrameHeader:
+    """Decode and validate a header; any inconsistency raises ``ProtocolError``.
+
+    Example:
+        >>> unpack_header(b"GET / HTTP/1.1" + bytes(86))
+        Traceback (most recent call last):
+        ...
+        everyo_dist.tcp.frames.ProtocolError: bad frame magic b'GET ' (not an EveryO tcp peer?)
+    """
+    if len(raw) != HEADER_SIZE:
+        raise ProtocolError(f"a frame header is {HEADER_SIZE} bytes, got {len(raw)}")
+    magic, version, kind, code, step, size = _PREFIX.unpack_from(raw)
+    if magic != MAGIC:
+        raise ProtocolError(f"bad frame magic {bytes(magic)!r} (not an EveryO tcp peer?)")
+    if version != VERSION:
+        raise ProtocolError(f"frame version {version} is not supported (this side speaks "
+                            f"{VERSION}); run the same everyo-dist version on every node")
+    try:
+        kind = FrameKind(kind)
+    except ValueError:
+        raise ProtocolError(f"unknown frame kind {kind}") from None
+    if code != 0 and code not in DTYPE_NAMES:
+        raise ProtocolError(f"unknown payload dtype code {code}")
+    dtype = DTYPE_NAMES.get(code)
+    try:
+        fingerprint = Fingerprint.unpack(bytes(raw[_PREFIX.size:]))
+    except DistributedError as exc:
+        raise ProtocolError(f"bad frame fingerprint: {exc}") from None
+    if kind in CONTROL_KINDS:
+        limit, itemsize = CONTROL_LIMIT, 1
+        if dtype not in (None, "uint8"):
+            raise ProtocolError(f"{kind.name} frames carry bytes, not {dtype}")
+    else:
+        itemsize = np.dtype(dtype).itemsize if dtype else 1
+        limit = (fingerprint.nbytes // max(np.dtype(fingerprint.dtype).itemsize, 1)
+                 * _WIDEST_ITEMSIZE) if fingerprint.dtype else 0
+    if size > limit:
+        raise ProtocolError(f"{kind.name} frame announces {size} payload bytes, more than the "
+                            f"{limit} its header allows")
+    if size % itemsize:
+        raise ProtocolError(f"{size} payload bytes is not a whole number of {dtype} items")
+    if dtype is None and size:
+        raise ProtocolError("a frame with a payload must name the payload dtype")
+    return FrameHeader(kind, dtype, step, size, fingerprint)
+
+
+def control_frame(kind: FrameKind, document: dict) -> bytes:
+    """A whole control frame: header plus a JSON payload."""
+    payload = json.dumps(document, separators=(",", ":")).encode()
+    if len(payload) > CONTROL_LIMIT:
+        raise DistributedError(f"{kind.name} message too large ({len(payload)} bytes)")
+    return pack_header(kind, "uint8", len(payload)) + payload
+
+
+def parse_control(header: FrameHeader, payload: bytes, expected: FrameKind) -> dict:
+    """Decode a control frame's JSON payload, refusing anything but an object of ``expected``."""
+    if header.kind == FrameKind.ABORT and expected != FrameKind.ABORT:
+        reason = _json_object(payload).get("message", "(no reason given)")
+        raise DistributedError(str(reason))
+    if header.kind != expected:
+        raise ProtocolError(f"expected a {expected.name} frame, got {header.kind.name}")
+    return _json_object(payload)
+
+
+def _json_object(payload: bytes) -> dict:
+    try:
+        document = json.loads(payload.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        raise ProtocolError("control frame payload is not UTF-8 JSON") from None
+    if not isinstance(document, dict):
+        raise ProtocolError("control frame payload is not a JSON object")
+    return document
+
+
+def recv_exact(sock, size: int, deadline: float, what: str = "data") -> bytes:
+    """Read exactly ``size`` bytes from a blocking socket before ``deadline`` (monotonic)."""
+    buffer = bytearray(size)
+    view = memoryview(buffer)
+    got = 0
+    while got < size:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError(f"timed out waiting for {what}")
+        sock.settimeout(remaining)
+        try:
+            count = sock.recv_into(view[got:])
+        except TimeoutError:
+            raise TimeoutError(f"timed out waiting for {what}") from None
+        if count == 0:
+            raise ConnectionError(f"connection closed while waiting for {what} "
+                                  f"({got} of {size} bytes received)")
+        got += count
+    return bytes(buffer)
+
+
+def read_control(sock, deadline: float, expected: FrameKind) -> dict:
+    """Read one control frame of kind ``expected`` from a blocking socket and decode it."""
+    header = unpack_header(recv_exact(sock, HEADER_SIZE, deadline, f"a {expected.name} frame"))
+    if header.kind not in CONTROL_KINDS:
+        raise ProtocolError(f"expected a {expected.name} frame, got {header.kind.name}")
+    payload = recv_exact(sock, header.payload_bytes, deadline, f"a {expected.name} payload")
+    return parse_control(header, payload, expected)

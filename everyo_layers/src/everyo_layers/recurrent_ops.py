@@ -1,0 +1,268 @@
+"""Fused recurrent ops: one op runs a whole RNN, LSTM or GRU layer over the sequence.
+
+Why fused: a sequence of T steps built from core ops would be ~15 graph nodes per step, and
+Python overhead would dominate. Here the input projection of every step is ONE matmul, the
+time loop runs on plain arrays keeping the gate activations, and backward is hand-written
+backpropagation through time that ends with one matmul per weight gradient.
+
+Weight layout (shared by the three ops, Keras-like ``(in, out)`` as in ``Linear``):
+``w_ih`` is ``(input_size, G*H)`` and ``w_hh`` is ``(H, G*H)``, ``b_ih``/``b_hh`` are
+``(G*H,)``, the G gate blocks in PyTorch's order (LSTM ``i, f, g, o``; GRU ``r, z, n``;
+RNN one block). PyTorch's ``weight_ih_l0`` is exactly ``w_ih.T``.
+
+Operands ``x`` are ``(batch, seq, features)`` when ``batch_first`` else ``(seq, batch,
+features)``; the loop itself runs time-major on views, so neither layout copies the sequence.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from everyo import EveryOError, Op
+from everyo.ops.linalg import blas_matmul
+
+
+def sigmoid_(a: np.ndarray) -> np.ndarray:
+    """In-place logistic function as ``(1 + tanh(a/2)) / 2``: stable, no overflow warnings."""
+    a *= 0.5
+    np.tanh(a, out=a)
+    a += 1.0
+    a *= 0.5
+    return a
+
+
+def _time_major(x: np.ndarray, batch_first: bool) -> np.ndarray:
+    return x.transpose(1, 0, 2) if batch_first else x
+
+
+class _FusedRecurrentOp(Op):
+    """Shared input projection and weight-gradient code of the fused recurrent ops.
+
+    Subclasses run ``_loop`` (forward) and ``_backprop`` (backward through time), which must
+    leave in ``d_pre_x`` / ``d_pre_h`` the gradients of the pre-activations coming from the
+    input projection and from the hidden projection (the same array when the biases enter
+    the cell at the same place, as in LSTM and RNN).
+    """
+
+    __slots__ = ("batch_first",)
+    gates = 1
+
+    def _project(self, x, w_ih, w_hh, b_ih, b_hh, h0, fold_hidden_bias: bool):
+        if x.ndim != 3:
+            raise EveryOError(f"{self.name}: expected a 3-D input sequence, got shape {x.shape}")
+        xt = _time_major(x, self.batch_first)
+        steps, batch, features = xt.shape
+        hidden = w_hh.shape[0]
+        if w_ih.shape != (features, self.gates * hidden) or h0.shape != (batch, hidden):
+            raise EveryOError(
+                f"{self.name}: input features {features}, weights {w_ih.shape}/{w_hh.shape} "
+                f"and initial state {h0.shape} do not fit (expected w_ih "
+                f"({features}, {self.gates * hidden}), state ({batch}, {hidden}))")
+        bias = b_ih + b_hh if fold_hidden_bias else b_ih
+        # NOTE: the input projection of every time step in one GEMM.
+        projected = blas_matmul(xt.reshape(steps * batch, features), w_ih)
+        projected += bias
+        return xt, projected.reshape(steps, batch, -1), hidden
+
+    def _gradients(self, xt, hs, w_ih, w_hh, d_pre_x, d_pre_h, dh0, extra=()):
+        """Gradients of every operand from the per-step pre-activation gradients."""
+        need = self.needs_input_grad
+        steps, batch, features = xt.shape
+        flat_x = d_pre_x.reshape(steps * batch, -1)
+        flat_h = d_pre_h.reshape(steps * batch, -1)
+        dx = dw_ih = dw_hh = db_ih = db_hh = None
+        if need[0]:
+            dx = blas_matmul(flat_x, w_ih.T).reshape(steps, batch, features)
+            if self.batch_first:
+                dx = dx.transpose(1, 0, 2)
+        n_states = 1 + len(extra)
+        w_ih_i = n_states + 1
+        if need[w_ih_i]:
+            dw_ih = blas_matmul(xt.reshape(steps * batch, features).T, flat_x)
+        if need[w_ih_i + 1]:
+            previous = hs[:steps].reshape(steps * batch, -1)
+            dw_hh = blas_matmul(previous.T, flat_h)
+        if need[w_ih_i + 2]:
+            db_ih = flat_x.sum(axis=0)
+        if need[w_ih_i + 3]:
+            db_hh = flat_h.sum(axis=0)
+        return (dx, dh0 if need[1] else None, *extra, dw_ih, dw_hh, db_ih, db_hh)
+
+
+class RNNOp(_FusedRecurrentOp):
+    """Elman RNN layer: ``h_t = act(x_t W_ih + b_ih + h_{t-1} W_hh + b_hh)``.
+
+    Operands ``(x, h0, w_ih, w_hh, b_ih, b_hh)``; attrs ``batch_first``, ``nonlinearity``
+    ("tanh" or "relu"). Returns the hidden state of every step, laid out like ``x``.
+    """
+
+    __slots__ = ("relu",)
+    name = "rnn"
+    gates = 1
+
+    def forward(self, x, h0, w_ih, w_hh, b_ih, b_hh, batch_first=True, nonlinearity="tanh"):
+        self.batch_first, self.relu = batch_first, nonlinearity == "relu"
+        xt, pre, hidden = self._project(x, w_ih, w_hh, b_ih, b_hh, h0, True)
+        steps, batch = xt.shape[:2]
+        hs = np.empty((steps + 1, batch, hidden), pre.dtype)
+        hs[0] = h0
+        for t in range(steps):
+            h = hs[t + 1]
+            np.add(pre[t], blas_matmul(hs[t], w_hh), out=h)
+            if self.relu:
+                np.maximum(h, 0, out=h)
+            else:
+                np.tanh(h, out=h)
+        self.saved = (xt, hs, w_ih, w_hh)
+        out = hs[1:]
+        return out.transpose(1, 0, 2) if batch_first else out
+
+    def backward(self, g):
+        xt, hs, w_ih, w_hh = self.saved
+        gt = _time_major(g, self.batch_first)
+        d_pre = np.empty_like(hs[1:])
+        dh = np.zeros_like(hs[0])
+        w_hh_t = w_hh.T
+        for t in range(len(d_pre) - 1, -1, -1):
+            dh += gt[t]
+            h = hs[t + 1]
+            if self.relu:
+                np.multiply(dh, h > 0, out=d_pre[t])
+            else:
+                np.multiply(dh, 1 - h * h, out=d_pre[t])
+            dh = blas_matmul(d_pre[t], w_hh_t)
+        return self._gradients(xt, hs, w_ih, w_hh, d_pre, d_pre, dh)
+
+
+class LSTMOp(_FusedRecurrentOp):
+    """LSTM layer with PyTorch's gates ``i, f, g, o``:
+    ``c_t = f*c_{t-1} + i*g``, ``h_t = o*tanh(c_t)``.
+
+    Operands ``(x, h0, c0, w_ih, w_hh, b_ih, b_hh)``; attr ``batch_first``. Returns
+    ``seq + 1`` steps laid out like ``x``: the hidden state of every step, then the final
+    cell state (an op has one output; the layer slices the two apart).
+    """
+
+    __slots__ = ()
+    name = "lstm"
+    gates = 4
+
+    def forward(self, x, h0, c0, w_ih, w_hh, b_ih, b_hh, batch_first=True):
+        self.batch_first = batch_first
+        xt, acts, hidden = self._project(x, w_ih, w_hh, b_ih, b_hh, h0, True)
+        if c0.shape != h0.shape:
+            raise EveryOError(f"lstm: cell state shape {c0.shape} != hidden state {h0.shape}")
+        steps, batch = xt.shape[:2]
+        H = hidden
+        hs = np.empty((steps + 2, batch, H), acts.dtype)  # h0, h_1..h_T, then c_T
+        cs = np.empty((steps + 1, batch, H), acts.dtype)
+        tanh_c = np.empty((steps, batch, H), acts.dtype)
+        hs[0], cs[0] = h0, c0
+        for t in range(steps):
+            a = acts[t]  # pre-activations become activations in place
+            a += blas_matmul(hs[t], w_hh)
+            sigmoid_(a[:, :2 * H])
+            np.tanh(a[:, 2 * H:3 * H], out=a[:, 2 * H:3 * H])
+            sigmoid_(a[:, 3 * H:])
+            c = cs[t + 1]
+            np.multiply(a[:, H:2 * H], cs[t], out=c)
+            c += a[:, :H] * a[:, 2 * H:3 * H]
+            np.tanh(c, out=tanh_c[t])
+            np.multiply(a[:, 3 * H:], tanh_c[t], out=hs[t + 1])
+        hs[steps + 1] = cs[steps]
+        self.saved = (xt, hs, cs, acts, tanh_c, w_ih, w_hh)
+        out = hs[1:]
+        return out.transpose(1, 0, 2) if batch_first else out
+
+    def backward(self, g):
+        xt, hs, cs, acts, tanh_c, w_ih, w_hh = self.saved
+        gt = _time_major(g, self.batch_first)
+        steps = acts.shape[0]
+        H = hs.shape[-1]
+        d_pre = np.empty_like(acts)
+        dh = np.zeros_like(hs[0])
+        dc = np.array(gt[steps], copy=True)  # gradient reaching the final cell state
+        w_hh_t = w_hh.T
+        for t in range(steps - 1, -1, -1):
+            dh += gt[t]
+            a, d = acts[t], d_pre[t]
+            i, f, gg, o = a[:, :H], a[:, H:2 * H], a[:, 2 * H:3 * H], a[:, 3 * H:]
+            tc = tanh_c[t]
+            do = d[:, 3 * H:]
+            np.multiply(dh, tc, out=do)
+            do *= o * (1 - o)
+            dc += dh * o * (1 - tc * tc)
+            np.multiply(dc, gg * i * (1 - i), out=d[:, :H])
+            np.multiply(dc, cs[t] * f * (1 - f), out=d[:, H:2 * H])
+            np.multiply(dc, i * (1 - gg * gg), out=d[:, 2 * H:3 * H])
+            dc *= f
+            dh = blas_matmul(d, w_hh_t)
+        need_c0 = self.needs_input_grad[2]
+        return self._gradients(xt, hs, w_ih, w_hh, d_pre, d_pre, dh,
+                               extra=(dc if need_c0 else None,))
+
+
+class GRUOp(_FusedRecurrentOp):
+    """GRU layer with PyTorch's gates ``r, z, n``; the reset gate multiplies the hidden
+    projection *including* its bias: ``n = tanh(x W_in + b_in + r * (h W_hn + b_hn))``,
+    ``h_t = (1 - z) * n + z * h_{t-1}``.
+
+    Operands ``(x, h0, w_ih, w_hh, b_ih, b_hh)``; attr ``batch_first``. Returns the hidden
+    state of every step, laid out like ``x``.
+    """
+
+    __slots__ = ()
+    name = "gru"
+    gates = 3
+
+    def forward(self, x, h0, w_ih, w_hh, b_ih, b_hh, batch_first=True):
+        self.batch_first = batch_first
+        xt, acts, hidden = self._project(x, w_ih, w_hh, b_ih, b_hh, h0, False)
+        steps, batch = xt.shape[:2]
+        H = hidden
+        hs = np.empty((steps + 1, batch, H), acts.dtype)
+        hidden_n = np.empty((steps, batch, H), acts.dtype)  # h W_hn + b_hn, needed by dr
+        hs[0] = h0
+        for t in range(steps):
+            a = acts[t]
+            hp = blas_matmul(hs[t], w_hh)
+            hp += b_hh
+            rz = a[:, :2 * H]
+            rz += hp[:, :2 * H]
+            sigmoid_(rz)
+            hidden_n[t] = hp[:, 2 * H:]
+            n = a[:, 2 * H:]
+            n += a[:, :H] * hidden_n[t]
+            np.tanh(n, out=n)
+            h = hs[t + 1]
+            np.subtract(hs[t], n, out=h)
+            h *= a[:, H:2 * H]
+            h += n
+        self.saved = (xt, hs, acts, hidden_n, w_ih, w_hh)
+        out = hs[1:]
+        return out.transpose(1, 0, 2) if batch_first else out
+
+    def backward(self, g):
+        xt, hs, acts, hidden_n, w_ih, w_hh = self.saved
+        gt = _time_major(g, self.batch_first)
+        steps = acts.shape[0]
+        H = hs.shape[-1]
+        d_pre_x = np.empty_like(acts)
+        d_pre_h = np.empty_like(acts)
+        dh = np.zeros_like(hs[0])
+        w_hh_t = w_hh.T
+        for t in range(steps - 1, -1, -1):
+            dh += gt[t]
+            a, dx_t, dh_t = acts[t], d_pre_x[t], d_pre_h[t]
+            r, z, n = a[:, :H], a[:, H:2 * H], a[:, 2 * H:]
+            dn = dx_t[:, 2 * H:]
+            np.multiply(dh, (1 - z) * (1 - n * n), out=dn)
+            np.multiply(dn, r, out=dh_t[:, 2 * H:])
+            np.multiply(dn, hidden_n[t] * r * (1 - r), out=dx_t[:, :H])
+            np.multiply(dh, (hs[t] - n) * z * (1 - z), out=dx_t[:, H:2 * H])
+            dh_t[:, :2 * H] = dx_t[:, :2 * H]
+            dh = dh * z + blas_matmul(dh_t, w_hh_t)
+        return self._gradients(xt, hs, w_ih, w_hh, d_pre_x, d_pre_h, dh)
+
+
+OPS = {"rnn": RNNOp, "lstm": LSTMOp, "gru": GRUOp}

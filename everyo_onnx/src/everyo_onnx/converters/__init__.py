@@ -1,0 +1,10 @@
+"""Per-layer ONNX converters, grouped by family; each module exports ``CONVERTERS``
+(layer class -> ``converter(layer, ctx, input_name) -> output_name``). None imports onnx: they
+build the graph only through the context they are given (see ``everyo_onnx.graph``)."""
+
+MODULES = (
+    "everyo_onnx.converters.dense",
+    "everyo_onnx.converters.conv",
+    "everyo_onnx.converters.norm",
+    "everyo_onnx.converters.activation",
+)

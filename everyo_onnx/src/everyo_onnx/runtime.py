@@ -1,0 +1,114 @@
+"""Optional dependencies of the exporter, imported lazily, and ``eo.run_onnx``.
+
+``import everyo`` must stay fast, so neither ``onnx`` nor ``onnxruntime`` is imported until a
+model is exported or run; a missing one raises with the command that installs it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+
+import numpy as np
+
+from everyo import EveryOError, Tensor
+
+ONNX_HINT = "pip install everyo-onnx   (or: pip install onnx)"
+RUNTIME_HINT = "pip install 'everyo-onnx[runtime]'   (or: pip install onnxruntime)"
+
+
+class MissingOnnxPackageError(EveryOError, ImportError):
+    """``onnx`` or ``onnxruntime`` is needed but not importable; the message says how to get it."""
+
+
+def _is_importable(module: str) -> bool:
+    if module in sys.modules:  # covers a module set to None to simulate its absence
+        return sys.modules[module] is not None
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def onnx_available() -> bool:
+    """Whether the ``onnx`` package is importable (export needs it; running needs onnxruntime).
+
+    Returns:
+        True when ``eo.export_onnx`` can build a model.
+
+    Example:
+        >>> import everyo as eo
+        >>> isinstance(eo.onnx_available(), bool)
+        True
+    """
+    return _is_importable("onnx")
+
+
+def import_optional(module: str, purpose: str, hint: str):
+    """Import ``module`` or raise :class:`MissingOnnxPackageError` explaining ``purpose``."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise MissingOnnxPackageError(
+            f"{purpose} needs the {module!r} package, which is not installed: {hint}"
+        ) from exc
+
+
+def import_onnx():
+    return import_optional("onnx", "exporting to ONNX", ONNX_HINT)
+
+
+def import_onnxruntime():
+    return import_optional("onnxruntime", "running an ONNX model", RUNTIME_HINT)
+
+
+def inference_session(model_or_path):
+    """An ONNX Runtime CPU session for a file path or serialized model bytes."""
+    ort = import_onnxruntime()
+    options = ort.SessionOptions()
+    options.log_severity_level = 3  # warnings about unused initializers etc. are noise here
+    return ort.InferenceSession(model_or_path, sess_options=options,
+                                providers=["CPUExecutionProvider"])
+
+
+def run_session(session, batch) -> np.ndarray:
+    """Feed ``batch`` (cast to float32) to the session's only input and return its first output."""
+    array = np.asarray(batch.data if isinstance(batch, Tensor) else batch, dtype=np.float32)
+    graph_input = session.get_inputs()[0]
+    expected = graph_input.shape
+    fits = len(expected) == array.ndim and all(
+        not isinstance(dim, int) or dim == size for dim, size in zip(expected, array.shape))
+    if not fits:
+        shown = tuple(dim if isinstance(dim, int) else "batch" for dim in expected)
+        raise EveryOError(f"run_onnx: the model's input {graph_input.name!r} has shape {shown} "
+                          f"but the batch has shape {array.shape}")
+    return session.run(None, {graph_input.name: array})[0]
+
+
+def run_onnx(path, batch) -> np.ndarray:
+    """Run an exported ONNX file on one batch with ONNX Runtime (CPU).
+
+    Args:
+        path: the ``.onnx`` file written by ``eo.export_onnx``.
+        batch: array or Tensor shaped like the exported input, any batch size; cast to float32.
+
+    Returns:
+        The model's (first) output as a float32 ndarray.
+
+    Raises:
+        MissingOnnxPackageError (an ``ImportError``): onnxruntime is not installed.
+        EveryOError: the file is missing or the batch does not fit the model's input.
+
+    Example:
+        >>> import everyo as eo, numpy as np, tempfile, os
+        >>> path = os.path.join(tempfile.mkdtemp(), "relu.onnx")
+        >>> eo.export_onnx(eo.ReLU(), path, input_shape=(1, 3))
+        >>> eo.run_onnx(path, np.array([[-1.0, 0.0, 2.0]]))
+        array([[0., 0., 2.]], dtype=float32)
+    """
+    import_onnxruntime()  # the install hint comes first, whatever else is wrong
+    if not os.path.isfile(os.fspath(path)):
+        raise EveryOError(f"run_onnx: no ONNX file at {os.fspath(path)!r}")
+    return run_session(inference_session(os.fspath(path)), batch)

@@ -1,0 +1,90 @@
+"""Optimizers against PyTorch's update rules, and their state round trip."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import everyo as eo
+
+CONFIGS = [
+    ("SGD", {"lr": 0.1}),
+    ("SGD", {"lr": 0.1, "momentum": 0.9}),
+    ("SGD", {"lr": 0.1, "momentum": 0.9, "nesterov": True, "weight_decay": 0.01}),
+    ("SGD", {"lr": 0.05, "momentum": 0.5, "dampening": 0.1}),
+    ("Adam", {"lr": 0.01}),
+    ("Adam", {"lr": 0.01, "weight_decay": 0.1, "betas": (0.8, 0.99)}),
+    ("AdamW", {"lr": 0.01}),
+    ("AdamW", {"lr": 0.01, "weight_decay": 0.3, "eps": 1e-6}),
+]
+
+
+def _loss(w):
+    return ((w * w * w).sum() + (w * 2.0).sum())
+
+
+@pytest.mark.parametrize("name,options", CONFIGS, ids=[f"{n}-{i}" for i, (n, _) in enumerate(CONFIGS)])
+def test_matches_pytorch(name, options, torch):
+    start = np.random.default_rng(0).standard_normal((3, 4))
+    ours = eo.Parameter(start)
+    theirs = torch.tensor(start, requires_grad=True)
+    opt = getattr(eo, name)([ours], **options)
+    torch_opt = getattr(torch.optim, name)([theirs], **options)
+    for _ in range(5):
+        opt.zero_grad()
+        _loss(ours).backward()
+        opt.step()
+        torch_opt.zero_grad()
+        _loss(theirs).backward()
+        torch_opt.step()
+    np.testing.assert_allclose(ours.data, theirs.detach().numpy(), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("name,options", CONFIGS[1:3] + CONFIGS[4:6])
+def test_state_dict_resumes_exactly(name, options, tmp_path):
+    start = np.random.default_rng(1).standard_normal(5)
+
+    def run(steps, opt=None, w=None):
+        if w is None:
+            w = eo.Parameter(start)
+            opt = getattr(eo, name)([w], **options)
+        for _ in range(steps):
+            opt.zero_grad()
+            _loss(w).backward()
+            opt.step()
+        return w, opt
+
+    straight, _ = run(6)
+    w, opt = run(3)
+    eo.save({"model": {"w": w.data}, "optimizer": opt.state_dict()}, tmp_path / "ckpt.npz")
+    checkpoint = eo.load(tmp_path / "ckpt.npz")
+    w2 = eo.Parameter(checkpoint["model"]["w"])
+    opt2 = getattr(eo, name)([w2], **options)
+    opt2.load_state_dict(checkpoint["optimizer"])
+    resumed, _ = run(3, opt2, w2)
+    np.testing.assert_array_equal(resumed.data, straight.data)
+
+
+def test_load_state_dict_refuses_a_foreign_state():
+    w = eo.Parameter([1.0])
+    with pytest.raises(eo.EveryOError, match="belongs to 'Adam'"):
+        eo.SGD([w]).load_state_dict(eo.Adam([w]).state_dict())
+
+
+def test_bad_arguments():
+    with pytest.raises(eo.EveryOError, match="empty parameter list"):
+        eo.SGD([])
+    with pytest.raises(eo.EveryOError, match="lr must be >= 0"):
+        eo.SGD([eo.Parameter([1.0])], lr=-1)
+    with pytest.raises(eo.EveryOError, match="nesterov"):
+        eo.SGD([eo.Parameter([1.0])], nesterov=True)
+    with pytest.raises(eo.EveryOError, match="require grad"):
+        eo.SGD([eo.tensor([1.0])])
+
+
+def test_parameters_without_gradients_are_left_alone():
+    a, b = eo.Parameter([1.0]), eo.Parameter([1.0])
+    opt = eo.SGD([a, b], lr=0.5)
+    (a * 2).sum().backward()
+    opt.step()
+    assert a.data[0] == 0.0 and b.data[0] == 1.0

@@ -1,0 +1,185 @@
+"""Tensor creation, dtypes and the autograd engine's contract."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+import everyo as eo
+
+
+def test_python_floats_default_to_float32_and_float64_arrays_stay():
+    assert eo.tensor([1.0, 2.0]).dtype == "float32"
+    assert eo.tensor(np.zeros(2)).dtype == "float64"
+    assert eo.tensor([1, 2]).dtype == "int64"
+    assert eo.tensor([1.0], dtype="float16").dtype == "float16"
+    assert eo.zeros(2, 3).shape == (2, 3) and eo.zeros(2, 3).dtype == "float32"
+    assert eo.ones((2, 3), dtype="float64").dtype == "float64"
+    assert eo.full(2, fill_value=0.5).data.tolist() == [0.5, 0.5]
+    assert eo.arange(3).dtype == "int64" and eo.arange(0.0, 1.0, 0.5).dtype == "float32"
+    np.testing.assert_array_equal(eo.randn(3, seed=1).data, eo.randn(3, seed=1).data)
+    assert eo.rand(2, 2, seed=0).data.min() >= 0
+    assert eo.zeros_like(eo.ones(2, dtype="float64")).dtype == "float64"
+    assert eo.ones_like(np.zeros((2, 1))).shape == (2, 1)
+
+
+def test_tensor_copies_its_input_and_data_is_writable():
+    source = np.zeros(3)
+    t = eo.tensor(source)
+    t.data[...] = 5
+    assert source.sum() == 0 and t.data.sum() == 15
+
+
+def test_integer_tensors_cannot_require_grad():
+    with pytest.raises(eo.EveryOError, match="int64"):
+        eo.tensor([1, 2], requires_grad=True)
+
+
+def test_properties():
+    t = eo.tensor(np.arange(6.0).reshape(2, 3))
+    assert (t.shape, t.ndim, t.size, t.T.shape, len(t)) == ((2, 3), 2, 6, (3, 2), 2)
+    assert eo.tensor([3.5]).item() == 3.5
+    with pytest.raises(eo.EveryOError, match=r"one element, got shape \(2, 3\)"):
+        t.item()
+    assert t.numpy() is t.data
+    assert np.asarray(t) is t.data
+
+
+def test_gradients_accumulate_across_uses_and_broadcasting():
+    x = eo.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    b = eo.tensor([[1.0], [2.0]], requires_grad=True)
+    y = x * x + x * b  # x used three times, broadcast to (2, 3)
+    y.sum().backward()
+    np.testing.assert_allclose(x.grad, 2 * 2 * x.data + 3)
+    np.testing.assert_allclose(b.grad, [[6.0], [6.0]])
+
+
+def test_grad_accumulates_over_backward_calls_until_cleared():
+    w = eo.tensor([1.0, 2.0], requires_grad=True)
+    (w * 3).sum().backward()
+    (w * 3).sum().backward()
+    np.testing.assert_allclose(w.grad, [6.0, 6.0])
+
+
+def test_backward_twice_through_the_same_graph_raises_unless_retained():
+    x = eo.tensor([1.0, 2.0], requires_grad=True)
+    y = (x * x).sum()
+    y.backward()
+    with pytest.raises(eo.EveryOError, match="retain_graph"):
+        y.backward()
+    x.grad = None
+    z = (x * x).sum()
+    z.backward(retain_graph=True)
+    z.backward()
+    np.testing.assert_allclose(x.grad, 4 * x.data)
+
+
+def test_shared_pass_through_gradients_are_not_aliased():
+    a = eo.tensor([1.0, 2.0], requires_grad=True)
+    b = eo.tensor([3.0, 4.0], requires_grad=True)
+    (a + b).sum().backward()
+    a.grad *= 10  # an in-place edit, as clip_grad_norm_ does
+    np.testing.assert_allclose(b.grad, [1.0, 1.0])
+
+
+def test_backward_needs_a_scalar_or_an_explicit_gradient():
+    x = eo.tensor([1.0, 2.0], requires_grad=True)
+    with pytest.raises(eo.EveryOError, match=r"one-element tensor, got shape \(2,\)"):
+        (x * 2).backward()
+    (x * 2).backward(np.array([1.0, 0.5]))
+    np.testing.assert_allclose(x.grad, [2.0, 1.0])
+    with pytest.raises(eo.EveryOError, match="does not require grad"):
+        eo.tensor([1.0]).backward()
+
+
+def test_no_grad_records_nothing_and_is_context_local():
+    w = eo.ones(2, requires_grad=True)
+    with eo.no_grad():
+        assert not (w * 2).requires_grad
+        seen = []
+        thread = threading.Thread(target=lambda: seen.append((w * 2).requires_grad))
+        thread.start()
+        thread.join()
+        with eo.enable_grad():
+            assert (w * 2).requires_grad
+    assert seen == [True]
+    assert (w * 2).requires_grad
+
+    @eo.no_grad()
+    def inference():
+        return w * 2
+
+    assert not inference().requires_grad
+
+
+def test_detach_cuts_the_graph():
+    x = eo.tensor([2.0], requires_grad=True)
+    y = x.detach() * x
+    y.backward()
+    np.testing.assert_allclose(x.grad, [2.0])
+
+
+def test_python_scalars_never_widen_a_tensor():
+    half = eo.tensor([1.0, 2.0], dtype="float16")
+    assert (half * 2.5).dtype == "float16"
+    assert (2.5 + half).dtype == "float16"
+    assert (eo.tensor([1, 2]) * 2.5).dtype == "float32"
+    assert (eo.tensor([1, 2]) * 2).dtype == "int64"
+    assert (half + eo.tensor([1.0])).dtype == "float32"  # tensors promote as NumPy does
+
+
+def test_astype_is_differentiable_and_returns_gradients_in_the_source_dtype():
+    x = eo.tensor([1.0, 2.0], requires_grad=True)
+    y = x.astype("float16")
+    assert y.dtype == "float16"
+    (y * y).sum().backward()
+    assert x.grad.dtype == np.float32
+    np.testing.assert_allclose(x.grad, [2.0, 4.0])
+
+
+def test_gradients_arrive_in_the_tensors_own_dtype():
+    w = eo.tensor([1.0, 2.0], requires_grad=True)  # float32
+    x = eo.tensor(np.array([3.0, 4.0]), requires_grad=True)  # float64
+    (w * x).sum().backward()
+    assert w.grad.dtype == np.float32 and x.grad.dtype == np.float64
+
+
+def test_shape_errors_name_both_shapes():
+    with pytest.raises(eo.EveryOError, match=r"matmul: \(3, 4\) @ \(5, 2\): inner dimensions 4 and 5 differ"):
+        eo.ones(3, 4) @ eo.ones(5, 2)
+    with pytest.raises(eo.EveryOError, match=r"cannot reshape \(2, 3\)"):
+        eo.ones(2, 3).reshape(4, 2)
+    with pytest.raises(eo.EveryOError, match="same shape"):
+        eo.stack([eo.ones(2), eo.ones(3)])
+    with pytest.raises(eo.EveryOError, match="unknown op 'nope'"):
+        eo.dispatch("nope", eo.ones(1))
+
+
+def test_float16_matmul_rounds_like_a_tensor_core():
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((8, 16)).astype(np.float16), rng.standard_normal((16, 4)).astype(np.float16)
+    out = eo.tensor(a) @ eo.tensor(b)
+    assert out.dtype == "float16"
+    expected = (a.astype(np.float64) @ b.astype(np.float64)).astype(np.float16)
+    np.testing.assert_array_equal(out.data, expected)
+
+
+def test_comparisons_return_boolean_tensors_without_grad():
+    x = eo.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    mask = x > 1.5
+    assert mask.dtype == "bool" and not mask.requires_grad
+    assert mask.data.tolist() == [False, True, True]
+
+
+@settings(max_examples=40, deadline=None)
+@given(shapes=hnp.mutually_broadcastable_shapes(num_shapes=2, min_dims=0, max_dims=3, max_side=3),
+       op=st.sampled_from(["add", "sub", "mul", "div"]))
+def test_broadcast_gradients_have_operand_shapes(shapes, op):
+    rng = np.random.default_rng(0)
+    a, b = (rng.uniform(0.5, 1.5, s) for s in shapes.input_shapes)
+    assert eo.gradcheck(lambda x, y: eo.dispatch(op, x, y), a, b)

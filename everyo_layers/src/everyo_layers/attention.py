@@ -1,4 +1,200 @@
-"""(being written)"""
+"""``MultiHeadAttention`` on ``(batch, seq, features)`` input, with PyTorch's mask semantics.
 
-OPS: dict = {}
-LAYERS: dict = {}
+The attention weights ``softmax(q k^T / sqrt(d) + mask)`` are ONE fused op
+(``attention_weights``) with a hand-written backward, so a mask or a scale costs no extra graph
+nodes; the projections are ``Linear`` layers and the weighted sum is a core ``matmul``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from everyo import EveryOError, Module, Op, Tensor, dispatch, matmul
+
+from everyo_layers.checks import check_float
+from everyo_layers.dropout import Dropout
+from everyo_layers.linear import Linear
+
+
+class AttentionWeightsOp(Op):
+    """``softmax(q @ k^T * scale + mask)`` over the last axis.
+
+    Operands ``q`` ``(..., Tq, d)`` and ``k`` ``(..., Tk, d)``; attrs ``scale`` and ``mask``
+    (an additive float array broadcastable to ``(..., Tq, Tk)``, ``-inf`` where a key is
+    hidden, or None). Returns ``(..., Tq, Tk)``.
+    """
+
+    __slots__ = ("scale",)
+
+    def forward(self, q, k, scale=1.0, mask=None):
+        self.scale = scale
+        scores = np.matmul(q, np.swapaxes(k, -1, -2))
+        scores *= scores.dtype.type(scale)
+        if mask is not None:
+            scores = scores + mask
+        scores -= scores.max(axis=-1, keepdims=True)
+        np.exp(scores, out=scores)
+        scores /= scores.sum(axis=-1, keepdims=True)
+        self.saved = (q, k, scores)
+        return scores
+
+    def backward(self, g):
+        q, k, p = self.saved
+        d_scores = p * (g - (g * p).sum(axis=-1, keepdims=True))
+        d_scores *= d_scores.dtype.type(self.scale)
+        dq = np.matmul(d_scores, k) if self.needs_input_grad[0] else None
+        dk = np.matmul(np.swapaxes(d_scores, -1, -2), q) if self.needs_input_grad[1] else None
+        return dq, dk
+
+
+def additive_mask(mask, dtype) -> np.ndarray:
+    """A PyTorch-style mask as an additive float array: bool True (hidden) -> ``-inf``."""
+    data = mask.data if isinstance(mask, Tensor) else np.asarray(mask)
+    if data.dtype == bool:
+        out = np.zeros(data.shape, dtype)
+        out[data] = -np.inf
+        return out
+    if data.dtype.kind != "f":
+        raise EveryOError(f"attention masks are bool (True = hidden) or additive float, "
+                          f"got {data.dtype.name}")
+    return data.astype(dtype, copy=False)
+
+
+def causal_mask(size: int) -> np.ndarray:
+    """A ``(size, size)`` bool mask hiding future positions (True above the diagonal).
+
+    Example:
+        >>> causal_mask(3).astype(int)
+        array([[0, 1, 1],
+               [0, 0, 1],
+               [0, 0, 0]])
+    """
+    return np.triu(np.ones((size, size), dtype=bool), k=1)
+
+
+class MultiHeadAttention(Module):
+    """Multi-head scaled dot-product attention (``batch_first``, as Keras).
+
+    Args:
+        embed_dim: features of query, key and value (and of the output).
+        num_heads: parallel heads; must divide ``embed_dim``.
+        dropout: dropout probability on the attention weights (training only).
+        seed: seed of the initialisation and of the dropout masks.
+
+    Attributes:
+        q_proj, k_proj, v_proj, out_proj: ``Linear(embed_dim, embed_dim)`` layers. PyTorch's
+            ``in_proj_weight`` is ``concat([q_proj.weight, k_proj.weight, v_proj.weight],
+            axis=1).T`` and ``out_proj.weight`` is ``out_proj.weight.T``.
+
+    Example:
+        >>> import everyo as eo
+        >>> mha = eo.MultiHeadAttention(8, 2, seed=0)
+        >>> x = eo.randn(3, 5, 8, seed=1)
+        >>> mha(x).shape, mha(x, need_weights=True)[1].shape
+        ((3, 5, 8), (3, 5, 5))
+    """
+
+    def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, seed=None):
+        super().__init__()
+        if embed_dim <= 0 or num_heads <= 0 or embed_dim % num_heads:
+            raise EveryOError(f"MultiHeadAttention: embed_dim ({embed_dim}) must be a positive "
+                              f"multiple of num_heads ({num_heads})")
+        self.embed_dim, self.num_heads = int(embed_dim), int(num_heads)
+        self.head_dim = self.embed_dim // self.num_heads
+        seeds = np.random.default_rng(seed).integers(2**32, size=5)
+        self.q_proj, self.k_proj, self.v_proj, self.out_proj = (
+            Linear(embed_dim, embed_dim, seed=s) for s in seeds[:4])
+        # NOTE: PyTorch's init: Xavier-uniform over the stacked (3E, E) input projection and
+        # zero biases (out_proj keeps Linear's init for its weight, zero bias).
+        bound = math.sqrt(6.0 / (4 * embed_dim))
+        rng = np.random.default_rng(seeds[4])
+        for proj in (self.q_proj, self.k_proj, self.v_proj):
+            proj.weight.data[...] = rng.uniform(-bound, bound, proj.weight.shape)
+            proj.bias.data[...] = 0
+        self.out_proj.bias.data[...] = 0
+        self.dropout = Dropout(dropout, seed=int(seeds[4]))
+
+    @property
+    def label(self) -> str:
+        return f"MultiHeadAttention({self.embed_dim}, heads={self.num_heads})"
+
+    def _check(self, name: str, x, batch=None) -> np.ndarray:
+        data = check_float(self.label, x)
+        if data.ndim != 3 or data.shape[-1] != self.embed_dim or (
+                batch is not None and data.shape[0] != batch):
+            expected = f"({'batch' if batch is None else batch}, seq, {self.embed_dim})"
+            raise EveryOError(f"{self.label}: expected {name} of shape {expected}, "
+                              f"got {data.shape}")
+        return data
+
+    def _split_heads(self, x, seq: int):
+        batch = x.shape[0]
+        return x.reshape(batch, seq, self.num_heads, self.head_dim).transpose(0, 2, 1, 3)
+
+    def _mask(self, attn_mask, key_padding_mask, batch, tq, tk, dtype):
+        """Both masks as one additive array broadcastable to (batch, heads, tq, tk)."""
+        total = None
+        if attn_mask is not None:
+            mask = additive_mask(attn_mask, dtype)
+            if mask.shape == (tq, tk):
+                pass
+            elif mask.shape == (batch * self.num_heads, tq, tk):
+                mask = mask.reshape(batch, self.num_heads, tq, tk)
+            else:
+                raise EveryOError(f"{self.label}: attn_mask must have shape ({tq}, {tk}) or "
+                                  f"(batch*heads, {tq}, {tk}) = "
+                                  f"({batch * self.num_heads}, {tq}, {tk}), got {mask.shape}")
+            total = mask
+        if key_padding_mask is not None:
+            mask = additive_mask(key_padding_mask, dtype)
+            if mask.shape != (batch, tk):
+                raise EveryOError(f"{self.label}: key_padding_mask must have shape "
+                                  f"(batch, key seq) = ({batch}, {tk}), got {mask.shape}")
+            mask = mask[:, None, None, :]
+            total = mask if total is None else total + mask
+        return total
+
+    def forward(self, query, key=None, value=None, attn_mask=None, key_padding_mask=None,
+                need_weights: bool = False):
+        """Attend from ``query`` to ``key``/``value`` (both default to ``query``).
+
+        Args:
+            query: ``(batch, Tq, embed_dim)``; key, value: ``(batch, Tk, embed_dim)``.
+            attn_mask: ``(Tq, Tk)`` or ``(batch*heads, Tq, Tk)``; bool True hides a key,
+                a float mask is added to the scores (PyTorch's semantics).
+            key_padding_mask: ``(batch, Tk)``; True (or ``-inf``) marks padding keys.
+            need_weights: also return the attention weights averaged over the heads.
+
+        Returns:
+            ``(batch, Tq, embed_dim)``, or ``(output, weights (batch, Tq, Tk))``.
+        """
+        q_data = self._check("query", query)
+        key = query if key is None else key
+        value = key if value is None else value
+        batch, tq = q_data.shape[:2]
+        tk = self._check("key", key, batch).shape[1]
+        tv = self._check("value", value, batch).shape[1]
+        if tv != tk:
+            raise EveryOError(f"{self.label}: key and value must have the same sequence "
+                              f"length, got {tk} and {tv}")
+        mask = self._mask(attn_mask, key_padding_mask, batch, tq, tk, q_data.dtype)
+        q = self._split_heads(self.q_proj(query), tq)
+        k = self._split_heads(self.k_proj(key), tk)
+        v = self._split_heads(self.v_proj(value), tk)
+        weights = dispatch("attention_weights", q, k, scale=1.0 / math.sqrt(self.head_dim),
+                           mask=mask)
+        weights = self.dropout(weights)
+        heads = matmul(weights, v)  # (batch, heads, Tq, head_dim)
+        out = self.out_proj(heads.transpose(0, 2, 1, 3).reshape(batch, tq, self.embed_dim))
+        if need_weights:
+            return out, weights.mean(axis=1)
+        return out
+
+    def extra_repr(self) -> str:
+        return f"{self.embed_dim}, num_heads={self.num_heads}, dropout={self.dropout.p}"
+
+
+OPS = {"attention_weights": AttentionWeightsOp}
+LAYERS = {"MultiHeadAttention": MultiHeadAttention}

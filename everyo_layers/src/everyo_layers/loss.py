@@ -19,6 +19,8 @@ REDUCTIONS = ("mean", "sum", "none")
 
 
 def _compute_dtype(dtype) -> np.dtype:
+    # NOTE: a float16 sum over a batch of losses loses digits fast (and exp/log overflow), so
+    # losses are always formed in at least float32.
     return np.promote_types(dtype, np.float32)
 
 
@@ -26,7 +28,9 @@ def _reduce(loss: np.ndarray, reduction: str, count) -> np.ndarray:
     if reduction == "none":
         return loss
     total = loss.sum()
-    return np.asarray(total / count if reduction == "mean" else total, dtype=loss.dtype)
+    with np.errstate(invalid="ignore", divide="ignore"):  # every target ignored: nan, as torch
+        value = total / count if reduction == "mean" else total
+    return np.asarray(value, dtype=loss.dtype)
 
 
 def _upstream(g: np.ndarray, reduction: str, count, shape: tuple) -> np.ndarray:
@@ -40,55 +44,339 @@ def _upstream(g: np.ndarray, reduction: str, count, shape: tuple) -> np.ndarray:
 class _LossOp(Op):
     __slots__ = ("reduction", "count", "shape")
 
+    def spread(self, g: np.ndarray) -> np.ndarray:
+        return _upstream(g, self.reduction, self.count, self.shape)
+
 
 class CrossEntropyOp(_LossOp):
-    """Softmax cross-entropy of ``logits`` (..., C) with class indices (...) or class
-    probabilities (..., C); optional label smoothing and an ignored index."""
+    """Softmax cross-entropy of ``logits`` (..., C) against class indices (...) or class
+    probabilities (..., C), with optional label smoothing and an ignored index."""
+
+    __slots__ = ("smoothing",)
 
     def forward(self, logits, target=None, reduction="mean", label_smoothing=0.0,
                 ignore_index=-100):
         z = logits.astype(_compute_dtype(logits.dtype), copy=False)
         logp = log_softmax_array(z, -1)
-        classes = z.shape[-1]
-        eps = label_smoothing
+        eps = self.smoothing = label_smoothing
         if target.dtype.kind in "iu":
             kept = target != ignore_index
             safe = np.where(kept, target, 0)
-            nll = -np.take_along_axis(logp, safe[..., None], -1)[..., 0]
-            loss = (1 - eps) * nll - eps * logp.mean(axis=-1) if eps else nll
+            loss = -np.take_along_axis(logp, safe[..., None], -1)[..., 0]
+            if eps:
+                # NOTE: PyTorch's smoothing: (1-eps) * nll + eps * mean over classes of -logp.
+                loss = (1 - eps) * loss - eps * logp.mean(axis=-1)
             loss = np.where(kept, loss, 0).astype(z.dtype, copy=False)
             count = np.count_nonzero(kept)
             self.saved = (logp, safe, kept)
         else:
             q = target.astype(z.dtype, copy=False)
             if eps:
-                q = (1 - eps) * q + eps / classes
+                q = (1 - eps) * q + eps / z.shape[-1]
             loss = -(q * logp).sum(axis=-1)
             count = loss.size
             self.saved = (logp, q, None)
         self.reduction, self.count, self.shape = reduction, count, loss.shape
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return _reduce(loss, reduction, count)
+        return _reduce(loss, reduction, count)
 
     def backward(self, g):
         logp, target, kept = self.saved
-        up = _upstream(g, self.reduction, self.count, self.shape)[..., None]
-        probs = np.exp(logp)
-        if kept is None:  # probability targets
-            grad = probs * target.sum(axis=-1, keepdims=True) - target
-        else:
-            eps = self._smoothing(logp.shape[-1], probs, target)
-            grad = eps * kept[..., None]
+        up = self.spread(g)[..., None]
+        grad = np.exp(logp)
+        if kept is None:  # probability targets: softmax * sum(q) - q
+            grad *= target.sum(axis=-1, keepdims=True)
+            grad -= target
+        else:  # softmax - smoothed one-hot, zero on ignored positions
+            eps = self.smoothing
+            if eps:
+                grad -= eps / logp.shape[-1]
+            index = target[..., None]
+            np.put_along_axis(grad, index, np.take_along_axis(grad, index, -1) - (1 - eps), -1)
+            grad *= kept[..., None]
         return ((grad * up).astype(g.dtype, copy=False),)
 
-    def _smoothing(self, classes, probs, target):
-        raise NotImplementedError  # replaced below; kept for readability of backward
+
+class NLLLossOp(_LossOp):
+    """Negative log-likelihood of class indices given log-probabilities (..., C)."""
+
+    __slots__ = ("log_shape",)
+
+    def forward(self, log_probs, target=None, reduction="mean", ignore_index=-100):
+        lp = log_probs.astype(_compute_dtype(log_probs.dtype), copy=False)
+        kept = target != ignore_index
+        safe = np.where(kept, target, 0)
+        loss = -np.take_along_axis(lp, safe[..., None], -1)[..., 0] * kept
+        self.saved = (safe, kept)
+        self.log_shape = lp.shape
+        self.reduction, self.count, self.shape = reduction, np.count_nonzero(kept), loss.shape
+        return _reduce(loss, reduction, self.count)
+
+    def backward(self, g):
+        safe, kept = self.saved
+        grad = np.zeros(self.log_shape, dtype=g.dtype)
+        np.put_along_axis(grad, safe[..., None], (-self.spread(g) * kept)[..., None], -1)
+        return (grad,)
 
 
-def _cross_entropy_index_grad(op: CrossEntropyOp, classes: int, probs, target):
-    """``softmax - smoothed one-hot`` for class-index targets."""
-    eps = op.smoothing
-    grad = probs - eps / classes if eps else probs.copy()
-    np.put_along_axis(grad, target[..., None],
-                      np.take_along_axis(grad, target[..., None], -1) - (1 - eps), -1)
-    return grad
+class _ElementwiseLossOp(_LossOp):
+    """A loss of ``input`` and ``target`` of equal shapes; both may need gradients."""
+
+    def forward(self, x, y, reduction="mean", **attrs):
+        compute = _compute_dtype(x.dtype)
+        loss = self.elementwise(x.astype(compute, copy=False), y.astype(compute, copy=False),
+                                **attrs)
+        self.reduction, self.count, self.shape = reduction, loss.size, loss.shape
+        return _reduce(loss, reduction, loss.size)
+
+    def backward(self, g):
+        up = self.spread(g)
+        gx, gy = self.partials()
+        needs = self.needs_input_grad
+        return (gx * up if needs[0] else None, gy * up if needs[1] else None)
+
+
+class MSELossOp(_ElementwiseLossOp):
+    def elementwise(self, x, y):
+        diff = x - y
+        self.saved = diff
+        return diff * diff
+
+    def partials(self):
+        gx = 2 * self.saved
+        return gx, -gx
+
+
+class L1LossOp(_ElementwiseLossOp):
+    def elementwise(self, x, y):
+        diff = x - y
+        self.saved = np.sign(diff)
+        return np.abs(diff)
+
+    def partials(self):
+        return self.saved, -self.saved
+
+
+class BCEWithLogitsOp(_ElementwiseLossOp):
+    """Binary cross-entropy on logits, ``max(x,0) - x*y + log(1 + exp(-|x|))``, optionally with
+    PyTorch's ``pos_weight`` on the positive term."""
+
+    def elementwise(self, x, y, pos_weight=None):
+        softplus_neg = np.log1p(np.exp(-np.abs(x))) + np.maximum(-x, 0)  # log(1 + exp(-x))
+        if pos_weight is None:
+            self.saved = (x, y, None, None)
+            return (1 - y) * x + softplus_neg
+        pw = pos_weight.astype(x.dtype, copy=False)
+        self.saved = (x, y, pw, softplus_neg)
+        return (1 - y) * x + (1 + (pw - 1) * y) * softplus_neg
+
+    def partials(self):
+        x, y, pw, softplus_neg = self.saved
+        sig = stable_sigmoid(x)
+        if pw is None:
+            return sig - y, -x
+        weight = 1 + (pw - 1) * y
+        return (1 - y) - weight * (1 - sig), -x + (pw - 1) * softplus_neg
+
+
+# -- functional forms -------------------------------------------------------------------------
+
+def _check_reduction(name: str, reduction: str) -> None:
+    if reduction not in REDUCTIONS:
+        raise EveryOError(f"{name}: reduction must be one of {REDUCTIONS}, got {reduction!r}")
+
+
+def _class_targets(name: str, scores: np.ndarray, target, ignore_index: int) -> np.ndarray:
+    """Validate integer class targets against scores (..., C); returns them as an array."""
+    t = array_of(target)
+    classes = scores.shape[-1]
+    if t.dtype.kind not in "iu":
+        raise EveryOError(f"{name}: class targets must be integers, got {t.dtype.name}")
+    if t.shape != scores.shape[:-1]:
+        raise EveryOError(f"{name}: input of shape {scores.shape} (classes on the last axis) "
+                          f"needs targets of shape {scores.shape[:-1]}, got {t.shape}")
+    bad = (t != ignore_index) & ((t < 0) | (t >= classes))
+    if bad.any():
+        raise EveryOError(f"{name}: target {int(t[bad].flat[0])} is outside the {classes} "
+                          f"classes [0, {classes - 1}] of input shape {scores.shape}")
+    return t
+
+
+def cross_entropy(input, target, reduction: str = "mean", label_smoothing: float = 0.0,
+                  ignore_index: int = -100):
+    """Softmax cross-entropy of logits with integer class targets (or class probabilities).
+
+    Args:
+        input: logits of shape (..., C) — the class axis is the last one.
+        target: integer classes of shape (...), or probabilities of shape (..., C).
+        reduction: "mean" (over non-ignored targets), "sum" or "none".
+        label_smoothing: mix the target with the uniform distribution (PyTorch's rule).
+        ignore_index: class-index targets equal to it contribute nothing.
+
+    Returns:
+        A float32 (float64 for float64 input) tensor, scalar unless reduction="none".
+
+    Example:
+        >>> import everyo as eo, numpy as np
+        >>> loss = eo.cross_entropy(eo.zeros(2, 4), np.array([0, 3]))
+        >>> round(loss.item(), 4)  # log(4)
+        1.3863
+    """
+    _check_reduction("cross_entropy", reduction)
+    scores = check_float("cross_entropy", input)
+    if scores.ndim < 1:
+        raise EveryOError("cross_entropy: input needs a class axis, got a scalar")
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise EveryOError(f"cross_entropy: label_smoothing must be in [0, 1], got "
+                          f"{label_smoothing}")
+    t = array_of(target)
+    if t.dtype.kind == "f":
+        if t.shape != scores.shape:
+            raise EveryOError(f"cross_entropy: probability targets must match the input shape "
+                              f"{scores.shape}, got {t.shape}")
+    else:
+        t = _class_targets("cross_entropy", scores, t, ignore_index)
+    return dispatch("cross_entropy", input, target=t, reduction=reduction,
+                    label_smoothing=float(label_smoothing), ignore_index=ignore_index)
+
+
+def nll_loss(input, target, reduction: str = "mean", ignore_index: int = -100):
+    """Negative log-likelihood: ``-input[..., target]`` for log-probabilities (..., C).
+
+    Example:
+        >>> import everyo as eo, numpy as np
+        >>> eo.nll_loss(eo.log_softmax(eo.zeros(2, 2)), np.array([0, 1])).item() > 0
+        True
+    """
+    _check_reduction("nll_loss", reduction)
+    scores = check_float("nll_loss", input)
+    t = _class_targets("nll_loss", scores, target, ignore_index)
+    return dispatch("nll_loss", input, target=t, reduction=reduction, ignore_index=ignore_index)
+
+
+def _elementwise(name: str, op: str, input, target, reduction: str, **attrs):
+    _check_reduction(name, reduction)
+    x = check_float(name, input)
+    y = check_float(f"{name} (target)", target)
+    if x.shape != y.shape:
+        # NOTE: no broadcasting: (N, 1) against (N,) silently builds an N x N loss in NumPy.
+        raise EveryOError(f"{name}: input shape {x.shape} and target shape {y.shape} differ")
+    return dispatch(op, input, target, reduction=reduction, **attrs)
+
+
+def mse_loss(input, target, reduction: str = "mean"):
+    """Mean squared error ``(input - target)**2`` (shapes must match).
+
+    Example:
+        >>> import everyo as eo
+        >>> eo.mse_loss(eo.ones(3), eo.zeros(3)).item()
+        1.0
+    """
+    return _elementwise("mse_loss", "mse_loss", input, target, reduction)
+
+
+def l1_loss(input, target, reduction: str = "mean"):
+    """Mean absolute error ``|input - target|`` (shapes must match).
+
+    Example:
+        >>> import everyo as eo
+        >>> eo.l1_loss(eo.ones(3), eo.zeros(3), reduction="sum").item()
+        3.0
+    """
+    return _elementwise("l1_loss", "l1_loss", input, target, reduction)
+
+
+def binary_cross_entropy_with_logits(input, target, reduction: str = "mean", pos_weight=None):
+    """Binary cross-entropy of logits against targets in [0, 1], computed stably.
+
+    Args:
+        input: logits, any shape. target: same shape. pos_weight: optional weight of the
+            positive term, broadcast over the last axis (PyTorch's).
+
+    Example:
+        >>> import everyo as eo
+        >>> round(eo.binary_cross_entropy_with_logits(eo.zeros(2), eo.ones(2)).item(), 4)
+        0.6931
+    """
+    attrs = {}
+    if pos_weight is not None:
+        attrs["pos_weight"] = check_float("binary_cross_entropy_with_logits (pos_weight)",
+                                          pos_weight)
+    return _elementwise("binary_cross_entropy_with_logits", "bce_with_logits", input, target,
+                        reduction, **attrs)
+
+
+# -- modules ----------------------------------------------------------------------------------
+
+class _Loss(Module):
+    def __init__(self, reduction: str = "mean"):
+        super().__init__()
+        _check_reduction(type(self).__name__, reduction)
+        self.reduction = reduction
+
+    def extra_repr(self) -> str:
+        return f"reduction={self.reduction!r}"
+
+
+class MSELoss(_Loss):
+    """Mean squared error; see :func:`mse_loss`."""
+
+    def forward(self, input, target):
+        return mse_loss(input, target, self.reduction)
+
+
+class L1Loss(_Loss):
+    """Mean absolute error; see :func:`l1_loss`."""
+
+    def forward(self, input, target):
+        return l1_loss(input, target, self.reduction)
+
+
+class CrossEntropyLoss(_Loss):
+    """Softmax cross-entropy of logits (..., C) and integer targets; see :func:`cross_entropy`.
+
+    Example:
+        >>> import everyo as eo, numpy as np
+        >>> criterion = eo.CrossEntropyLoss(label_smoothing=0.1)
+        >>> criterion(eo.zeros(3, 5), np.array([0, 1, 4])).dtype
+        'float32'
+    """
+
+    def __init__(self, reduction: str = "mean", label_smoothing: float = 0.0,
+                 ignore_index: int = -100):
+        super().__init__(reduction)
+        self.label_smoothing = float(label_smoothing)
+        self.ignore_index = int(ignore_index)
+
+    def forward(self, input, target):
+        return cross_entropy(input, target, self.reduction, self.label_smoothing,
+                             self.ignore_index)
+
+
+class NLLLoss(_Loss):
+    """Negative log-likelihood of log-probabilities; see :func:`nll_loss`."""
+
+    def __init__(self, reduction: str = "mean", ignore_index: int = -100):
+        super().__init__(reduction)
+        self.ignore_index = int(ignore_index)
+
+    def forward(self, input, target):
+        return nll_loss(input, target, self.reduction, self.ignore_index)
+
+
+class BCEWithLogitsLoss(_Loss):
+    """Binary cross-entropy on logits; see :func:`binary_cross_entropy_with_logits`."""
+
+    def __init__(self, reduction: str = "mean", pos_weight=None):
+        super().__init__(reduction)
+        self.pos_weight = None if pos_weight is None else np.asarray(array_of(pos_weight))
+
+    def forward(self, input, target):
+        return binary_cross_entropy_with_logits(input, target, self.reduction, self.pos_weight)
+
+
+OPS = {"cross_entropy": CrossEntropyOp, "nll_loss": NLLLossOp, "mse_loss": MSELossOp,
+       "l1_loss": L1LossOp, "bce_with_logits": BCEWithLogitsOp}
+LAYERS = {"MSELoss": MSELoss, "L1Loss": L1Loss, "CrossEntropyLoss": CrossEntropyLoss,
+          "NLLLoss": NLLLoss, "BCEWithLogitsLoss": BCEWithLogitsLoss,
+          "cross_entropy": cross_entropy, "nll_loss": nll_loss, "mse_loss": mse_loss,
+          "l1_loss": l1_loss, "binary_cross_entropy_with_logits": binary_cross_entropy_with_logits}

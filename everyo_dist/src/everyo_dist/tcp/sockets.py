@@ -1,0 +1,94 @@
+"""Socket plumbing shared by the rendezvous server and the workers: address checks, dialing
+with retries, optional TLS wrapping."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import time
+
+from everyo_dist.errors import DistributedError
+
+# Large enough that a 40 MB collective moves in few system calls; the kernel caps it at
+# net.core.{w,r}mem_max.
+SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
+
+
+def is_loopback(host: str) -> bool:
+    """True when ``host`` names this machine only (``127.0.0.0/8``, ``::1``, ``localhost``).
+
+    Example:
+        >>> is_loopback("127.0.0.1"), is_loopback("localhost"), is_loopback("0.0.0.0")
+        (True, True, False)
+    """
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name: assume it is reachable from elsewhere
+
+
+def require_token_off_loopback(host: str, token, what: str) -> None:
+    """Refuse to expose an unauthenticated endpoint to a network."""
+    if not token and not is_loopback(host):
+        raise DistributedError(
+            f"refusing to bind {what} to {host!r} without a token: anyone who can reach that "
+            "address could join the job. Pass token=... (or set EVERYO_TOKEN / use "
+            "everyo-run --token-file), or bind 127.0.0.1 for a single machine")
+
+
+def tune(sock: socket.socket) -> socket.socket:
+    """Disable Nagle (collectives are latency-bound) and enlarge the kernel buffers."""
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, option, SOCKET_BUFFER_BYTES)
+        except OSError:  # pragma: no cover - some kernels refuse; defaults still work
+            pass
+    return sock
+
+
+def listen(host: str, port: int, backlog: int = 64) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (``port=0``: any free port)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise DistributedError(f"cannot listen on {host}:{port}: {exc}") from None
+    sock.listen(backlog)
+    return sock
+
+
+def dial(host: str, port: int, deadline: float, what: str) -> socket.socket:
+    """Connect to ``host:port``, retrying until ``deadline`` while nobody listens yet."""
+    delay = 0.02
+    last_error: Exception | None = None
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise DistributedError(f"could not connect to {what} at {host}:{port} before the "
+                                   f"timeout ({last_error}); is it running and reachable?")
+        try:
+            sock = socket.create_connection((host, port), timeout=min(remaining, 5.0))
+            return tune(sock)
+        except OSError as exc:  # refused, unreachable, timed out: the server may be starting
+            last_error = exc
+            time.sleep(min(delay, max(deadline - time.monotonic(), 0)))
+            delay = min(delay * 2, 0.5)
+
+
+def wrap_tls(sock: socket.socket, context, server_side: bool, timeout: float,
+             where: str) -> socket.socket:
+    """Run the TLS handshake on ``sock`` when a context is given (else return it unchanged)."""
+    if context is None:
+        return sock
+    sock.settimeout(timeout)
+    try:
+        return context.wrap_socket(sock, server_side=server_side)
+    except OSError as exc:  # ssl.SSLError is an OSError
+        sock.close()
+        raise DistributedError(f"TLS handshake with {where} failed: {exc}") from None

@@ -1,0 +1,62 @@
+"""Convolution and pooling: NHWC layers around ONNX's NCHW Conv/MaxPool/AveragePool.
+
+Each node is wrapped in a pair of real Transpose nodes (NHWC -> NCHW -> NHWC) and the kernel
+is permuted ``(kh, kw, in, out) -> (out, in, kh, kw)``. Padding is always written as explicit
+``pads`` from the layers' own resolver, never ``auto_pad``: TensorFlow's "same" puts the odd
+extra pad on the bottom/right, and the exported graph must pad exactly like the layer did.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from everyo_layers.conv import Conv2D
+from everyo_layers.padding import resolve_padding
+from everyo_layers.pool import AvgPool2D, MaxPool2D
+
+NHWC_TO_NCHW = [0, 3, 1, 2]
+NCHW_TO_NHWC = [0, 2, 3, 1]
+KERNEL_HWIO_TO_OIHW = (3, 2, 0, 1)
+
+
+def onnx_pads(layer, ctx, x: str, kernel, dilation=(1, 1)) -> list[int]:
+    """``[top, left, bottom, right]`` (ONNX's begin-then-end order) for this input's H, W."""
+    (top, bottom), (left, right) = resolve_padding(layer.padding, ctx.shape(x)[1:3], kernel,
+                                                   layer.stride, dilation)
+    return [top, left, bottom, right]
+
+
+def in_nchw(ctx, x: str, op_type: str, extra_inputs=(), **attributes) -> str:
+    """Apply an NCHW op to an NHWC value: transpose in, op, transpose back."""
+    nchw = ctx.node("Transpose", [x], perm=NHWC_TO_NCHW)
+    y = ctx.node(op_type, [nchw, *extra_inputs], **attributes)
+    return ctx.node("Transpose", [y], perm=NCHW_TO_NHWC)
+
+
+def convert_conv2d(layer, ctx, x: str) -> str:
+    inputs = [ctx.constant(np.transpose(layer.weight.data, KERNEL_HWIO_TO_OIHW), "weight")]
+    if layer.bias is not None:
+        inputs.append(ctx.constant(layer.bias.data, "bias"))
+    return in_nchw(ctx, x, "Conv", inputs, kernel_shape=list(layer.kernel_size),
+                   strides=list(layer.stride), dilations=list(layer.dilation),
+                   pads=onnx_pads(layer, ctx, x, layer.kernel_size, layer.dilation), group=1)
+
+
+def convert_max_pool2d(layer, ctx, x: str) -> str:
+    # ONNX MaxPool ignores padded cells, as the layer's -inf padding does.
+    return in_nchw(ctx, x, "MaxPool", kernel_shape=list(layer.pool_size),
+                   strides=list(layer.stride), pads=onnx_pads(layer, ctx, x, layer.pool_size))
+
+
+def convert_avg_pool2d(layer, ctx, x: str) -> str:
+    # NOTE: count_include_pad=0: the layer averages over the real cells only, as Keras does.
+    return in_nchw(ctx, x, "AveragePool", kernel_shape=list(layer.pool_size),
+                   strides=list(layer.stride), pads=onnx_pads(layer, ctx, x, layer.pool_size),
+                   count_include_pad=0)
+
+
+CONVERTERS = {
+    Conv2D: convert_conv2d,
+    MaxPool2D: convert_max_pool2d,
+    AvgPool2D: convert_avg_pool2d,
+}

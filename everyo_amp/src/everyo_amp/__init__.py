@@ -1,1 +1,25 @@
-"""everyo-amp: an EveryO plugin distribution (see docs/architecture.md)."""
+"""everyo-amp: mixed precision for EveryO, as a plugin.
+
+It registers the default precision policy (matmul and conv2d in float16, reductions,
+exponentials, normalisation and losses in float32) and the public names ``eo.autocast`` and
+``eo.GradScaler``. See docs/mixed_precision.md.
+"""
+
+from everyo_amp.autocast import active_policy, autocast, is_autocast_enabled, make_interceptor
+from everyo_amp.grad_scaler import GradScaler
+from everyo_amp.policy import DEFAULT_POLICY, FLOAT32_OPS, LOWER_PRECISION_OPS, AutocastPolicy
+from everyo_amp.underflow import ZeroCount, flushed_to_zero
+
+__all__ = [
+    "AutocastPolicy",
+    "DEFAULT_POLICY",
+    "FLOAT32_OPS",
+    "GradScaler",
+    "LOWER_PRECISION_OPS",
+    "ZeroCount",
+    "active_policy",
+    "autocast",
+    "flushed_to_zero",
+    "is_autocast_enabled",
+    "make_interceptor",
+]

@@ -1,1 +1,19 @@
 """Entry point of the everyo-amp plugin: its hookimpls register what it provides."""
+
+from everyo import hookimpl
+
+
+@hookimpl
+def everyo_register_autocast_policies(register):
+    from everyo_amp.policy import DEFAULT_POLICY
+
+    register("default", DEFAULT_POLICY)
+
+
+@hookimpl
+def everyo_register_api(register):
+    from everyo_amp.autocast import autocast
+    from everyo_amp.grad_scaler import GradScaler
+
+    register("autocast", autocast)
+    register("GradScaler", GradScaler)

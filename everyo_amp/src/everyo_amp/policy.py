@@ -24,9 +24,9 @@ LOWER_PRECISION_OPS = frozenset({"matmul", "conv2d"})
 FLOAT32_OPS = frozenset({
     # core reductions and transcendental functions
     "sum", "mean", "var", "exp", "log", "pow", "softmax", "log_softmax",
-    # losses and normalisation (registered by everyo-layers when they are single ops)
-    "mse_loss", "l1_loss", "cross_entropy", "nll_loss", "binary_cross_entropy_with_logits",
-    "layer_norm", "batch_norm", "batch_norm1d", "batch_norm2d",
+    # everyo-layers' losses, normalisation statistics and attention's softmax
+    "mse_loss", "l1_loss", "cross_entropy", "nll_loss", "bce_with_logits", "layer_norm",
+    "batch_norm", "attention_weights",
 })
 
 

@@ -1,4 +1,266 @@
-"""(being written)"""
+"""Transformer building blocks on ``(batch, seq, features)``: ``PositionalEncoding``,
+``TransformerEncoderLayer``, ``TransformerDecoderLayer`` and ``TransformerEncoder``.
+
+Sub-module names follow PyTorch's (``self_attn``, ``linear1``, ``norm1``, ``dropout1``...), so
+a PyTorch state maps onto these layers name by name (see docs/layers_sequence.md).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import numpy as np
+
+from everyo import EveryOError, Module, Sequential, dispatch, relu
+
+from everyo_layers.attention import MultiHeadAttention
+from everyo_layers.checks import check_float
+from everyo_layers.dropout import Dropout
+from everyo_layers.linear import Linear
+from everyo_layers.norm import LayerNorm
+
+
+def sinusoidal_table(max_len: int, d_model: int) -> np.ndarray:
+    """``(max_len, d_model)`` float64 table: sin on even features, cos on odd ones.
+
+    Example:
+        >>> sinusoidal_table(2, 4)[1].round(4).tolist()
+        [0.8415, 0.5403, 0.01, 1.0]
+    """
+    position = np.arange(max_len, dtype=np.float64)[:, None]
+    frequency = np.exp(np.arange(0, d_model, 2, dtype=np.float64) * (-math.log(10000.0) / d_model))
+    table = np.zeros((max_len, d_model))
+    table[:, 0::2] = np.sin(position * frequency)
+    table[:, 1::2] = np.cos(position * frequency[: d_model // 2])
+    return table
+
+
+def _check_sequence(layer: str, x, d_model: int, name: str = "input") -> np.ndarray:
+    data = check_float(layer, x)
+    if data.ndim != 3 or data.shape[-1] != d_model:
+        raise EveryOError(f"{layer}: expected {name} of shape (batch, seq, {d_model}), "
+                          f"got {data.shape}")
+    return data
+
+
+class PositionalEncoding(Module):
+    """Add the fixed sinusoidal position signal of "Attention Is All You Need" to the input.
+
+    Args:
+        d_model: features of the input (its last axis).
+        max_len: longest sequence accepted.
+
+    The table is a constant, not a parameter or buffer: it is not saved in ``state_dict``.
+
+    Example:
+        >>> import everyo as eo
+        >>> pe = eo.PositionalEncoding(4, max_len=10)
+        >>> pe(eo.zeros(2, 3, 4)).data[0, 1].round(4).tolist()
+        [0.8415, 0.5403, 0.01, 1.0]
+    """
+
+    def __init__(self, d_model: int, max_len: int = 5000):
+        super().__init__()
+        if d_model <= 0 or max_len <= 0:
+            raise EveryOError(f"PositionalEncoding: d_model and max_len must be positive, got "
+                              f"{d_model} and {max_len}")
+        self.d_model, self.max_len = int(d_model), int(max_len)
+        self._table = sinusoidal_table(self.max_len, self.d_model)
+        self._cast: dict = {}  # dtype -> table in that dtype, built on first use
+
+    def forward(self, x):
+        label = f"PositionalEncoding({self.d_model}, max_len={self.max_len})"
+        data = _check_sequence(label, x, self.d_model)
+        steps = data.shape[1]
+        if steps > self.max_len:
+            raise EveryOError(f"{label}: sequence of length {steps} is longer than max_len "
+                              f"{self.max_len}; build the layer with a larger max_len")
+        table = self._cast.get(data.dtype)
+        if table is None:
+            table = self._cast[data.dtype] = self._table.astype(data.dtype)
+        return x + table[:steps]
+
+    def extra_repr(self) -> str:
+        return f"{self.d_model}, max_len={self.max_len}"
+
+
+def _activation(name):
+    if callable(name):
+        return name
+    if name == "relu":
+        return relu
+    if name == "gelu":
+        return lambda x: dispatch("gelu", x, approximate="none")
+    raise EveryOError(f"transformer activation must be 'relu', 'gelu' or a callable, got {name!r}")
+
+
+class _TransformerLayer(Module):
+    """What encoder and decoder layers share: arguments, feed-forward block, seeding."""
+
+    def __init__(self, d_model, num_heads, dim_feedforward, dropout, norm_first, activation,
+                 layer_norm_eps, seed, attention_blocks: int):
+        super().__init__()
+        self.d_model, self.num_heads = int(d_model), int(num_heads)
+        self.dim_feedforward, self.norm_first = int(dim_feedforward), bool(norm_first)
+        self.activation_name = activation if isinstance(activation, str) else "custom"
+        self.activation = _activation(activation)
+        seeds = iter(np.random.default_rng(seed).integers(2**32, size=4 + 2 * attention_blocks))
+        attention = [MultiHeadAttention(d_model, num_heads, dropout=dropout, seed=next(seeds))
+                     for _ in range(attention_blocks)]
+        self.self_attn = attention[0]
+        if attention_blocks > 1:
+            self.multihead_attn = attention[1]
+        self.linear1 = Linear(d_model, dim_feedforward, seed=next(seeds))
+        self.dropout = Dropout(dropout, seed=next(seeds))
+        self.linear2 = Linear(dim_feedforward, d_model, seed=next(seeds))
+        for i in range(1, attention_blocks + 2):
+            setattr(self, f"norm{i}", LayerNorm(d_model, eps=layer_norm_eps))
+            setattr(self, f"dropout{i}", Dropout(dropout, seed=next(seeds)))
+
+    def _feed_forward(self, x):
+        return self.linear2(self.dropout(self.activation(self.linear1(x))))
+
+    def extra_repr(self) -> str:
+        return (f"d_model={self.d_model}, num_heads={self.num_heads}, "
+                f"dim_feedforward={self.dim_feedforward}, norm_first={self.norm_first}, "
+                f"activation={self.activation_name}")
+
+
+class TransformerEncoderLayer(_TransformerLayer):
+    """Self-attention then a feed-forward block, each with a residual connection and
+    ``LayerNorm`` (after the residual by default, before the block with ``norm_first``).
+
+    Args:
+        d_model: features of the input.
+        num_heads: attention heads (must divide ``d_model``).
+        dim_feedforward: hidden width of the feed-forward block.
+        dropout: dropout after attention, inside and after the feed-forward block.
+        norm_first: pre-norm (``x + block(norm(x))``) instead of post-norm.
+        activation: ``"relu"``, ``"gelu"`` or a callable on tensors.
+        layer_norm_eps: eps of the LayerNorms.
+        seed: seed of the initialisation and of the dropout masks.
+
+    Example:
+        >>> import everyo as eo
+        >>> layer = eo.TransformerEncoderLayer(8, 2, dim_feedforward=16, seed=0)
+        >>> layer(eo.randn(2, 5, 8, seed=1)).shape
+        (2, 5, 8)
+    """
+
+    def __init__(self, d_model: int, num_heads: int, dim_feedforward: int = 2048,
+                 dropout: float = 0.1, norm_first: bool = False, activation="relu",
+                 layer_norm_eps: float = 1e-5, seed=None):
+        super().__init__(d_model, num_heads, dim_feedforward, dropout, norm_first, activation,
+                         layer_norm_eps, seed, attention_blocks=1)
+
+    def forward(self, src, src_mask=None, src_key_padding_mask=None):
+        """``src`` ``(batch, seq, d_model)``; masks as in :class:`MultiHeadAttention`."""
+        _check_sequence(f"TransformerEncoderLayer(d_model={self.d_model})", src, self.d_model)
+
+        def attend(x):
+            x = self.self_attn(x, x, x, attn_mask=src_mask, key_padding_mask=src_key_padding_mask)
+            return self.dropout1(x)
+
+        x = src
+        if self.norm_first:
+            x = x + attend(self.norm1(x))
+            return x + self.dropout2(self._feed_forward(self.norm2(x)))
+        x = self.norm1(x + attend(x))
+        return self.norm2(x + self.dropout2(self._feed_forward(x)))
+
+
+class TransformerDecoderLayer(_TransformerLayer):
+    """Masked self-attention, attention over the encoder's ``memory``, then a feed-forward
+    block; each with a residual connection and ``LayerNorm`` (arguments as the encoder layer).
+
+    Example:
+        >>> import everyo as eo
+        >>> layer = eo.TransformerDecoderLayer(8, 2, dim_feedforward=16, seed=0)
+        >>> layer(eo.randn(2, 4, 8, seed=1), eo.randn(2, 6, 8, seed=2)).shape
+        (2, 4, 8)
+    """
+
+    def __init__(self, d_model: int, num_heads: int, dim_feedforward: int = 2048,
+                 dropout: float = 0.1, norm_first: bool = False, activation="relu",
+                 layer_norm_eps: float = 1e-5, seed=None):
+        super().__init__(d_model, num_heads, dim_feedforward, dropout, norm_first, activation,
+                         layer_norm_eps, seed, attention_blocks=2)
+
+    def forward(self, tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
+                memory_key_padding_mask=None):
+        """``tgt`` ``(batch, Tt, d_model)``, ``memory`` ``(batch, Tm, d_model)``."""
+        label = f"TransformerDecoderLayer(d_model={self.d_model})"
+        batch = _check_sequence(label, tgt, self.d_model, "tgt").shape[0]
+        if _check_sequence(label, memory, self.d_model, "memory").shape[0] != batch:
+            raise EveryOError(f"{label}: tgt and memory batch sizes differ "
+                              f"({tgt.shape[0]} and {memory.shape[0]})")
+
+        def self_block(x):
+            x = self.self_attn(x, x, x, attn_mask=tgt_mask, key_padding_mask=tgt_key_padding_mask)
+            return self.dropout1(x)
+
+        def memory_block(x):
+            x = self.multihead_attn(x, memory, memory, attn_mask=memory_mask,
+                                    key_padding_mask=memory_key_padding_mask)
+            return self.dropout2(x)
+
+        x = tgt
+        if self.norm_first:
+            x = x + self_block(self.norm1(x))
+            x = x + memory_block(self.norm2(x))
+            return x + self.dropout3(self._feed_forward(self.norm3(x)))
+        x = self.norm1(x + self_block(x))
+        x = self.norm2(x + memory_block(x))
+        return self.norm3(x + self.dropout3(self._feed_forward(x)))
+
+
+class TransformerEncoder(Module):
+    """``num_layers`` independent deep copies of ``encoder_layer`` applied in turn.
+
+    Args:
+        encoder_layer: a :class:`TransformerEncoderLayer` (copied, not shared, as PyTorch).
+        num_layers: number of copies.
+        norm: optional module applied to the final output (e.g. a ``LayerNorm``).
+
+    Example:
+        >>> import everyo as eo
+        >>> layer = eo.TransformerEncoderLayer(8, 2, dim_feedforward=16, seed=0)
+        >>> encoder = eo.TransformerEncoder(layer, num_layers=2)
+        >>> encoder(eo.randn(2, 5, 8, seed=1)).shape, len(encoder.layers)
+        ((2, 5, 8), 2)
+    """
+
+    def __init__(self, encoder_layer: Module, num_layers: int, norm: Module | None = None):
+        super().__init__()
+        if not isinstance(encoder_layer, Module) or num_layers <= 0:
+            raise EveryOError(f"TransformerEncoder takes a layer Module and num_layers >= 1, "
+                              f"got {type(encoder_layer).__name__} and {num_layers}")
+        self.num_layers = int(num_layers)
+        self.layers = Sequential(*(_independent_copy(encoder_layer, i)
+                                   for i in range(self.num_layers)))
+        self.norm = norm
+
+    def forward(self, src, mask=None, src_key_padding_mask=None):
+        """Run every layer on ``src`` ``(batch, seq, d_model)`` with the same masks."""
+        x = src
+        for layer in self.layers:
+            x = layer(x, src_mask=mask, src_key_padding_mask=src_key_padding_mask)
+        return x if self.norm is None else self.norm(x)
+
+
+def _independent_copy(layer: Module, index: int) -> Module:
+    """A deep copy whose dropout layers draw their own masks (a plain copy would clone the
+    generator state, and every copy would drop the same elements)."""
+    clone = copy.deepcopy(layer)
+    for module in clone.modules():
+        if isinstance(module, Dropout):
+            module.rng = np.random.default_rng([index, int(module.rng.integers(2**63))])
+    return clone
+
 
 OPS: dict = {}
-LAYERS: dict = {}
+LAYERS = {"PositionalEncoding": PositionalEncoding,
+          "TransformerEncoderLayer": TransformerEncoderLayer,
+          "TransformerDecoderLayer": TransformerDecoderLayer,
+          "TransformerEncoder": TransformerEncoder}

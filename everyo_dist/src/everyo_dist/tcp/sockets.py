@@ -82,13 +82,15 @@ def dial(host: str, port: int, deadline: float, what: str) -> socket.socket:
 
 
 def wrap_tls(sock: socket.socket, context, server_side: bool, timeout: float,
-             where: str) -> socket.socket:
+             where: str, server_hostname: str | None = None) -> socket.socket:
     """Run the TLS handshake on ``sock`` when a context is given (else return it unchanged)."""
     if context is None:
         return sock
     sock.settimeout(timeout)
     try:
-        return context.wrap_socket(sock, server_side=server_side)
+        if server_side:
+            return context.wrap_socket(sock, server_side=True)
+        return context.wrap_socket(sock, server_hostname=server_hostname)
     except OSError as exc:  # ssl.SSLError is an OSError
         sock.close()
         raise DistributedError(f"TLS handshake with {where} failed: {exc}") from None

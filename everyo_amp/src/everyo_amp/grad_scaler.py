@@ -1,0 +1,227 @@
+"""``eo.GradScaler``: dynamic loss scaling, with PyTorch's API, defaults and update rule.
+
+float16 gradients smaller than about 6e-8 round to zero. Multiplying the loss by a large scale
+before ``backward()`` multiplies every gradient by it too, lifting them into float16's range;
+``unscale_`` divides the (float32) parameter gradients back before the optimizer steps. When
+the scale is too large some gradient overflows to inf or NaN: that step is skipped and the
+scale halves. After ``growth_interval`` clean steps in a row it doubles again.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from everyo import EveryOError, Tensor
+
+_READY, _UNSCALED, _STEPPED = "ready", "unscaled", "stepped"
+
+
+def _optimizer_grads(optimizer) -> list[np.ndarray]:
+    return [p.grad for p in optimizer.params if p.grad is not None]
+
+
+def _all_finite(grads) -> bool:
+    """True when no gradient holds an inf or NaN (one float64 sum per array, no mask array)."""
+    for g in grads:
+        # NOTE: summing in float64 cannot overflow from finite float32/float16 values, and an
+        # inf or NaN anywhere makes the sum non-finite.
+        if not np.isfinite(np.sum(g, dtype=np.float64)):
+            return False
+    return True
+
+
+class GradScaler:
+    """Scale the loss, skip steps whose gradients overflowed, and adapt the scale.
+
+    Args:
+        init_scale: the first scale.
+        growth_factor: multiplies the scale after ``growth_interval`` clean steps.
+        backoff_factor: multiplies the scale after a step with an inf/NaN gradient.
+        growth_interval: clean steps in a row before the scale grows.
+        enabled: ``False`` makes every method a pass-through (scale 1, steps always applied).
+        group: a process group (anything with ``all_reduce_sum(ndarray) -> ndarray``); the
+            inf/NaN decision is summed over its ranks, so every rank skips the same steps and
+            keeps the same scale.
+
+    Example:
+        >>> import everyo as eo
+        >>> w = eo.Parameter([1.0, 2.0])
+        >>> opt = eo.SGD([w], lr=0.1)
+        >>> scaler = eo.GradScaler(init_scale=1024.0)
+        >>> scaler.backward((w * w).sum())
+        >>> w.grad  # scaled: 1024 * 2w
+        array([2048., 4096.], dtype=float32)
+        >>> scaler.step(opt), w.data  # unscaled before the update
+        (True, array([0.8, 1.6], dtype=float32))
+        >>> scaler.update(); scaler.get_scale()
+        1024.0
+    """
+
+    def __init__(self, init_scale: float = 2.0**16, growth_factor: float = 2.0,
+                 backoff_factor: float = 0.5, growth_interval: int = 2000, enabled: bool = True,
+                 group=None):
+        if not init_scale > 0:
+            raise EveryOError(f"GradScaler: init_scale must be > 0, got {init_scale}")
+        if not growth_factor > 1.0:
+            raise EveryOError(f"GradScaler: growth_factor must be > 1, got {growth_factor}")
+        if not 0.0 < backoff_factor < 1.0:
+            raise EveryOError(f"GradScaler: backoff_factor must be in (0, 1), got {backoff_factor}")
+        if int(growth_interval) != growth_interval or growth_interval < 1:
+            raise EveryOError(f"GradScaler: growth_interval must be a positive integer, got "
+                              f"{growth_interval}")
+        if group is not None and not callable(getattr(group, "all_reduce_sum", None)):
+            raise EveryOError(f"GradScaler: group must provide all_reduce_sum(ndarray), got "
+                              f"{type(group).__name__}")
+        self._enabled = bool(enabled)
+        self._scale = float(init_scale)
+        self._growth_factor = float(growth_factor)
+        self._backoff_factor = float(backoff_factor)
+        self._growth_interval = int(growth_interval)
+        self._growth_tracker = 0
+        self.group = group
+        # id(optimizer) -> {"stage": ..., "found_inf": bool}, cleared by update()
+        self._per_optimizer: dict[int, dict] = {}
+
+    # -- scaling --------------------------------------------------------------------------------
+    def scale(self, outputs):
+        """``outputs`` (a tensor, or a list/tuple of tensors) multiplied by the current scale."""
+        if not self._enabled:
+            return outputs
+        if isinstance(outputs, Tensor):
+            # NOTE: a Python scalar takes the tensor's dtype; a float16 loss would overflow at
+            # 65504 before backward even starts, so such a loss is scaled in float32.
+            if outputs.data.dtype == np.float16:
+                outputs = outputs.astype("float32")
+            return outputs * self._scale
+        if isinstance(outputs, (list, tuple)):
+            return type(outputs)(self.scale(o) for o in outputs)
+        raise EveryOError(f"GradScaler.scale takes a Tensor or a list/tuple of Tensors, got "
+                          f"{type(outputs).__name__}")
+
+    def backward(self, loss, retain_graph: bool = False) -> None:
+        """``scale(loss).backward()``, with NumPy's overflow warnings silenced.
+
+        An overflow during this backward is expected: it is how ``step`` learns the scale is
+        too large. Call ``scaler.scale(loss).backward()`` to see the warnings.
+        """
+        with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+            self.scale(loss).backward(retain_graph=retain_graph)
+
+    # -- stepping -------------------------------------------------------------------------------
+    def _state(self, optimizer) -> dict:
+        return self._per_optimizer.setdefault(id(optimizer), {"stage": _READY, "found_inf": False})
+
+    def unscale_(self, optimizer) -> None:
+        """Divide ``optimizer``'s gradients by the scale in place and record whether any is
+        inf/NaN. Call it before clipping gradients; at most once per optimizer per step."""
+        if not self._enabled:
+            return
+        state = self._state(optimizer)
+        if state["stage"] == _UNSCALED:
+            raise EveryOError("GradScaler.unscale_() has already been called on this optimizer "
+                              "since the last update(); call it at most once per step")
+        if state["stage"] == _STEPPED:
+            raise EveryOError("GradScaler.unscale_() after step(): call update() first")
+        grads = _optimizer_grads(optimizer)
+        inverse = 1.0 / self._scale
+        with np.errstate(over="ignore", invalid="ignore"):
+            for g in grads:
+                g *= np.asarray(inverse, dtype=g.dtype)
+        found_inf = not _all_finite(grads)
+        if self.group is not None:
+            # NOTE: every rank takes part in this all-reduce on every step, found inf or not,
+            # so the collectives stay in lockstep and all ranks agree on the skip.
+            votes = self.group.all_reduce_sum(np.array([1.0 if found_inf else 0.0]))
+            found_inf = bool(np.asarray(votes).reshape(-1)[0] > 0)
+        state["found_inf"] = found_inf
+        state["stage"] = _UNSCALED
+
+    def step(self, optimizer) -> bool:
+        """Unscale (if not done yet) and apply ``optimizer.step()`` unless a gradient is inf/NaN.
+
+        Returns:
+            True when the step was applied, False when it was skipped (weights and optimizer
+            state are then untouched).
+        """
+        if not self._enabled:
+            optimizer.step()
+            return True
+        state = self._state(optimizer)
+        if state["stage"] == _STEPPED:
+            raise EveryOError("GradScaler.step() has already been called on this optimizer "
+                              "since the last update()")
+        if state["stage"] == _READY:
+            self.unscale_(optimizer)
+        state["stage"] = _STEPPED
+        if state["found_inf"]:
+            return False
+        optimizer.step()
+        return True
+
+    def update(self, new_scale: float | None = None) -> None:
+        """Halve the scale if this step found an inf/NaN, double it after ``growth_interval``
+        clean steps; or set ``new_scale`` explicitly. Call once per iteration, after step()."""
+        if not self._enabled:
+            return
+        if new_scale is not None:
+            if not new_scale > 0:
+                raise EveryOError(f"GradScaler.update: new_scale must be > 0, got {new_scale}")
+            self._scale = float(new_scale)
+        else:
+            if not self._per_optimizer:
+                raise EveryOError("GradScaler.update(): no step() or unscale_() was recorded "
+                                  "since the last update()")
+            if any(s["found_inf"] for s in self._per_optimizer.values()):
+                self._scale *= self._backoff_factor
+                self._growth_tracker = 0
+            else:
+                self._growth_tracker += 1
+                if self._growth_tracker == self._growth_interval:
+                    self._scale *= self._growth_factor
+                    self._growth_tracker = 0
+        self._per_optimizer.clear()
+
+    # -- inspection and checkpoints -------------------------------------------------------------
+    def get_scale(self) -> float:
+        """The current scale (1.0 when disabled)."""
+        return self._scale if self._enabled else 1.0
+
+    def is_enabled(self) -> bool:
+        return self._enabled
+
+    def get_growth_factor(self) -> float:
+        return self._growth_factor
+
+    def get_backoff_factor(self) -> float:
+        return self._backoff_factor
+
+    def get_growth_interval(self) -> int:
+        return self._growth_interval
+
+    def state_dict(self) -> dict:
+        """The scale, the factors and the growth tracker (PyTorch's keys); empty when disabled."""
+        if not self._enabled:
+            return {}
+        return {"scale": self._scale, "growth_factor": self._growth_factor,
+                "backoff_factor": self._backoff_factor, "growth_interval": self._growth_interval,
+                "_growth_tracker": self._growth_tracker}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict`'s output, growth tracker included."""
+        if not self._enabled:
+            return
+        if not state:
+            raise EveryOError("GradScaler.load_state_dict: the state is empty (it was saved "
+                              "by a disabled GradScaler)")
+        missing = {"scale", "_growth_tracker"} - set(state)
+        if missing:
+            raise EveryOError(f"GradScaler.load_state_dict: missing keys {sorted(missing)}")
+        self._scale = float(state["scale"])
+        self._growth_factor = float(state.get("growth_factor", self._growth_factor))
+        self._backoff_factor = float(state.get("backoff_factor", self._backoff_factor))
+        self._growth_interval = int(state.get("growth_interval", self._growth_interval))
+        self._growth_tracker = int(state["_growth_tracker"])
+
+    def __repr__(self) -> str:
+        return (f"GradScaler(scale={self.get_scale()}, growth_tracker={self._growth_tracker}, "
+                f"enabled={self._enabled})")

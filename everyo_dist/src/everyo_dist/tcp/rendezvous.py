@@ -1,0 +1,159 @@
+"""``TCPRendezvousServer``: where the ranks of a tcp job find each other.
+
+Each worker connects, authenticates (``auth.py``), and registers its rank and the port of its
+own peer listener. Once all ``world_size`` ranks of a round have registered, the server sends
+every one of them the table of peer addresses and starts a new round; the workers then connect
+to each other directly and the server carries no collective traffic. Anything that fails the
+handshake or sends a malformed frame is logged, disconnected and forgotten: the server keeps
+serving the legitimate ranks.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+
+from everyo_dist.errors import DistributedError
+from everyo_dist.tcp.auth import DEFAULT_HANDSHAKE_TIMEOUT, accept_handshake, token_key
+from everyo_dist.tcp.frames import FrameKind, control_frame, read_control
+from everyo_dist.tcp.sockets import listen, require_token_off_loopback, tune, wrap_tls
+
+log = logging.getLogger("everyo.distributed_tcp")
+
+
+class TCPRendezvousServer:
+    """Serve rendezvous for ``world_size`` ranks in a background thread.
+
+    Args:
+        host: address to bind; anything but loopback requires a ``token``.
+        port: port to bind; 0 picks a free one (read it back from ``.port``).
+        world_size: number of ranks that form one group.
+        token: shared secret every rank must prove it holds (str or bytes).
+        ssl_context: optional server-side ``ssl.SSLContext``; connections are then TLS first.
+        handshake_timeout: seconds a connection may take to authenticate and register before
+            it is dropped.
+
+    Example:
+        >>> with TCPRendezvousServer(world_size=1, token="s3cret") as server:
+        ...     server.port > 0
+        True
+    """
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, *, world_size: int,
+                 token: str | bytes | None = None, ssl_context=None,
+                 handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT):
+        if int(world_size) < 1:
+            raise DistributedError(f"world_size must be at least 1, got {world_size}")
+        require_token_off_loopback(host, token, "the rendezvous server")
+        self.host, self.world_size = host, int(world_size)
+        self.handshake_timeout = float(handshake_timeout)
+        self.refusals: list[tuple[str, str]] = []  # (peer address, reason), for diagnostics
+        self._key = token_key(token)
+        self._ssl_context = ssl_context
+        self._lock = threading.Lock()
+        self._round: dict[int, tuple[socket.socket, str, int]] = {}
+        self._closed = threading.Event()
+        self._listener = listen(host, port)
+        self.port = self._listener.getsockname()[1]
+        self._thread = threading.Thread(target=self._accept_loop, daemon=True,
+                                        name=f"everyo-rendezvous-{self.port}")
+        self._thread.start()
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop serving and drop every pending registration."""
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        try:
+            self._listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._listener.close()
+        self._thread.join(timeout=5)
+        with self._lock:
+            for sock, _, _ in self._round.values():
+                sock.close()
+            self._round.clear()
+
+    def __enter__(self) -> "TCPRendezvousServer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"TCPRendezvousServer({self.host}:{self.port}, world_size={self.world_size})"
+
+    # -- serving ---------------------------------------------------------------------------
+    def _accept_loop(self) -> None:
+        while not self._closed.is_set():
+            try:
+                sock, address = self._listener.accept()
+            except OSError:
+                return  # closed
+            threading.Thread(target=self._serve, args=(sock, address), daemon=True).start()
+
+    def _refuse(self, sock: socket.socket, peer: str, reason: str, tell: bool) -> None:
+        log.warning("rendezvous %s:%d refused %s: %s", self.host, self.port, peer, reason)
+        self.refusals.append((peer, reason))
+        if tell:
+            try:
+                sock.settimeout(1.0)
+                sock.sendall(control_frame(FrameKind.ABORT, {"message": reason}))
+            except OSError:
+                pass
+        sock.close()
+
+    def _serve(self, sock: socket.socket, address) -> None:
+        peer = f"{address[0]}:{address[1]}"
+        deadline = time.monotonic() + self.handshake_timeout
+        try:
+            tune(sock)
+            sock = wrap_tls(sock, self._ssl_context, True, self.handshake_timeout, peer)
+            accept_handshake(sock, self._key, self.handshake_timeout)
+            registration = read_control(sock, deadline, FrameKind.REGISTER)
+        except Exception as exc:  # wrong token, garbage, timeout: drop it, keep serving
+            self._refuse(sock, peer, f"{type(exc).__name__}: {exc}", tell=False)
+            return
+        rank, world_size, port = (registration.get(k) for k in ("rank", "world_size", "port"))
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (rank, world_size, port)):
+            self._refuse(sock, peer, f"malformed registration {registration!r}", tell=True)
+            return
+        if world_size != self.world_size:
+            self._refuse(sock, peer, f"rank {rank} says world_size={world_size} but the "
+                         f"rendezvous server was started with world_size={self.world_size}",
+                         tell=True)
+            return
+        if not 0 <= rank < self.world_size or not 0 < port < 65536:
+            self._refuse(sock, peer, f"rank {rank} is outside 0..{self.world_size - 1}",
+                         tell=True)
+            return
+        with self._lock:
+            if rank in self._round:
+                self._refuse(sock, peer, f"rank {rank} is already registered (from "
+                             f"{self._round[rank][1]}); every rank needs a unique rank number",
+                             tell=True)
+                return
+            self._round[rank] = (sock, address[0], port)
+            if len(self._round) < self.world_size:
+                return
+            members, self._round = self._round, {}
+        self._announce(members)
+
+    def _announce(self, members: dict[int, tuple[socket.socket, str, int]]) -> None:
+        peers = [[members[r][1], members[r][2]] for r in range(self.world_size)]
+        message = control_frame(FrameKind.PEERS, {"peers": peers})
+        for rank, (sock, host, _) in members.items():
+            try:
+                sock.settimeout(self.handshake_timeout)
+                sock.sendall(message)
+            except OSError as exc:
+                log.warning("rendezvous could not send the peer table to rank %d at %s: %s",
+                            rank, host, exc)
+            finally:
+                sock.close()
+        log.info("rendezvous %s:%d formed a group of %d ranks", self.host, self.port,
+                 self.world_size)

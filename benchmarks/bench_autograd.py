@@ -15,16 +15,15 @@ import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-import numpy as np  # noqa: E402
-
 import everyo as eo  # noqa: E402
+import numpy as np  # noqa: E402
 from _timing import best_of, ratio_line, torch_or_none  # noqa: E402
 
 CHAIN = 300
 
 
 def chain(x):
-    for i in range(CHAIN // 3):
+    for _ in range(CHAIN // 3):
         x = x * 1.0001
         x = x + 0.5
         x = x.tanh()

@@ -5,10 +5,9 @@ from __future__ import annotations
 import os
 import zipfile
 
+import everyo as eo
 import numpy as np
 import pytest
-
-import everyo as eo
 
 
 def test_round_trip_of_nested_state(tmp_path):

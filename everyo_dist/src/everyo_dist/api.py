@@ -1,0 +1,25 @@
+"""The public API of everyo-dist, re-exported as ``everyo.distributed``.
+
+``from everyo.distributed import spawn, average_gradients, shard_indices, available_workers,
+init, ProcessGroup``.
+"""
+
+from everyo_dist.cores import available_workers
+from everyo_dist.errors import (
+    CollectiveMismatchError,
+    CollectiveTimeoutError,
+    DistributedError,
+    PeerLostError,
+    WorkerError,
+)
+from everyo_dist.gradients import average_gradients
+from everyo_dist.group import DEFAULT_TIMEOUT, ProcessGroup
+from everyo_dist.initialize import init
+from everyo_dist.sharding import shard_indices
+from everyo_dist.spawn import spawn
+
+__all__ = [
+    "spawn", "average_gradients", "shard_indices", "available_workers", "init", "ProcessGroup",
+    "DEFAULT_TIMEOUT", "DistributedError", "CollectiveMismatchError", "CollectiveTimeoutError",
+    "PeerLostError", "WorkerError",
+]

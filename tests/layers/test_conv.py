@@ -1,0 +1,177 @@
+"""Conv2D and the padding resolver: gradcheck, PyTorch oracle (NHWC <-> NCHW), shape
+properties and the errors a user meets first."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import everyo as eo
+from everyo_layers.padding import output_size, resolve_padding
+
+
+def torch_conv_reference(torch, layer, x, g):
+    """Forward output and gradients (x, weight, bias) of the same convolution in PyTorch."""
+    F = torch.nn.functional
+    pads = resolve_padding(layer.padding, x.shape[1:3], layer.kernel_size, layer.stride,
+                           layer.dilation)
+    (top, bottom), (left, right) = pads
+    tx = torch.tensor(x.transpose(0, 3, 1, 2), requires_grad=True)
+    tw = torch.tensor(layer.weight.data.transpose(3, 2, 0, 1), requires_grad=True)
+    tb = torch.tensor(layer.bias.data, requires_grad=True)
+    out = F.conv2d(F.pad(tx, (left, right, top, bottom)), tw, tb, stride=layer.stride,
+                   dilation=layer.dilation)
+    out.backward(torch.from_numpy(g.transpose(0, 3, 1, 2)))
+    return (out.detach().numpy().transpose(0, 2, 3, 1), tx.grad.numpy().transpose(0, 2, 3, 1),
+            tw.grad.numpy().transpose(2, 3, 1, 0), tb.grad.numpy())
+
+
+CASES = [  # (H, W, kernel, stride, padding, dilation)
+    (7, 7, 3, 1, "valid", 1),
+    (8, 8, 3, 1, "same", 1),
+    (7, 9, 3, 2, "same", 1),
+    (8, 8, 4, 2, "same", 1),   # even kernel: the odd pad goes bottom/right
+    (8, 6, 2, 2, "valid", 1),
+    (9, 9, 3, 1, "same", 2),   # dilation
+    (10, 8, (3, 2), (2, 1), "valid", (2, 1)),
+    (6, 6, 3, 1, 1, 1),        # explicit symmetric padding
+    (6, 7, 3, 2, ((0, 2), (1, 0)), 1),  # explicit asymmetric padding
+    (5, 5, 1, 1, "valid", 1),  # 1x1 convolution
+]
+
+
+@pytest.mark.parametrize("h, w, kernel, stride, padding, dilation", CASES)
+def test_conv2d_matches_torch(torch, rng, h, w, kernel, stride, padding, dilation):
+    layer = eo.Conv2D(3, 5, kernel, stride=stride, padding=padding, dilation=dilation,
+                      seed=1).to("float64")
+    x = rng.standard_normal((2, h, w, 3))
+    ours_x = eo.tensor(x, requires_grad=True)
+    out = layer(ours_x)
+    g = rng.standard_normal(out.shape)
+    out.backward(g)
+    ref_out, ref_gx, ref_gw, ref_gb = torch_conv_reference(torch, layer, x, g)
+    assert out.shape == ref_out.shape
+    np.testing.assert_allclose(out.data, ref_out, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(ours_x.grad, ref_gx, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(layer.weight.grad, ref_gw, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(layer.bias.grad, ref_gb, rtol=1e-10, atol=1e-10)
+
+
+def test_conv2d_float32_matches_torch(torch, rng):
+    layer = eo.Conv2D(4, 6, 3, stride=2, padding="same", seed=0)
+    x = rng.standard_normal((3, 9, 9, 4)).astype(np.float32)
+    out = layer(eo.tensor(x))
+    assert out.dtype == "float32"
+    ref = torch_conv_reference(torch, layer, x, np.zeros(out.shape, np.float32))[0]
+    np.testing.assert_allclose(out.data, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("stride, padding, dilation", [(1, "valid", 1), (2, "same", 1),
+                                                        (1, "same", 2), (2, 1, 1)])
+def test_conv2d_gradcheck(rng, stride, padding, dilation):
+    layer = eo.Conv2D(2, 3, 3, stride=stride, padding=padding, dilation=dilation,
+                      seed=0).to("float64")
+    x = rng.standard_normal((2, 6, 5, 2))
+    assert eo.gradcheck(layer, x, params=list(layer.parameters()))
+
+
+def test_conv2d_without_bias_gradcheck(rng):
+    layer = eo.Conv2D(2, 2, 2, bias=False, seed=0).to("float64")
+    assert layer.bias is None
+    assert eo.gradcheck(layer, rng.standard_normal((1, 4, 4, 2)), params=[layer.weight])
+
+
+@pytest.mark.filterwarnings("ignore:Using padding=.same. with even kernel")
+@pytest.mark.parametrize("kernel, dilation", [(3, 1), (4, 1), (5, 2), (2, 3)])
+def test_same_padding_agrees_with_torch_at_stride_one(torch, rng, kernel, dilation):
+    layer = eo.Conv2D(2, 3, kernel, padding="same", dilation=dilation, seed=0).to("float64")
+    x = rng.standard_normal((1, 9, 8, 2))
+    ref = torch.nn.functional.conv2d(torch.tensor(x.transpose(0, 3, 1, 2)),
+                                     torch.tensor(layer.weight.data.transpose(3, 2, 0, 1)),
+                                     torch.tensor(layer.bias.data), padding="same",
+                                     dilation=dilation)
+    np.testing.assert_allclose(layer(eo.tensor(x)).data,
+                               ref.numpy().transpose(0, 2, 3, 1), rtol=1e-10, atol=1e-10)
+
+
+@settings(max_examples=200, deadline=None)
+@given(size=st.integers(1, 40), kernel=st.integers(1, 7), stride=st.integers(1, 4),
+       dilation=st.integers(1, 3))
+def test_same_padding_gives_ceil_of_input_over_stride(size, kernel, stride, dilation):
+    (top, bottom), _ = resolve_padding("same", (size, 1), (kernel, 1), (stride, 1),
+                                       (dilation, 1))
+    assert 0 <= bottom - top <= 1  # the odd pad goes to the bottom
+    assert output_size(size, kernel, stride, dilation, (top, bottom)) == math.ceil(size / stride)
+
+
+@settings(max_examples=60, deadline=None)
+@given(h=st.integers(3, 9), w=st.integers(3, 9), kernel=st.integers(1, 3),
+       stride=st.integers(1, 3), padding=st.sampled_from(["valid", "same", 0, 1]))
+def test_conv2d_output_shape_property(h, w, kernel, stride, padding):
+    layer = eo.Conv2D(1, 2, kernel, stride=stride, padding=padding, seed=0)
+    out = layer(eo.zeros(1, h, w, 1))
+    if padding == "same":
+        assert out.shape == (1, math.ceil(h / stride), math.ceil(w / stride), 2)
+    else:
+        p = 0 if padding == "valid" else padding
+        assert out.shape == (1, (h + 2 * p - kernel) // stride + 1,
+                             (w + 2 * p - kernel) // stride + 1, 2)
+
+
+def test_resolve_padding_forms():
+    assert resolve_padding("valid", (5, 5), (3, 3)) == ((0, 0), (0, 0))
+    assert resolve_padding("SAME", (5, 5), (3, 3)) == ((1, 1), (1, 1))
+    assert resolve_padding((1, 2), (5, 5), (3, 3)) == ((1, 1), (2, 2))
+    assert resolve_padding(((0, 1), (2, 3)), (5, 5), (3, 3)) == ((0, 1), (2, 3))
+    with pytest.raises(eo.EveryOError, match="padding must be"):
+        resolve_padding("full", (5, 5), (3, 3))
+    with pytest.raises(eo.EveryOError, match="negative"):
+        resolve_padding(-1, (5, 5), (3, 3))
+
+
+def test_conv2d_weight_layout_and_init():
+    layer = eo.Conv2D(3, 8, (3, 5), seed=0)
+    assert layer.weight.shape == (3, 5, 3, 8) and layer.bias.shape == (8,)
+    assert np.abs(layer.weight.data).max() <= 1 / math.sqrt(3 * 3 * 5)
+    assert (layer.kernel_size, layer.stride, layer.dilation) == ((3, 5), (1, 1), (1, 1))
+    assert layer.padding == "valid"
+
+
+def test_conv2d_float16_multiplies_through_float32(rng):
+    layer = eo.Conv2D(3, 4, 3, padding="same", seed=0)
+    x16 = rng.standard_normal((2, 6, 6, 3)).astype(np.float16)
+    w16 = layer.weight.data.astype(np.float16)
+    b16 = layer.bias.data.astype(np.float16)
+    out = eo.dispatch("conv2d", x16, w16, b16, stride=(1, 1), padding=((1, 1), (1, 1)),
+                      dilation=(1, 1))
+    assert out.dtype == "float16"
+    reference = eo.dispatch("conv2d", x16.astype(np.float32), w16.astype(np.float32),
+                            stride=(1, 1), padding=((1, 1), (1, 1)), dilation=(1, 1)).data
+    # float32 accumulation, one rounding of the product, then the float16 bias add
+    expected = reference.astype(np.float16) + b16
+    np.testing.assert_array_equal(out.data, expected)
+
+
+def test_conv2d_nchw_input_is_refused_with_a_hint():
+    layer = eo.Conv2D(3, 8, 3)
+    with pytest.raises(eo.EveryOError) as info:
+        layer(eo.zeros(2, 3, 8, 8))
+    message = str(info.value)
+    assert "Conv2D(3→8)" in message and "3 channels" in message
+    assert "(2, 3, 8, 8)" in message and "NCHW" in message
+
+
+def test_conv2d_bad_inputs():
+    layer = eo.Conv2D(3, 8, 3)
+    with pytest.raises(eo.EveryOError, match=r"expected NHWC input.*\(8, 8, 3\)"):
+        layer(eo.zeros(8, 8, 3))
+    with pytest.raises(eo.EveryOError, match="floating-point input, got int64"):
+        layer(eo.tensor(np.zeros((1, 5, 5, 3), np.int64)))
+    with pytest.raises(eo.EveryOError, match="does not fit"):
+        layer(eo.zeros(1, 2, 2, 3))
+    with pytest.raises(eo.EveryOError, match="kernel_size must be an int or a pair"):
+        eo.Conv2D(3, 8, "big")

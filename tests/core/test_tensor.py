@@ -182,3 +182,27 @@ def test_broadcast_gradients_have_operand_shapes(shapes, op):
     rng = np.random.default_rng(0)
     a, b = (rng.uniform(0.5, 1.5, s) for s in shapes.input_shapes)
     assert eo.gradcheck(lambda x, y: eo.dispatch(op, x, y), a, b)
+
+
+def test_iteration_and_out_of_range_indexing():
+    t = eo.tensor([[1.0, 2.0], [3.0, 4.0]], requires_grad=True)
+    rows = list(t)
+    assert [r.data.tolist() for r in rows] == [[1.0, 2.0], [3.0, 4.0]]
+    sum(r.sum() for r in rows).backward()
+    np.testing.assert_array_equal(t.grad, np.ones((2, 2)))
+    with pytest.raises(IndexError, match=r"invalid for shape \(2, 2\)"):
+        t[5]
+
+
+@settings(max_examples=40, deadline=None)
+@given(shape=hnp.array_shapes(min_dims=1, max_dims=3, max_side=4), data=st.data(),
+       op=st.sampled_from(["sum", "mean", "var", "softmax", "log_softmax"]),
+       keepdims=st.booleans())
+def test_reductions_over_random_axes(shape, data, op, keepdims):
+    axis = data.draw(st.integers(-len(shape), len(shape) - 1))
+    x = np.random.default_rng(len(shape)).standard_normal(shape)
+    if op in ("softmax", "log_softmax"):
+        fn = lambda t: eo.dispatch(op, t, axis=axis)  # noqa: E731
+    else:
+        fn = lambda t: eo.dispatch(op, t, axis=axis, keepdims=keepdims)  # noqa: E731
+    assert eo.gradcheck(fn, x)

@@ -13,6 +13,7 @@ from everyo.autograd import Op, unbroadcast
 from everyo.data import DataLoader, TensorDataset
 from everyo.dispatch import dispatch
 from everyo.errors import (
+    EveryOIndexError,
     EveryOError,
     EveryOSerializationError,
     MissingDistributionError,

@@ -124,13 +124,19 @@ def unbroadcast(grad: np.ndarray, shape: tuple) -> np.ndarray:
 def _topological_order(root_op) -> list:
     """Ops reachable from ``root_op``, each after every op that consumes its output."""
     order: list = []
-    visited = {id(root_op)}
+    visited: set = set()
     stack = [(root_op, False)]
     while stack:
         op, expanded = stack.pop()
         if expanded:
             order.append(op)
             continue
+        # NOTE: mark an op visited when it is expanded, not when it is pushed: an op pushed
+        # early by one consumer must still finish after every op reachable through another
+        # consumer, or its gradient is propagated before all contributions arrived.
+        if id(op) in visited:
+            continue
+        visited.add(id(op))
         parents = op.parents
         if parents is None or op.saved is _released:
             raise EveryOError(
@@ -141,7 +147,6 @@ def _topological_order(root_op) -> list:
         for t in parents:
             ctx = t._ctx
             if ctx is not None and id(ctx) not in visited:
-                visited.add(id(ctx))
                 stack.append((ctx, False))
     order.reverse()
     return order

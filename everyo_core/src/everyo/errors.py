@@ -9,6 +9,10 @@ class EveryOSerializationError(EveryOError):
     """Saving, loading or exporting a model failed (corrupt file, unsupported layer, ...)."""
 
 
+class EveryOIndexError(EveryOError, IndexError):
+    """An index is out of range or malformed for the tensor's shape."""
+
+
 class PluginError(EveryOError):
     """A plugin registered something invalid, or the same name twice."""
 

@@ -95,6 +95,11 @@ class Tensor:
     def __len__(self) -> int:
         return len(self.data)
 
+    def __iter__(self):
+        if self.data.ndim == 0:
+            raise EveryOError("iteration over a 0-d tensor")
+        return (self[i] for i in range(len(self.data)))
+
     def __array__(self, dtype=None, copy=None):
         if dtype is None:
             return self.data

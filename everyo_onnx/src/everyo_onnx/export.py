@@ -200,8 +200,9 @@ def check_opset(opset, newest: int) -> int:
 def check_input_shape(input_shape) -> tuple[int, ...]:
     try:
         shape = tuple(int(d) for d in input_shape)
-        valid = len(shape) >= 1 and all(d > 0 for d in shape) and all(
-            float(d) == int(d) for d in input_shape)
+        valid = (not isinstance(input_shape, (str, bytes)) and len(shape) >= 1
+                 and all(d > 0 for d in shape)
+                 and all(not isinstance(d, bool) and float(d) == int(d) for d in input_shape))
     except (TypeError, ValueError):
         valid = False
     if not valid:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from everyo.autograd import Op
-from everyo.errors import EveryOError
+from everyo.errors import EveryOError, EveryOIndexError
 
 
 class Reshape(Op):
@@ -66,7 +66,7 @@ class GetItem(Op):
         try:
             return x[self.index]
         except IndexError as exc:
-            raise EveryOError(f"getitem: index {index!r} is invalid for shape {x.shape}: "
+            raise EveryOIndexError(f"getitem: index {index!r} is invalid for shape {x.shape}: "
                               f"{exc}") from None
 
     def backward(self, g):

@@ -1,0 +1,168 @@
+"""BatchNorm1D/2D (train and eval, running statistics) and LayerNorm against PyTorch, gradcheck
+in float64, float16 behaviour and errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import everyo as eo
+
+
+def _copy_affine(torch, ours, ref):
+    with torch.no_grad():
+        ref.weight.copy_(torch.from_numpy(ours.weight.data))
+        ref.bias.copy_(torch.from_numpy(ours.bias.data))
+
+
+def _to_torch_layout(x):
+    """Channel-last (N, ..., C) to PyTorch's channel-second (N, C, ...)."""
+    return np.moveaxis(x, -1, 1)
+
+
+BATCHNORM_CASES = [("1d", (16, 5)), ("1d", (4, 6, 5)), ("2d", (4, 3, 6, 5))]
+
+
+@pytest.mark.parametrize("kind, shape", BATCHNORM_CASES)
+@pytest.mark.parametrize("momentum", [0.1, None])
+def test_batchnorm_matches_torch_in_train_and_eval(torch, rng, kind, shape, momentum):
+    ours = (eo.BatchNorm1D if kind == "1d" else eo.BatchNorm2D)(5, momentum=momentum)
+    ref = (torch.nn.BatchNorm1d if kind == "1d" else torch.nn.BatchNorm2d)(5, momentum=momentum)
+    ours.to("float64")
+    ref.double()
+    ours.weight.data[:] = rng.standard_normal(5)
+    ours.bias.data[:] = rng.standard_normal(5)
+    _copy_affine(torch, ours, ref)
+    for step in range(3):  # a few training steps: the running statistics must follow
+        x = rng.standard_normal(shape) * 3 + 1
+        g = rng.standard_normal(shape)
+        xt = eo.tensor(x, requires_grad=True)
+        out = ours(xt)
+        out.backward(g)
+        tx = torch.tensor(_to_torch_layout(x), requires_grad=True)
+        ref_out = ref(tx)
+        ref_out.backward(torch.from_numpy(_to_torch_layout(g)))
+        np.testing.assert_allclose(_to_torch_layout(out.data), ref_out.detach().numpy(),
+                                   rtol=1e-10, atol=1e-10)
+        np.testing.assert_allclose(_to_torch_layout(xt.grad), tx.grad.numpy(), rtol=1e-9,
+                                   atol=1e-10)
+        np.testing.assert_allclose(ours.weight.grad, ref.weight.grad.numpy(), rtol=1e-10)
+        np.testing.assert_allclose(ours.bias.grad, ref.bias.grad.numpy(), rtol=1e-10)
+        ours.zero_grad()
+        ref.zero_grad()
+    np.testing.assert_allclose(ours.running_mean, ref.running_mean.numpy(), rtol=1e-12)
+    np.testing.assert_allclose(ours.running_var, ref.running_var.numpy(), rtol=1e-12)
+    assert int(ours.num_batches_tracked) == int(ref.num_batches_tracked) == 3
+
+    ours.eval()
+    ref.eval()
+    x = rng.standard_normal(shape)
+    g = rng.standard_normal(shape)
+    xt = eo.tensor(x, requires_grad=True)
+    out = ours(xt)
+    out.backward(g)
+    tx = torch.tensor(_to_torch_layout(x), requires_grad=True)
+    ref_out = ref(tx)
+    ref_out.backward(torch.from_numpy(_to_torch_layout(g)))
+    np.testing.assert_allclose(_to_torch_layout(out.data), ref_out.detach().numpy(), rtol=1e-10)
+    np.testing.assert_allclose(_to_torch_layout(xt.grad), tx.grad.numpy(), rtol=1e-10)
+    np.testing.assert_allclose(ours.weight.grad, ref.weight.grad.numpy(), rtol=1e-10)
+    assert int(ours.num_batches_tracked) == 3  # eval does not count
+
+
+def test_batchnorm_without_affine_or_running_stats_matches_torch(torch, rng):
+    ours = eo.BatchNorm2D(4, affine=False, track_running_stats=False).to("float64")
+    ref = torch.nn.BatchNorm2d(4, affine=False, track_running_stats=False).double()
+    assert ours.weight is None and ours.running_mean is None
+    assert list(ours.state_dict()) == []
+    x = rng.standard_normal((3, 4, 4, 4))
+    ours.eval()
+    ref.eval()  # without running statistics even eval normalises by the batch
+    np.testing.assert_allclose(
+        _to_torch_layout(ours(eo.tensor(x)).data),
+        ref(torch.tensor(_to_torch_layout(x))).detach().numpy(), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("cls, shape", [(eo.BatchNorm1D, (6, 3)), (eo.BatchNorm1D, (3, 4, 3)),
+                                        (eo.BatchNorm2D, (2, 3, 2, 3))])
+@pytest.mark.parametrize("training", [True, False])
+def test_batchnorm_gradcheck(rng, cls, shape, training):
+    layer = cls(3).to("float64")
+    layer.weight.data[:] = rng.standard_normal(3)
+    layer.running_mean[:] = rng.standard_normal(3)
+    layer.running_var[:] = rng.random(3) + 0.5
+    layer.train(training)
+    assert eo.gradcheck(layer, rng.standard_normal(shape), params=list(layer.parameters()))
+
+
+def test_batchnorm_state_dict_holds_the_running_statistics():
+    layer = eo.BatchNorm2D(3)
+    layer(eo.randn(4, 2, 2, 3, seed=0))
+    state = layer.state_dict()
+    assert set(state) == {"weight", "bias", "running_mean", "running_var",
+                          "num_batches_tracked"}
+    assert state["running_mean"].dtype == np.float32
+    fresh = eo.BatchNorm2D(3)
+    fresh.load_state_dict(state)
+    np.testing.assert_array_equal(fresh.running_var, layer.running_var)
+
+
+@pytest.mark.parametrize("normalized_shape, shape", [(5, (4, 5)), (5, (2, 3, 5)),
+                                                     ((3, 5), (2, 3, 5))])
+def test_layernorm_matches_torch(torch, rng, normalized_shape, shape):
+    ours = eo.LayerNorm(normalized_shape).to("float64")
+    ref = torch.nn.LayerNorm(normalized_shape).double()
+    ours.weight.data[...] = rng.standard_normal(ours.weight.shape)
+    ours.bias.data[...] = rng.standard_normal(ours.bias.shape)
+    _copy_affine(torch, ours, ref)
+    x = rng.standard_normal(shape) * 2 + 3
+    g = rng.standard_normal(shape)
+    xt = eo.tensor(x, requires_grad=True)
+    out = ours(xt)
+    out.backward(g)
+    tx = torch.tensor(x, requires_grad=True)
+    ref_out = ref(tx)
+    ref_out.backward(torch.from_numpy(g))
+    np.testing.assert_allclose(out.data, ref_out.detach().numpy(), rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(xt.grad, tx.grad.numpy(), rtol=1e-9, atol=1e-10)
+    np.testing.assert_allclose(ours.weight.grad, ref.weight.grad.numpy(), rtol=1e-10)
+    np.testing.assert_allclose(ours.bias.grad, ref.bias.grad.numpy(), rtol=1e-10)
+
+
+@pytest.mark.parametrize("affine", [True, False])
+def test_layernorm_gradcheck(rng, affine):
+    layer = eo.LayerNorm((2, 4), elementwise_affine=affine).to("float64")
+    if affine:
+        layer.weight.data[...] = rng.standard_normal((2, 4))
+    assert eo.gradcheck(layer, rng.standard_normal((3, 2, 4)), params=list(layer.parameters()))
+
+
+@pytest.mark.parametrize("make, shape", [(lambda: eo.LayerNorm(64), (8, 64)),
+                                         (lambda: eo.BatchNorm1D(64), (8, 64)),
+                                         (lambda: eo.BatchNorm2D(4), (8, 3, 3, 4))])
+def test_norm_statistics_in_float32_for_float16_input(rng, make, shape):
+    layer = make()
+    # Values near 300: their squares (9e4) overflow float16, so float16 statistics would fail.
+    x = (rng.standard_normal(shape) * 30 + 300).astype(np.float16)
+    out = layer(eo.tensor(x))
+    assert out.dtype == "float16"
+    reference = make()(eo.tensor(x.astype(np.float32))).data
+    assert np.all(np.isfinite(out.data))
+    np.testing.assert_allclose(out.data.astype(np.float32), reference, atol=2e-2)
+    if hasattr(layer, "running_var") and layer.running_var is not None:
+        assert layer.running_var.dtype == np.float32 and np.all(np.isfinite(layer.running_var))
+
+
+def test_norm_bad_inputs():
+    with pytest.raises(eo.EveryOError, match=r"BatchNorm2D\(3\): expected NHWC input with 3 "
+                                             r"channels.*\(2, 3, 5, 5\).*channels-first"):
+        eo.BatchNorm2D(3)(eo.zeros(2, 3, 5, 5))
+    with pytest.raises(eo.EveryOError, match=r"BatchNorm1D\(4\).*got shape \(2, 3\)"):
+        eo.BatchNorm1D(4)(eo.zeros(2, 3))
+    with pytest.raises(eo.EveryOError, match="more than one value per channel"):
+        eo.BatchNorm1D(4)(eo.zeros(1, 4))
+    with pytest.raises(eo.EveryOError, match=r"LayerNorm\(8,\): expected input ending in "
+                                             r"\(8,\), got shape \(2, 4\)"):
+        eo.LayerNorm(8)(eo.zeros(2, 4))
+    with pytest.raises(eo.EveryOError, match="floating-point input, got int64"):
+        eo.LayerNorm(2)(eo.tensor(np.zeros((2, 2), np.int64)))

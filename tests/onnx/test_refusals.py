@@ -1,0 +1,134 @@
+"""What the exporter refuses, and that a refusal writes nothing: layers without a converter
+(each named with its position), batch norm without running statistics, subclasses, bad
+arguments, a failed verification."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import numpy as np
+import pytest
+
+import everyo as eo
+
+UNSUPPORTED = {
+    "RNN": lambda: eo.RNN(4, 4),
+    "LSTM": lambda: eo.LSTM(4, 4),
+    "GRU": lambda: eo.GRU(4, 4),
+    "Embedding": lambda: eo.Embedding(10, 4),
+    "MultiHeadAttention": lambda: eo.MultiHeadAttention(4, 2),
+    "PositionalEncoding": lambda: eo.PositionalEncoding(4),
+    "TransformerEncoderLayer": lambda: eo.TransformerEncoderLayer(4, 2, dim_feedforward=8),
+    "TransformerDecoderLayer": lambda: eo.TransformerDecoderLayer(4, 2, dim_feedforward=8),
+    "TransformerEncoder": lambda: eo.TransformerEncoder(
+        eo.TransformerEncoderLayer(4, 2, dim_feedforward=8), num_layers=2),
+}
+
+
+def leftovers(directory) -> list[str]:
+    return sorted(os.listdir(directory))
+
+
+@pytest.mark.parametrize("name", sorted(UNSUPPORTED))
+def test_unsupported_layer_is_refused_by_name(name, tmp_path):
+    model = eo.Sequential(eo.Linear(4, 4, seed=0), eo.ReLU(), UNSUPPORTED[name]())
+    with pytest.raises(eo.EveryOSerializationError, match=rf"\[2\] {name}\b"):
+        eo.export_onnx(model, tmp_path / "m.onnx", input_shape=(1, 3, 4))
+    assert leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("name", sorted(UNSUPPORTED))
+def test_unsupported_layer_as_the_whole_model(name, tmp_path):
+    with pytest.raises(eo.EveryOSerializationError, match=rf"no converter: {name}\b"):
+        eo.export_onnx(UNSUPPORTED[name](), tmp_path / "m.onnx", input_shape=(1, 3, 4))
+    assert leftovers(tmp_path) == []
+
+
+def test_every_unsupported_layer_is_named_at_once(tmp_path):
+    model = eo.Sequential(
+        eo.Embedding(10, 4), eo.LSTM(4, 4), eo.Linear(4, 4, seed=0),
+        eo.Sequential(eo.ReLU(), eo.GRU(4, 4), eo.Sequential(eo.MultiHeadAttention(4, 2))),
+    )
+    with pytest.raises(eo.EveryOSerializationError) as info:
+        eo.export_onnx(model, tmp_path / "m.onnx", input_shape=(1, 3, 4))
+    message = str(info.value)
+    for label in ("[0] Embedding", "[1] LSTM", "[3][1] GRU", "[3][2][0] MultiHeadAttention"):
+        assert label in message
+    assert "4 layers" in message and "Linear" not in message.split("Nothing")[0].split(":")[1]
+    assert leftovers(tmp_path) == []
+
+
+def test_existing_file_survives_a_refused_export(tmp_path):
+    path = tmp_path / "model.onnx"
+    path.write_bytes(b"the previous export")
+    with pytest.raises(eo.EveryOSerializationError, match="LSTM"):
+        eo.export_onnx(eo.Sequential(eo.LSTM(4, 4)), path, input_shape=(1, 3, 4))
+    assert path.read_bytes() == b"the previous export"
+    assert leftovers(tmp_path) == ["model.onnx"]
+
+
+@pytest.mark.parametrize("cls", ["BatchNorm1D", "BatchNorm2D"])
+def test_batchnorm_without_running_stats_is_refused(cls, tmp_path):
+    bn = getattr(eo, cls)(3, track_running_stats=False)
+    shape = (2, 3) if cls == "BatchNorm1D" else (2, 4, 4, 3)
+    model = eo.Sequential(eo.ReLU(), bn)
+    path = tmp_path / "bn.onnx"
+    path.write_bytes(b"old")
+    with pytest.raises(eo.EveryOSerializationError, match=rf"\[1\] {cls}.*track_running_stats"):
+        eo.export_onnx(model, path, input_shape=shape)
+    assert path.read_bytes() == b"old" and leftovers(tmp_path) == ["bn.onnx"]
+
+
+def test_refused_configuration_and_missing_converter_reported_together(tmp_path):
+    model = eo.Sequential(eo.BatchNorm1D(4, track_running_stats=False), eo.BatchNorm1D(4),
+                          eo.BatchNorm1D(4, track_running_stats=False))
+    with pytest.raises(eo.EveryOSerializationError) as info:
+        eo.export_onnx(model, tmp_path / "m.onnx", input_shape=(2, 4))
+    assert "[0] BatchNorm1D" in str(info.value) and "[2] BatchNorm1D" in str(info.value)
+    assert "[1] BatchNorm1D" not in str(info.value)
+
+
+def test_subclass_of_a_supported_layer_needs_its_own_converter(tmp_path):
+    class ScaledLinear(eo.Linear):  # computes something else than Linear: never exported as one
+        def forward(self, x):
+            return super().forward(x) * 2.0
+
+    with pytest.raises(eo.EveryOSerializationError,
+                       match=r"\[0\] ScaledLinear \(a subclass of Linear"):
+        eo.export_onnx(eo.Sequential(ScaledLinear(3, 2)), tmp_path / "m.onnx", (1, 3))
+    assert leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("kwargs, pattern", [
+    ({"input_shape": (0, 3)}, "input_shape"),
+    ({"input_shape": "13"}, "input_shape"),
+    ({"input_shape": (1, 3), "opset": 12}, "opset"),
+    ({"input_shape": (1, 3), "opset": 10_000}, "opset"),
+    ({"input_shape": (1, 3), "input_name": "x", "output_name": "x"}, "must differ"),
+    ({"input_shape": (1, 3), "output_name": ""}, "output_name"),
+    ({"input_shape": (1, 5)}, r"Linear.*shape \(1, 5\)"),
+])
+def test_bad_arguments_are_named(kwargs, pattern, tmp_path):
+    model = eo.Sequential(eo.Linear(3, 2, seed=0))
+    with pytest.raises(eo.EveryOSerializationError, match=pattern):
+        eo.export_onnx(model, tmp_path / "m.onnx", **kwargs)
+    assert leftovers(tmp_path) == []
+
+
+def test_missing_directory_is_named(tmp_path):
+    with pytest.raises(eo.EveryOSerializationError, match=re.escape(str(tmp_path / "nope"))):
+        eo.export_onnx(eo.ReLU(), tmp_path / "nope" / "m.onnx", input_shape=(1, 2))
+
+
+def test_not_a_module_is_refused(tmp_path):
+    with pytest.raises(eo.EveryOSerializationError, match="Module"):
+        eo.export_onnx(lambda x: x, tmp_path / "m.onnx", input_shape=(1, 2))
+
+
+def test_successful_export_leaves_only_the_file(tmp_path, ort):
+    path = tmp_path / "m.onnx"
+    path.write_bytes(b"old")
+    eo.export_onnx(eo.Sequential(eo.Linear(3, 2, seed=0)), path, (1, 3), verify=True)
+    assert leftovers(tmp_path) == ["m.onnx"] and path.read_bytes() != b"old"
+    assert np.isfinite(eo.run_onnx(path, np.ones((2, 3)))).all()

@@ -83,7 +83,7 @@ def test_same_padding_stride_two_on_odd_inputs(parity):
 def test_graph_layout_pads_and_symbolic_batch(parity, onnx):
     conv = eo.Conv2D(2, 3, 4, stride=2, padding="same", seed=0)
     pool = eo.AvgPool2D(3, stride=2, padding="same")
-    model = eo.Sequential(conv, pool, eo.Flatten(), eo.Linear(12, 2, seed=1))
+    model = eo.Sequential(conv, pool, eo.Flatten(), eo.Linear(18, 2, seed=1))
     path = parity(model, (5, 9, 7, 2))
     graph = onnx.load(str(path)).graph
     batch_dim = graph.input[0].type.tensor_type.shape.dim[0]
@@ -101,7 +101,7 @@ def test_graph_layout_pads_and_symbolic_batch(parity, onnx):
             assert attrs[id(after)]["perm"] == [0, 2, 3, 1]
     conv_node = next(n for n in nodes if n.op_type == "Conv")
     (top, bottom), (left, right) = resolve_padding("same", (9, 7), (4, 4), (2, 2))
-    assert (top, bottom, left, right) == (1, 2, 1, 1)  # the asymmetric case auto_pad can miss
+    assert (top, bottom, left, right) == (1, 2, 1, 2)  # odd totals: the extra pad goes last
     assert attrs[id(conv_node)]["pads"] == [top, left, bottom, right]
     pool_node = next(n for n in nodes if n.op_type == "AveragePool")
     assert attrs[id(pool_node)]["count_include_pad"] == 0
@@ -139,3 +139,31 @@ def test_custom_names_and_opset(parity, onnx):
     assert loaded.graph.input[0].name == "pixels" and loaded.graph.output[0].name == "probs"
     assert loaded.opset_import[0].version == 17  # the documented default
     np.testing.assert_allclose(eo.run_onnx(path, np.ones((4, 3))).sum(axis=1), 1.0, rtol=1e-6)
+
+
+def test_float64_model_exports_a_float32_graph(parity, onnx):
+    model = eo.Sequential(eo.Linear(3, 4, seed=0), eo.BatchNorm1D(4), eo.LayerNorm(4),
+                          eo.GELU()).to("float64")
+    path = parity(model, (1, 3))
+    graph = onnx.load(str(path)).graph
+    assert all(i.data_type == onnx.TensorProto.FLOAT for i in graph.initializer)
+    assert model[0].weight.dtype == "float64"
+
+
+def test_empty_sequential_is_the_identity(parity):
+    parity(eo.Sequential(), (1, 3))
+    parity(eo.Sequential(eo.Sequential()), (1, 2, 2))
+
+
+def test_the_specification_example(tmp_path, monkeypatch, ort, digits):
+    monkeypatch.chdir(tmp_path)
+    x, y = digits
+    model = digits_cnn()
+    train(model, x, y, steps=5)
+    model.eval()
+    eo.export_onnx(model, "model.onnx", input_shape=(1, 8, 8, 1), output_name="logits")
+    batch = x[:16]
+    expected = np.asarray(model(eo.tensor(batch)).data)
+    actual = eo.run_onnx("model.onnx", batch)
+    assert np.abs(expected - actual).max() < 1e-4
+    assert not model.training

@@ -100,6 +100,17 @@ def test_subclass_of_a_supported_layer_needs_its_own_converter(tmp_path):
     assert leftovers(tmp_path) == []
 
 
+def test_subclass_of_sequential_is_not_walked_blindly(tmp_path):
+    class Reversed(eo.Sequential):  # same children, another computation
+        def forward(self, x):
+            for layer in reversed(list(self)):
+                x = layer(x)
+            return x
+
+    with pytest.raises(eo.EveryOSerializationError, match=r"\[1\] Reversed \(a subclass of Seq"):
+        eo.export_onnx(eo.Sequential(eo.ReLU(), Reversed(eo.Tanh())), tmp_path / "m.onnx", (1, 3))
+
+
 @pytest.mark.parametrize("kwargs, pattern", [
     ({"input_shape": (0, 3)}, "input_shape"),
     ({"input_shape": "13"}, "input_shape"),

@@ -36,9 +36,9 @@ def average_gradients(params, group) -> None:
         if not hasattr(param, "grad") or not hasattr(param, "data"):
             raise DistributedError(f"average_gradients: item {index} is a "
                                    f"{type(param).__name__}, not a parameter")
-    dtype = np.result_type(*(p.data.dtype if p.grad is None else p.grad.dtype for p in params))
     sizes = [p.data.size for p in params]
-    flat = np.zeros(sum(sizes), dtype=dtype)
+    targets = [p.data.dtype if p.grad is None else p.grad.dtype for p in params]
+    flat = np.zeros(sum(sizes), dtype=np.result_type(*targets))
     offset = 0
     for param, size in zip(params, sizes):
         if param.grad is not None:
@@ -50,8 +50,8 @@ def average_gradients(params, group) -> None:
         offset += size
     averaged = group.all_reduce_mean(flat)
     offset = 0
-    for param, size in zip(params, sizes):
+    for param, size, target in zip(params, sizes, targets):
         # views into one fresh buffer: no copy when the dtype already matches
         param.grad = averaged[offset:offset + size].reshape(param.data.shape).astype(
-            param.data.dtype, copy=False)
+            target, copy=False)
         offset += size

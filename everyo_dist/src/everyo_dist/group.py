@@ -174,7 +174,10 @@ class ProcessGroup:
 
     def _flatten(self, array, op: CollectiveOp) -> tuple[np.ndarray, tuple[int, ...]]:
         """The input as a 1-D C-contiguous array, plus its shape."""
-        data = getattr(array, "data", array)  # an eo.Tensor carries its ndarray in .data
+        data = array
+        if not isinstance(data, np.ndarray) and isinstance(getattr(data, "data", None),
+                                                           np.ndarray):
+            data = data.data  # an eo.Tensor
         if not isinstance(data, np.ndarray):
             data = np.asarray(data)
             if data.dtype == np.float64 and not isinstance(array, np.generic):
@@ -209,7 +212,7 @@ class ProcessGroup:
 
     def _timeout_error(self, missing_ranks, waited_for: str = "") -> CollectiveTimeoutError:
         """The error for a collective whose peers ``missing_ranks`` did not arrive in time."""
-        current = self._current.describe() if self._current else "collective"
+        current = self._current.describe() if self._current else "start-up"
         missing = sorted(int(r) for r in missing_ranks)
         detail = f" ({waited_for})" if waited_for else ""
         return CollectiveTimeoutError(
@@ -242,7 +245,8 @@ class ProcessGroup:
         """Release backend resources; the default has none."""
 
 
-def reduce_rows_f64(rows, mean: bool, dtype, out: np.ndarray | None = None) -> np.ndarray:
+def reduce_rows_f64(rows, mean: bool, dtype, out: np.ndarray | None = None,
+                    scratch: np.ndarray | None = None) -> np.ndarray:
     """The reference reduction every backend must match: add ``rows`` in rank order in
     float64, divide by their count when ``mean``, cast to ``dtype``.
 
@@ -251,6 +255,7 @@ def reduce_rows_f64(rows, mean: bool, dtype, out: np.ndarray | None = None) -> n
         mean: divide the sum by ``len(rows)``.
         dtype: the result's dtype.
         out: optional destination of that dtype and length.
+        scratch: optional float64 work array at least as long as a row (saves an allocation).
     Returns:
         The reduced 1-D array (``out`` when given).
 
@@ -259,12 +264,14 @@ def reduce_rows_f64(rows, mean: bool, dtype, out: np.ndarray | None = None) -> n
         >>> reduce_rows_f64([np.float32([1, 2]), np.float32([2, 4])], True, "float32")
         array([1.5, 3. ], dtype=float32)
     """
-    acc = np.array(rows[0], dtype=np.float64, copy=True)
+    length = len(rows[0])
+    acc = np.empty(length, np.float64) if scratch is None else scratch[:length]
+    np.copyto(acc, rows[0], casting="unsafe")
     for row in rows[1:]:
         np.add(acc, row, out=acc)
     if mean:
         np.divide(acc, len(rows), out=acc)
     if out is None:
-        return acc.astype(dtype, copy=False)
+        return acc.astype(dtype)
     np.copyto(out, acc, casting="unsafe")
     return out

@@ -13,6 +13,8 @@ from everyo import hookimpl
 
 BACKENDS: dict[str, str] = {
     "shm": "everyo_dist.shm:create_shm_group",
+    "tcp": "everyo_dist.tcp.group:create_tcp_group",
+    "mpi": "everyo_dist.mpi_backend:create_mpi_group",
 }
 
 

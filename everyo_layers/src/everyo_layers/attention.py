@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-
 from everyo import EveryOError, Module, Op, Tensor, dispatch, matmul
 
 from everyo_layers.checks import check_float

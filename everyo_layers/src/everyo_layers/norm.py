@@ -98,7 +98,8 @@ class BatchNormOp(Op):
         gy = g.astype(xhat.dtype, copy=False)
         axes = tuple(range(g.ndim - 1))
         sum_gy = gy.sum(axis=axes)
-        sum_gy_xhat = np.einsum("...c,...c->c", gy, xhat) if xhat.ndim > 1 else gy * xhat
+        channels = g.shape[-1]
+        sum_gy_xhat = np.einsum("nc,nc->c", gy.reshape(-1, channels), xhat.reshape(-1, channels))
         gx = None
         if needs[0]:
             scale = inv_std if weight is None else inv_std * weight

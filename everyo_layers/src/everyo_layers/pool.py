@@ -55,31 +55,40 @@ class _Windows:
 
 class MaxPool2DOp(Op):
     """Maximum over each window; padding counts as -inf. Gradient to the first maximum of each
-    window (PyTorch's choice when values tie)."""
+    window (PyTorch's choice when values tie, e.g. the zeros after a ReLU)."""
 
     __slots__ = ("windows", "x_shape")
 
     def forward(self, x, pool_size=(2, 2), stride=(2, 2), padding=_NO_PADS):
         self.windows = windows = _Windows(x.shape, pool_size, stride, padding)
         self.x_shape = x.shape
-        xp = pad_hw(x, padding, value=-np.inf)
-        views = windows.views(xp)
+        views = windows.views(pad_hw(x, padding, value=-np.inf))
         out = views[0].copy()
-        for view in views[1:]:
+        # NOTE: remember which kernel position won (one byte per output), so that backward
+        # needs neither the input nor a full-size mask; ">" keeps the first of tied maxima.
+        # The winner is the last position that beat the running maximum, i.e. the largest
+        # such position: a maximum of 0/position arrays (much faster than masked writes).
+        code = np.uint8 if len(views) < 256 else np.int32
+        winner = np.zeros(out.shape, code)
+        for position, view in enumerate(views[1:], start=1):
+            beats = np.greater(view, out).view(np.uint8).astype(code, copy=False)
+            np.maximum(winner, beats * code(position), out=winner)
             np.maximum(out, view, out=out)
-        self.saved = (xp, out)
+        self.saved = winner
         return out
 
     def backward(self, g):
-        xp, out = self.saved
-        grad = np.zeros(xp.shape, dtype=g.dtype)
-        taken = np.zeros(out.shape, dtype=bool)
-        for source, target in zip(self.windows.views(xp), self.windows.views(grad)):
-            hit = source == out
-            hit &= ~taken
-            taken |= hit
-            target += np.where(hit, g, 0)
-        return (self.windows.crop(grad, self.x_shape),)
+        winner = self.saved
+        windows = self.windows
+        if windows.tiled:  # the views cover the input exactly once: write, no zero-fill
+            grad = np.empty(self.x_shape, dtype=g.dtype)
+            for position, target in enumerate(windows.views(grad)):
+                np.multiply(g, winner == position, out=target)
+            return (grad,)
+        grad = np.zeros(windows.padded_shape(self.x_shape), dtype=g.dtype)
+        for position, target in enumerate(windows.views(grad)):
+            target += g * (winner == position)
+        return (windows.crop(grad, self.x_shape),)
 
 
 class AvgPool2DOp(Op):
@@ -110,10 +119,16 @@ class AvgPool2DOp(Op):
 
     def backward(self, g):
         share = (g / self.saved).astype(g.dtype, copy=False)
-        grad = np.zeros(self.windows.padded_shape(self.x_shape), dtype=g.dtype)
-        for target in self.windows.views(grad):
+        windows = self.windows
+        if windows.tiled:
+            grad = np.empty(self.x_shape, dtype=g.dtype)
+            for target in windows.views(grad):
+                target[...] = share
+            return (grad,)
+        grad = np.zeros(windows.padded_shape(self.x_shape), dtype=g.dtype)
+        for target in windows.views(grad):
             target += share
-        return (self.windows.crop(grad, self.x_shape),)
+        return (windows.crop(grad, self.x_shape),)
 
 
 class _Pool2D(Module):

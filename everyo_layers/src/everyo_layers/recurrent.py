@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-
 from everyo import EveryOError, Module, Parameter, Tensor, dispatch, stack
 
 from everyo_layers.checks import check_float

@@ -17,7 +17,6 @@ features)``; the loop itself runs time-major on views, so neither layout copies 
 from __future__ import annotations
 
 import numpy as np
-
 from everyo import EveryOError, Op
 from everyo.ops.linalg import blas_matmul
 

@@ -11,7 +11,6 @@ import copy
 import math
 
 import numpy as np
-
 from everyo import EveryOError, Module, Sequential, dispatch, relu
 
 from everyo_layers.attention import MultiHeadAttention
@@ -56,7 +55,7 @@ class PositionalEncoding(Module):
     Example:
         >>> import everyo as eo
         >>> pe = eo.PositionalEncoding(4, max_len=10)
-        >>> pe(eo.zeros(2, 3, 4)).data[0, 1].round(4).tolist()
+        >>> pe(eo.zeros(2, 3, 4, dtype="float64")).data[0, 1].round(4).tolist()
         [0.8415, 0.5403, 0.01, 1.0]
     """
 

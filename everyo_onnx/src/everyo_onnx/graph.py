@@ -107,8 +107,8 @@ class GraphContext:
             producer.output[list(producer.output).index(output)] = output_name
         sample_out = self._samples[output]
         if sample_out.ndim == 0:
-            raise EveryOSerializationError(f"export_onnx: the model returns a scalar; an exported "
-                                           f"model must keep the batch axis first")
+            raise EveryOSerializationError("export_onnx: the model returns a scalar; an exported "
+                                           "model must keep the batch axis first")
         graph = helper.make_graph(
             self.nodes, "everyo_model",
             [self._value_info(self.input_name, self._samples[self.input_name])],

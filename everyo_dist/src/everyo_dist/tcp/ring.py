@@ -52,6 +52,21 @@ def _bytes_view(array: np.ndarray) -> memoryview:
     return memoryview(array).cast("B") if array.size else memoryview(b"")
 
 
+_BLOCK = 32768  # float64 items: the reduction's working set stays in L2 cache
+
+
+def _finish(partial: np.ndarray, own: np.ndarray, divisor: int, out: np.ndarray) -> None:
+    """``out = cast((partial + own) / divisor)`` computed in float64, block by block."""
+    acc = np.empty(min(_BLOCK, out.size), dtype=np.float64)
+    for start in range(0, out.size, _BLOCK):
+        stop = min(start + _BLOCK, out.size)
+        block = acc[:stop - start]
+        np.add(partial[start:stop], own[start:stop], out=block, dtype=np.float64)
+        if divisor != 1:
+            np.divide(block, divisor, out=block)
+        np.copyto(out[start:stop], block, casting="unsafe")
+
+
 class Ring:
     """The send/receive connections of one rank, and the collectives built on them.
 
@@ -70,6 +85,7 @@ class Ring:
         for sock in (to_next, from_prev):
             sock.setblocking(False)
         self._between_frames = True  # False while a frame to next is half sent
+        self._buffers: dict[str, np.ndarray] = {}
 
     # -- collectives -----------------------------------------------------------------------
     def barrier(self) -> None:
@@ -87,14 +103,15 @@ class Ring:
         out = np.empty_like(flat)
         bounds = chunk_bounds(flat.size, self.size)
         widest = max(b - a for a, b in zip(bounds, bounds[1:]))
-        acc = np.empty(widest, dtype=np.float64)
-        incoming_raw = np.empty(widest, dtype=flat.dtype)
-        incoming_f64 = np.empty(widest, dtype=np.float64) if self.size > 2 else None
+        incoming_raw = self._scratch("raw", flat.dtype, widest)
+        if self.size > 2:
+            acc = self._scratch("acc", np.float64, widest)
+            incoming_f64 = self._scratch("f64", np.float64, widest)
 
         def chunk(array, index):
             return array[bounds[index]:bounds[index + 1]]
 
-        owned = self.rank
+        last = self.size - 2
         for step in range(self.size - 1):
             send_index, recv_index = (self.rank - step) % self.size, (self.rank - step - 1) % self.size
             length = bounds[recv_index + 1] - bounds[recv_index]
@@ -104,12 +121,11 @@ class Ring:
                 outgoing = acc[:bounds[send_index + 1] - bounds[send_index]]
             incoming = (incoming_raw if step == 0 else incoming_f64)[:length]
             self.transfer(step, outgoing, incoming)
-            np.add(incoming, chunk(flat, recv_index), out=acc[:length], dtype=np.float64)
-            owned = recv_index
-        finished = chunk(out, owned)
-        if mean:
-            np.divide(acc[:finished.size], self.size, out=acc[:finished.size])
-        np.copyto(finished, acc[:finished.size], casting="unsafe")
+            if step < last:
+                np.add(incoming, chunk(flat, recv_index), out=acc[:length], dtype=np.float64)
+            else:  # the chunk this rank owns is complete: finish it straight into ``out``
+                owned = recv_index
+                _finish(incoming, chunk(flat, owned), self.size if mean else 1, chunk(out, owned))
         offset = self.size - 1
         for step in range(self.size - 1):
             send_index, recv_index = (owned - step) % self.size, (owned - step - 1) % self.size
@@ -135,6 +151,14 @@ class Ring:
             self.transfer(step, out[(self.rank - step) % self.size],
                           out[(self.rank - step - 1) % self.size])
         return out
+
+    def _scratch(self, name: str, dtype, length: int) -> np.ndarray:
+        """A reusable work buffer: allocating (and page-faulting) tens of MB per call would
+        cost as much as the transfer itself."""
+        buffer = self._buffers.get(name)
+        if buffer is None or buffer.dtype != dtype or buffer.size < length:
+            buffer = self._buffers[name] = np.empty(length, dtype=dtype)
+        return buffer[:length]
 
     # -- one step --------------------------------------------------------------------------
     def transfer(self, step: int, send: np.ndarray | None, recv: np.ndarray | None) -> None:

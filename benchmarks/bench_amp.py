@@ -1,0 +1,200 @@
+"""Mixed precision on the CPU: an autocast training step against the float32 step, and the
+memory the graph keeps for backward.
+
+Models (batch sizes from the issue):
+  mlp_large  Linear 1024-2048-2048-10, ReLU, batch 256
+  cnn_cifar  NHWC 32x32x3: Conv 3x3 32 - MaxPool 2 - Conv 3x3 64 - MaxPool 2 - Linear 10, batch 64
+
+A step is zero_grad + forward + cross-entropy + backward + SGD step; the autocast step runs the
+forward under ``eo.autocast()`` and goes through ``eo.GradScaler`` (as a user would). Each figure
+is the median of several steps after a warm-up; the reference (the float32 step) is measured in
+the same run, and the ratio printed. Targets: step ratio <= 1.3, activation memory <= 0.6.
+
+Memory is measured two ways:
+  * graph-saved bytes: every array the recorded ops keep for backward, counted once per buffer.
+    "activations" are those derived from the batch; "weight copies" are float16 casts of the
+    float32 parameters (autocast only; they are freed with the graph);
+  * tracemalloc peak of one forward + backward (includes every temporary, e.g. the float32
+    operands float16 matmuls convert to before calling BLAS).
+
+Also measured: what casting every weight to float16 once costs, relative to one autocast step.
+That is the most a per-region cache of weight casts could save (see docs/mixed_precision.md).
+
+Run:  python benchmarks/bench_amp.py [--repeats N] [--model mlp_large|cnn_cifar]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import time
+import tracemalloc
+
+import numpy as np
+
+import everyo as eo
+
+
+def mlp_large() -> tuple:
+    model = eo.Sequential(eo.Linear(1024, 2048, seed=0), eo.ReLU(), eo.Linear(2048, 2048, seed=1),
+                          eo.ReLU(), eo.Linear(2048, 10, seed=2))
+    rng = np.random.default_rng(0)
+    x = eo.tensor(rng.standard_normal((256, 1024)).astype(np.float32))
+    y = eo.tensor(rng.integers(0, 10, 256))
+    return model, x, y
+
+
+def cnn_cifar() -> tuple:
+    model = eo.Sequential(
+        eo.Conv2D(3, 32, 3, padding="same", seed=0), eo.ReLU(), eo.MaxPool2D(2),
+        eo.Conv2D(32, 64, 3, padding="same", seed=1), eo.ReLU(), eo.MaxPool2D(2),
+        eo.Flatten(), eo.Linear(8 * 8 * 64, 10, seed=2))
+    rng = np.random.default_rng(0)
+    x = eo.tensor(rng.standard_normal((64, 32, 32, 3)).astype(np.float32))
+    y = eo.tensor(rng.integers(0, 10, 64))
+    return model, x, y
+
+
+MODELS = {"mlp_large": mlp_large, "cnn_cifar": cnn_cifar}
+
+
+def make_step(model, x, y, amp: bool):
+    optimizer = eo.SGD(list(model.parameters()), lr=1e-3)
+    scaler = eo.GradScaler(init_scale=2.0**10) if amp else None
+
+    def step():
+        optimizer.zero_grad()
+        with eo.autocast(enabled=amp):
+            logits = model(x)
+        loss = eo.cross_entropy(logits, y)
+        if scaler is None:
+            loss.backward()
+            optimizer.step()
+        else:
+            scaler.backward(loss)
+            scaler.step(optimizer)
+            scaler.update()
+
+    return step
+
+
+def median_time(fn, repeats: int) -> float:
+    fn()  # warm-up: first-touch page faults, BLAS thread start
+    times = []
+    for _ in range(repeats):
+        gc.collect()
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _root(array: np.ndarray):
+    """The object owning ``array``'s memory (views count once, with their owner)."""
+    owner = array
+    while getattr(owner, "base", None) is not None:
+        owner = owner.base
+    return owner
+
+
+def _arrays(saved):
+    if isinstance(saved, np.ndarray):
+        yield saved
+    elif isinstance(saved, (tuple, list)):
+        for item in saved:
+            yield from _arrays(item)
+
+
+def graph_saved_bytes(root: eo.Tensor, params) -> dict:
+    """Bytes the graph under ``root`` keeps for backward: activations and weight copies."""
+    param_buffers = {id(_root(p.data)) for p in params}
+    weight_copies: set[int] = set()
+    ops, stack, seen = [], [root._ctx], set()
+    while stack:
+        op = stack.pop()
+        if op is None or id(op) in seen:
+            continue
+        seen.add(id(op))
+        ops.append(op)
+        for parent in op.parents:
+            ctx = parent._ctx
+            # the output of a cast whose input is a parameter: a float16 weight copy
+            if ctx is not None and type(ctx).__name__ == "Cast" and \
+                    id(_root(ctx.parents[0].data)) in param_buffers:
+                weight_copies.add(id(_root(parent.data)))
+            stack.append(ctx)
+    counted: dict[int, int] = {}
+    kinds = {"activations": 0, "weight copies": 0}
+    for op in ops:
+        for array in _arrays(op.saved):
+            owner = _root(array)
+            key = id(owner)
+            if key in counted or key in param_buffers:
+                continue
+            size = owner.nbytes if isinstance(owner, np.ndarray) else array.nbytes
+            counted[key] = size
+            kinds["weight copies" if key in weight_copies else "activations"] += size
+    return kinds
+
+
+def memory(model, x, y, amp: bool) -> dict:
+    params = list(model.parameters())
+    with eo.autocast(enabled=amp):
+        logits = model(x)
+    loss = eo.cross_entropy(logits, y)
+    saved = graph_saved_bytes(loss, params)
+    del logits, loss
+    model.zero_grad()
+    gc.collect()
+    tracemalloc.start()
+    with eo.autocast(enabled=amp):
+        logits = model(x)
+    loss = eo.cross_entropy(logits, y)
+    loss.backward()
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    model.zero_grad()
+    saved["tracemalloc peak"] = peak
+    return saved
+
+
+def weight_cast_time(model, repeats: int) -> float:
+    arrays = [p.data for p in model.parameters()]
+    return median_time(lambda: [a.astype(np.float16) for a in arrays], repeats)
+
+
+def run(name: str, repeats: int) -> None:
+    model, x, y = MODELS[name]()
+    fp32 = median_time(make_step(model, x, y, amp=False), repeats)
+    amp = median_time(make_step(model, x, y, amp=True), repeats)
+    mem32, mem16 = memory(model, x, y, amp=False), memory(model, x, y, amp=True)
+    cast = weight_cast_time(model, repeats)
+    mb = 2.0**20
+    print(f"{name}")
+    print(f"  training step   float32 {fp32 * 1e3:8.1f} ms   autocast+GradScaler "
+          f"{amp * 1e3:8.1f} ms   ratio {amp / fp32:.2f}x  (target <= 1.3x)")
+    act32, act16 = mem32["activations"], mem16["activations"]
+    print(f"  graph-saved activations  float32 {act32 / mb:7.2f} MiB   autocast "
+          f"{act16 / mb:7.2f} MiB   ratio {act16 / act32:.2f}x  (target <= 0.6x)")
+    both16 = act16 + mem16["weight copies"]
+    print(f"  + float16 weight copies  autocast {mem16['weight copies'] / mb:7.2f} MiB   "
+          f"activations+copies ratio {both16 / act32:.2f}x")
+    peak32, peak16 = mem32["tracemalloc peak"], mem16["tracemalloc peak"]
+    print(f"  tracemalloc peak fwd+bwd float32 {peak32 / mb:7.2f} MiB   autocast "
+          f"{peak16 / mb:7.2f} MiB   ratio {peak16 / peak32:.2f}x")
+    print(f"  casting all weights to float16 once: {cast * 1e3:.1f} ms "
+          f"= {cast / amp:.0%} of an autocast step")
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description="autocast vs float32 training step")
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--model", choices=sorted(MODELS), action="append")
+    args = parser.parse_args(argv)
+    for name in args.model or ["mlp_large", "cnn_cifar"]:
+        run(name, args.repeats)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,208 @@
+"""Training-step benchmark: EveryO against PyTorch CPU on the same models, same thread count.
+
+One step is forward, cross-entropy loss, backward and an SGD update. For each case the script
+prints ms/step for EveryO and PyTorch (measured in this run) and their ratio.
+
+    python benchmarks/bench_training.py            # every case
+    python benchmarks/bench_training.py --quick    # fewer repetitions
+    python benchmarks/bench_training.py --only cnn_cifar --threads 1
+
+Other benchmark files reuse this machinery: build a list of :class:`Case` and pass it to
+:func:`main` (see benchmarks/bench_sequence.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+
+@dataclass
+class Case:
+    """One benchmark row.
+
+    Attributes:
+        name: the row's label.
+        target: the ratio (EveryO / PyTorch) we aim to stay under.
+        everyo_model: builds the EveryO model (no arguments).
+        torch_model: builds the PyTorch model, given the ``torch`` module.
+        make_batch: ``rng -> (inputs, integer targets)`` as NumPy arrays, channel-last/NHWC.
+        to_torch_layout: turns the NumPy inputs into PyTorch's layout (e.g. NHWC -> NCHW).
+        everyo_loss / torch_loss: ``(outputs, targets) -> scalar loss``; default cross-entropy
+            over the last axis.
+    """
+
+    name: str
+    target: float
+    everyo_model: Callable
+    torch_model: Callable
+    make_batch: Callable
+    to_torch_layout: Callable = staticmethod(lambda x: x)
+    everyo_loss: Callable | None = None
+    torch_loss: Callable | None = None
+
+
+def _classification_batch(shape, classes):
+    def make(rng):
+        return (rng.standard_normal(shape).astype(np.float32),
+                rng.integers(0, classes, shape[0]))
+    return make
+
+
+def _nchw(x):
+    return np.ascontiguousarray(x.transpose(0, 3, 1, 2))
+
+
+def _mlp_everyo(sizes):
+    def build():
+        import everyo as eo
+        layers = []
+        for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+            layers.append(eo.Linear(a, b, seed=i))
+            if i < len(sizes) - 2:
+                layers.append(eo.ReLU())
+        return eo.Sequential(*layers)
+    return build
+
+
+def _mlp_torch(sizes):
+    def build(torch):
+        layers = []
+        for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+            layers.append(torch.nn.Linear(a, b))
+            if i < len(sizes) - 2:
+                layers.append(torch.nn.ReLU())
+        return torch.nn.Sequential(*layers)
+    return build
+
+
+def _cnn_everyo(in_channels, c1, c2, side):
+    def build():
+        import everyo as eo
+        return eo.Sequential(
+            eo.Conv2D(in_channels, c1, 3, padding="same", seed=0), eo.ReLU(), eo.MaxPool2D(2),
+            eo.Conv2D(c1, c2, 3, padding="same", seed=1), eo.ReLU(), eo.MaxPool2D(2),
+            eo.Flatten(), eo.Linear((side // 4) ** 2 * c2, 10, seed=2))
+    return build
+
+
+def _cnn_torch(in_channels, c1, c2, side):
+    def build(torch):
+        nn = torch.nn
+        return nn.Sequential(
+            nn.Conv2d(in_channels, c1, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(c1, c2, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Flatten(), nn.Linear((side // 4) ** 2 * c2, 10))
+    return build
+
+
+CASES = [
+    Case("mlp_small", 1.5, _mlp_everyo([64, 128, 10]), _mlp_torch([64, 128, 10]),
+         _classification_batch((64, 64), 10)),
+    Case("mlp_large", 1.0, _mlp_everyo([1024, 2048, 2048, 10]),
+         _mlp_torch([1024, 2048, 2048, 10]), _classification_batch((256, 1024), 10)),
+    Case("cnn_digits", 1.5, _cnn_everyo(1, 16, 32, 8), _cnn_torch(1, 16, 32, 8),
+         _classification_batch((128, 8, 8, 1), 10), _nchw),
+    Case("cnn_cifar", 1.5, _cnn_everyo(3, 32, 64, 32), _cnn_torch(3, 32, 64, 32),
+         _classification_batch((64, 32, 32, 3), 10), _nchw),
+]
+
+
+def time_block(step: Callable, steps: int) -> float:
+    """Mean time of ``steps`` consecutive calls to ``step``, in ms."""
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    return (time.perf_counter() - start) / steps * 1e3
+
+
+def time_pair(ours: Callable, reference: Callable, warmup: int, repeats: int,
+              steps: int) -> tuple:
+    """Median ms/step of both, measured in alternating blocks so that both see the same
+    machine load (other processes on a shared 2-core machine otherwise skew the ratio)."""
+    for _ in range(warmup):
+        ours()
+        reference()
+    ours_ms, ref_ms = [], []
+    for _ in range(repeats):
+        ours_ms.append(time_block(ours, steps))
+        ref_ms.append(time_block(reference, steps))
+    return statistics.median(ours_ms), statistics.median(ref_ms)
+
+
+def everyo_step(case: Case, x: np.ndarray, y: np.ndarray) -> Callable:
+    import everyo as eo
+    model = case.everyo_model()
+    optimizer = eo.SGD(list(model.parameters()), lr=0.01)
+    loss_fn = case.everyo_loss or eo.cross_entropy
+    inputs = eo.tensor(x)
+
+    def step():
+        optimizer.zero_grad()
+        loss = loss_fn(model(inputs), y)
+        loss.backward()
+        optimizer.step()
+    return step
+
+
+def torch_step(case: Case, torch, x: np.ndarray, y: np.ndarray) -> Callable:
+    torch.manual_seed(0)
+    model = case.torch_model(torch)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    loss_fn = case.torch_loss or torch.nn.functional.cross_entropy
+    inputs = torch.from_numpy(case.to_torch_layout(x))
+    targets = torch.from_numpy(y)
+
+    def step():
+        optimizer.zero_grad()
+        loss = loss_fn(model(inputs), targets)
+        loss.backward()
+        optimizer.step()
+    return step
+
+
+def run(cases, quick: bool = False, threads: int | None = None) -> list:
+    """Measure every case; returns rows ``(name, everyo_ms, torch_ms, ratio, target)``."""
+    import torch
+    from threadpoolctl import threadpool_limits
+
+    threads = threads or os.cpu_count() or 1
+    torch.set_num_threads(threads)
+    warmup, repeats = (2, 5) if quick else (3, 11)
+    rows = []
+    with threadpool_limits(limits=threads):
+        for case in cases:
+            x, y = case.make_batch(np.random.default_rng(0))
+            ours_step, ref_step = everyo_step(case, x, y), torch_step(case, torch, x, y)
+            once = time_block(ref_step, 1)  # ~0.2 s (quick: 0.05 s) per block, >= 1 step
+            steps = max(1, int((50 if quick else 200) / max(once, 1e-3)))
+            ours, ref = time_pair(ours_step, ref_step, warmup, repeats, steps)
+            rows.append((case.name, ours, ref, ours / ref, case.target))
+            print(f"{case.name:<12} EveryO {ours:9.3f} ms/step   PyTorch {ref:9.3f} ms/step   "
+                  f"ratio {ours / ref:5.2f}x (target <= {case.target:.1f}x)", flush=True)
+    return rows
+
+
+def main(cases=CASES, argv=None) -> list:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer, shorter repetitions")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="BLAS/PyTorch threads for both (default: all cores)")
+    parser.add_argument("--only", nargs="*", default=None, help="case names to run")
+    args, _ = parser.parse_known_args(argv)  # run_all.py passes its own flags along
+    chosen = [c for c in cases if args.only is None or c.name in args.only]
+    import torch
+    print(f"threads={args.threads or os.cpu_count()}  numpy {np.__version__}  "
+          f"torch {torch.__version__}  python {sys.version.split()[0]}")
+    return run(chosen, quick=args.quick, threads=args.threads)
+
+
+if __name__ == "__main__":
+    main()

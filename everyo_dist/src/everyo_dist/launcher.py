@@ -1,0 +1,216 @@
+"""``everyo-run``: start the ranks of a data-parallel job, stream their output, stop them all
+when one fails.
+
+One machine::
+
+    everyo-run --nproc-per-node 2 train.py --epochs 3
+
+Several machines (run on each, changing ``--node-rank``)::
+
+    everyo-run --nnodes 2 --node-rank 0 --master 10.0.0.1:29500 --token-file job.token \\
+        --nproc-per-node 2 train.py
+
+Each rank runs ``python train.py ...`` with ``EVERYO_BACKEND``, ``EVERYO_RANK``,
+``EVERYO_WORLD_SIZE``, ``EVERYO_LOCAL_RANK``, ``EVERYO_MASTER_ADDR``, ``EVERYO_MASTER_PORT``
+and the token set, so the script only calls ``eo.distributed.init()``. Node 0's launcher hosts
+the ``TCPRendezvousServer``. BLAS thread variables default to 1 in every rank.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import queue
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+BLAS_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+STOP_GRACE_SECONDS = 5.0
+
+
+def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="everyo-run", description="Launch the ranks of an EveryO data-parallel job.")
+    parser.add_argument("--nproc-per-node", type=int, default=1, metavar="N",
+                        help="ranks to start on this machine (default 1)")
+    parser.add_argument("--nnodes", type=int, default=1, metavar="N",
+                        help="number of machines in the job (default 1)")
+    parser.add_argument("--node-rank", type=int, default=0, metavar="K",
+                        help="this machine's index, 0 .. nnodes-1 (node 0 hosts the rendezvous)")
+    parser.add_argument("--master", metavar="HOST:PORT",
+                        help="rendezvous address; required with --nnodes > 1 (default: "
+                             "127.0.0.1 and a free port)")
+    parser.add_argument("--token-file", metavar="FILE",
+                        help="file holding the shared token (required with --nnodes > 1; "
+                             "a random token is generated for a single machine)")
+    parser.add_argument("--backend", default="tcp",
+                        help="process-group backend the ranks' init() uses (default tcp)")
+    parser.add_argument("--timeout", type=float, metavar="SECONDS",
+                        help="EVERYO_TIMEOUT: how long a collective waits for its peers")
+    parser.add_argument("script", help="the Python training script")
+    parser.add_argument("script_args", nargs=argparse.REMAINDER, help="its arguments")
+    args = parser.parse_args(argv)
+    if args.nproc_per_node < 1 or args.nnodes < 1:
+        parser.error("--nproc-per-node and --nnodes must be at least 1")
+    if not 0 <= args.node_rank < args.nnodes:
+        parser.error(f"--node-rank must be in 0..{args.nnodes - 1}, got {args.node_rank}")
+    if args.nnodes > 1 and (args.master is None or args.token_file is None):
+        parser.error("several machines need --master HOST:PORT and --token-file FILE "
+                     "(the same on every node)")
+    if args.master is not None:
+        host, _, port = args.master.rpartition(":")
+        if not host or not port.isdigit():
+            parser.error(f"--master must be HOST:PORT, got {args.master!r}")
+        args.master_host, args.master_port = host.strip("[]"), int(port)
+    return args
+
+
+def _read_token(path: str) -> str:
+    try:
+        token = Path(path).read_text().strip()
+    except OSError as exc:
+        raise SystemExit(f"everyo-run: cannot read --token-file {path}: {exc}") from None
+    if len(token) < 16:
+        raise SystemExit(f"everyo-run: the token in {path} is too short ({len(token)} "
+                         "characters); use at least 16 random characters, e.g. "
+                         "`python -c 'import secrets; print(secrets.token_hex(32))'`")
+    return token
+
+
+def _rank_environment(args, rank: int, local_rank: int, world_size: int, host: str,
+                      port: int, token: str) -> dict[str, str]:
+    env = dict(os.environ)
+    for variable in BLAS_VARIABLES:  # one BLAS thread per rank unless the user chose otherwise
+        env.setdefault(variable, "1")
+    env.update(EVERYO_BACKEND=args.backend, EVERYO_RANK=str(rank),
+               EVERYO_WORLD_SIZE=str(world_size), EVERYO_LOCAL_RANK=str(local_rank),
+               EVERYO_MASTER_ADDR=host, EVERYO_MASTER_PORT=str(port), EVERYO_TOKEN=token,
+               PYTHONUNBUFFERED="1")
+    env.pop("EVERYO_TOKEN_FILE", None)
+    if args.timeout is not None:
+        env["EVERYO_TIMEOUT"] = str(args.timeout)
+    return env
+
+
+def _die_with_parent() -> None:  # runs in the child before exec
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _stream(rank: int, pipe, lock: threading.Lock) -> None:
+    """Copy one rank's output to ours, a ``[rank K]`` prefix on every line."""
+    prefix = f"[rank {rank}] ".encode()
+    out = sys.stdout.buffer
+    for line in iter(pipe.readline, b""):
+        with lock:
+            out.write(prefix + line if line.endswith(b"\n") else prefix + line + b"\n")
+            out.flush()
+    pipe.close()
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def _stop(ranks: dict[int, subprocess.Popen]) -> None:
+    """SIGTERM every rank still running, SIGKILL what remains after a grace period."""
+    for process in ranks.values():
+        if process.poll() is None:
+            try:
+                os.killpg(process.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + STOP_GRACE_SECONDS
+    for process in ranks.values():
+        try:
+            process.wait(max(deadline - time.monotonic(), 0.01))
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            process.wait()
+
+
+def run(args: argparse.Namespace) -> int:
+    """Start this node's ranks and supervise them; the exit status of the job."""
+    world_size = args.nnodes * args.nproc_per_node
+    server = None
+    if args.nnodes == 1 and args.master is None:
+        token = _read_token(args.token_file) if args.token_file else secrets.token_hex(32)
+        host, port = "127.0.0.1", 0
+    else:
+        token = _read_token(args.token_file) if args.token_file else ""
+        host, port = args.master_host, args.master_port
+    if args.backend == "tcp" and args.node_rank == 0:
+        from everyo_dist.tcp import TCPRendezvousServer
+
+        server = TCPRendezvousServer(host, port, world_size=world_size, token=token or None)
+        port = server.port
+    ranks: dict[int, subprocess.Popen] = {}
+    lock = threading.Lock()
+    readers = []
+    try:
+        for local_rank in range(args.nproc_per_node):
+            rank = args.node_rank * args.nproc_per_node + local_rank
+            ranks[rank] = subprocess.Popen(
+                [sys.executable, args.script, *args.script_args],
+                env=_rank_environment(args, rank, local_rank, world_size, host, port, token),
+                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                start_new_session=True, preexec_fn=_die_with_parent)
+            reader = threading.Thread(target=_stream, args=(rank, ranks[rank].stdout, lock),
+                                      daemon=True)
+            reader.start()
+            readers.append(reader)
+        return _supervise(ranks)
+    except KeyboardInterrupt:
+        print("everyo-run: interrupted; stopping every rank", file=sys.stderr)
+        return 130
+    finally:
+        _stop(ranks)
+        for reader in readers:
+            reader.join(timeout=2)
+        if server is not None:
+            server.close()
+
+
+def _supervise(ranks: dict[int, subprocess.Popen]) -> int:
+    """Wait for every rank; on the first failure (in the order they happened) report it."""
+    exits: queue.Queue[tuple[int, int]] = queue.Queue()
+    for rank, process in ranks.items():
+        threading.Thread(target=lambda r=rank, p=process: exits.put((r, p.wait())),
+                         daemon=True).start()
+    for _ in ranks:
+        rank, code = exits.get()
+        if code != 0:
+            others = sorted(r for r, p in ranks.items() if p.poll() is None)
+            print(f"everyo-run: rank {rank} {_describe_exit(code)}; stopping the job"
+                  + (f" (terminating ranks {', '.join(map(str, others))})" if others else ""),
+                  file=sys.stderr, flush=True)
+            return code if code > 0 else 128 - code
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point of ``everyo-run``."""
+    args = parse_arguments(argv)
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    sys.exit(run(args))
+
+
+if __name__ == "__main__":
+    main()

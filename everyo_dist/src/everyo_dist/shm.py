@@ -1,0 +1,268 @@
+"""The ``shm`` backend: the ranks of one machine meet in POSIX shared memory.
+
+Two segments per group:
+
+* the *control* segment: one 256-byte block per rank holding its arrival counter, its pid and
+  two fingerprint slots (alternating, so a fast rank writing the next fingerprint never
+  overwrites one a slow peer is still reading);
+* the *data* segment: one slot per rank plus a result slot, each ``capacity`` bytes. It is
+  created by rank 0 and replaced by a larger one when a collective needs more room (the ranks
+  agree on the size because their fingerprints matched).
+
+Synchronisation is a counter per rank: arriving at a barrier stores the next epoch in this
+rank's counter (one writer per word, no locks, so a dead rank can never leave a lock held), and
+waiting polls the peers' counters — spinning briefly, then yielding, then sleeping — until they
+reach the epoch, the deadline passes, or a peer's process is found dead. x86-64 keeps stores
+in order, so data written before the counter is visible to a peer that sees the counter.
+
+``all_reduce`` is reduce-scatter style: every rank writes its vector into its slot; after a
+barrier each rank reduces its own chunk of all slots (in float64, rank order) into the result
+slot; after a second barrier every rank copies the whole result. Each element is reduced
+exactly once, so all ranks receive the same bits. The next collective's fingerprint exchange is
+the barrier that keeps anyone from overwriting a slot a peer is still reading.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+from everyo_dist.errors import DistributedError
+from everyo_dist.fingerprint import FINGERPRINT_SIZE
+from everyo_dist.group import ProcessGroup, reduce_rows_f64
+from everyo_dist.segments import (
+    Segment,
+    new_job_id,
+    parse_name,
+    process_alive,
+    segment_name,
+    sweep_stale_segments,
+    unlink,
+)
+
+BLOCK = 256  # bytes of control data per rank
+_WORDS = BLOCK // 8
+_EPOCH, _PID = 0, 1  # int64 word indices inside a rank's block
+_FINGERPRINT_OFFSET = 64  # two FINGERPRINT_SIZE slots follow
+MIN_CAPACITY = 1 << 16
+REDUCE_BLOCK = 1 << 15  # elements reduced per step: the float64 scratch stays in cache
+ALIGN = 64  # result chunks of different ranks never share a cache line
+
+SPIN_SECONDS = 2e-4
+YIELD_SECONDS = 5e-3
+MAX_SLEEP = 1e-3
+LIVENESS_INTERVAL = 0.2
+
+
+def create_shm_group(rank: int, world_size: int, segment: str | None = None,
+                     timeout: float | None = None) -> "ShmGroup":
+    """Join (rank 0: create) the shared-memory group whose control segment is ``segment``.
+
+    Args:
+        rank: this process's rank.
+        world_size: number of processes (all on this machine).
+        segment: name of the control segment, shared by all ranks (``spawn`` passes it; with
+            ``init`` it comes from ``EVERYO_SHM_SEGMENT``). Optional when ``world_size`` is 1.
+        timeout: seconds each collective (and joining) may wait for the peers.
+    Returns:
+        A :class:`ShmGroup`.
+    """
+    return ShmGroup(rank, world_size, segment=segment, timeout=timeout)
+
+
+class ShmGroup(ProcessGroup):
+    """A process group of the ranks of one machine, through POSIX shared memory."""
+
+    backend = "shm"
+
+    def __init__(self, rank: int, world_size: int, segment: str | None = None,
+                 timeout: float | None = None):
+        super().__init__(rank, world_size, timeout)
+        if segment is None:
+            if world_size != 1:
+                raise DistributedError("an shm group of several ranks needs the name of its "
+                                       "shared segment (segment=..., or EVERYO_SHM_SEGMENT)")
+            segment = segment_name(new_job_id(), "ctl")
+        parsed = parse_name(segment)
+        if parsed is None:
+            raise DistributedError(f"shm segment names look like 'everyo-<pid>-<job>-<part>' "
+                                   f"(see everyo_dist.segments), got {segment!r}")
+        self.segment = segment
+        self._words = None
+        self._control: Segment | None = None
+        self._job = parsed[1]
+        self._epoch = 0
+        self._capacity = 0
+        self._generation = 0
+        self._data: Segment | None = None
+        self._scratch = np.empty(REDUCE_BLOCK, np.float64)
+        self._deadline = time.monotonic() + self.timeout
+        self._control = self._open_control(segment)
+        self._words = self._control.buf.cast("q")
+        self._peer_words = [r * _WORDS for r in range(world_size) if r != rank]
+        self._words[rank * _WORDS + _PID] = os.getpid()
+        try:
+            self._arrive_and_wait("joining the group")
+        except BaseException:
+            self._release()
+            raise
+        if rank == 0:
+            unlink(segment)  # every rank has it mapped; nothing may leak from here on
+        self._pids = [self._words[r * _WORDS + _PID] for r in range(world_size)]
+        self._deadline = float("inf")
+
+    def _open_control(self, name: str) -> Segment:
+        size = self.world_size * BLOCK
+        if self.rank == 0:
+            sweep_stale_segments()
+            try:
+                return Segment(name, size, create=True)
+            except FileExistsError:
+                pass  # created by the spawn parent
+        while True:  # peers may start before rank 0 created it
+            try:
+                control = Segment(name, size, create=False)
+                if control.size == size:
+                    return control
+                control.close()
+            except FileNotFoundError:
+                pass
+            if self._remaining() <= 0:
+                raise self._timeout_error([0], f"shared segment {name} never appeared")
+            time.sleep(0.01)
+
+    # -- synchronisation ---------------------------------------------------------------------
+    def _arrive_and_wait(self, waiting_for: str) -> None:
+        self._epoch += 1
+        epoch = self._epoch
+        words = self._words
+        words[self.rank * _WORDS + _EPOCH] = epoch
+        pending = [i for i in self._peer_words if words[i] < epoch]
+        if not pending:
+            return
+        start = time.monotonic()
+        while time.monotonic() - start < SPIN_SECONDS:
+            pending = [i for i in pending if words[i] < epoch]
+            if not pending:
+                return
+        sleep = 0.0
+        next_check = start + LIVENESS_INTERVAL
+        while True:
+            pending = [i for i in pending if words[i] < epoch]
+            if not pending:
+                return
+            now = time.monotonic()
+            if now - start < YIELD_SECONDS:
+                os.sched_yield()
+                continue
+            if now >= next_check:
+                next_check = now + LIVENESS_INTERVAL
+                self._check_peers_alive([i // _WORDS for i in pending], waiting_for)
+                if now >= self._deadline:
+                    raise self._timeout_error([i // _WORDS for i in pending], waiting_for)
+            sleep = min(MAX_SLEEP, sleep * 2 or 5e-5)
+            time.sleep(sleep)
+
+    def _check_peers_alive(self, ranks, waiting_for: str) -> None:
+        pids = getattr(self, "_pids", None) or [
+            self._words[r * _WORDS + _PID] for r in range(self.world_size)]
+        for rank in ranks:
+            if pids[rank] and not process_alive(pids[rank]):
+                raise self._peer_lost_error(rank, f"its process (pid {pids[rank]}) exited "
+                                                  f"while this rank waited for {waiting_for}")
+
+    def _exchange_fingerprints(self, packed: bytes) -> list[bytes]:
+        slot = _FINGERPRINT_OFFSET + ((self._epoch + 1) % 2) * FINGERPRINT_SIZE
+        buf = self._control.buf
+        mine = self.rank * BLOCK + slot
+        buf[mine:mine + FINGERPRINT_SIZE] = packed
+        self._arrive_and_wait("the fingerprint exchange")
+        return [bytes(buf[r * BLOCK + slot:r * BLOCK + slot + FINGERPRINT_SIZE])
+                for r in range(self.world_size)]
+
+    # -- the data segment --------------------------------------------------------------------
+    def _ensure_capacity(self, nbytes: int) -> None:
+        """Make every slot hold ``nbytes``; all ranks call this with the same value."""
+        if nbytes <= self._capacity:
+            return
+        capacity = max(nbytes, 2 * self._capacity, MIN_CAPACITY)
+        capacity = -(-capacity // 4096) * 4096
+        self._generation += 1
+        name = segment_name(self._job, f"d{self._generation}", owner_pid=self._pids[0])
+        size = (self.world_size + 1) * capacity
+        data = Segment(name, size, create=True) if self.rank == 0 else None
+        self._arrive_and_wait("rank 0 to allocate shared memory")
+        if data is None:
+            data = Segment(name, size, create=False)
+        self._arrive_and_wait("every rank to map the new shared memory")
+        if self.rank == 0:
+            unlink(name)
+        if self._data is not None:
+            self._data.close()
+        self._data, self._capacity = data, capacity
+
+    def _slot(self, index: int, dtype, count: int) -> np.ndarray:
+        """Slot ``index`` (``world_size`` is the result slot) viewed as ``count`` ``dtype``s."""
+        return np.frombuffer(self._data.buf, dtype=dtype, count=count,
+                             offset=index * self._capacity)
+
+    def _chunk(self, rank: int, count: int, itemsize: int) -> tuple[int, int]:
+        """The element range of the result that ``rank`` reduces."""
+        step = max(ALIGN // itemsize, 1)
+        per_rank = -(-count // (self.world_size * step)) * step
+        return min(rank * per_rank, count), min((rank + 1) * per_rank, count)
+
+    # -- primitives --------------------------------------------------------------------------
+    def _all_reduce(self, flat: np.ndarray, mean: bool) -> np.ndarray:
+        if self.world_size == 1:
+            return reduce_rows_f64([flat], mean, flat.dtype)
+        self._ensure_capacity(flat.nbytes)
+        slots = [self._slot(r, flat.dtype, flat.size) for r in range(self.world_size)]
+        result = self._slot(self.world_size, flat.dtype, flat.size)
+        np.copyto(slots[self.rank], flat)
+        self._arrive_and_wait("every rank to write its vector")
+        low, high = self._chunk(self.rank, flat.size, flat.dtype.itemsize)
+        for start in range(low, high, REDUCE_BLOCK):
+            stop = min(start + REDUCE_BLOCK, high)
+            reduce_rows_f64([slot[start:stop] for slot in slots], mean, flat.dtype,
+                            out=result[start:stop], scratch=self._scratch)
+        self._arrive_and_wait("every rank to reduce its chunk")
+        return result.copy()
+
+    def _broadcast(self, flat: np.ndarray, src: int) -> np.ndarray:
+        if self.world_size == 1:
+            return flat.copy()
+        self._ensure_capacity(flat.nbytes)
+        result = self._slot(self.world_size, flat.dtype, flat.size)
+        if self.rank == src:
+            np.copyto(result, flat)
+        self._arrive_and_wait(f"rank {src} to write the broadcast")
+        return result.copy()
+
+    def _all_gather(self, flat: np.ndarray) -> np.ndarray:
+        if self.world_size == 1:
+            return flat.reshape(1, -1).copy()
+        self._ensure_capacity(flat.nbytes)
+        np.copyto(self._slot(self.rank, flat.dtype, flat.size), flat)
+        self._arrive_and_wait("every rank to write its array")
+        gathered = np.empty((self.world_size, flat.size), flat.dtype)
+        for rank in range(self.world_size):
+            gathered[rank] = self._slot(rank, flat.dtype, flat.size)
+        return gathered
+
+    def _close(self) -> None:
+        self._release()
+
+    def _release(self) -> None:
+        if self._words is not None:
+            try:
+                self._words.release()
+            except BufferError:
+                pass
+            self._words = None
+        for segment in (self._data, self._control):
+            if segment is not None:
+                segment.close()
+        self._data = self._control = None

@@ -1,0 +1,237 @@
+"""``init_tcp_process_group``: join a rendezvous, connect the ring, return a ``ProcessGroup``."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+
+import numpy as np
+
+from everyo_dist.errors import DistributedError
+from everyo_dist.fingerprint import CollectiveOp
+from everyo_dist.group import DEFAULT_TIMEOUT, ProcessGroup, reduce_rows_f64
+from everyo_dist.tcp.auth import (DEFAULT_HANDSHAKE_TIMEOUT, AuthenticationError,
+                                  accept_handshake, connect_handshake, token_key)
+from everyo_dist.tcp.frames import FrameKind, control_frame, read_control
+from everyo_dist.tcp.ring import Ring
+from everyo_dist.tcp.sockets import dial, listen, require_token_off_loopback, wrap_tls
+from everyo_dist.tcp.tls import make_tls_contexts
+
+log = logging.getLogger("everyo.distributed_tcp")
+
+
+class TCPProcessGroup(ProcessGroup):
+    """A process group whose collectives run over an authenticated TCP ring.
+
+    Create it with :func:`init_tcp_process_group` (or ``eo.distributed.init(backend="tcp")``).
+    """
+
+    backend = "tcp"
+
+    def __init__(self, rank: int, world_size: int, timeout: float | None, to_next, from_prev):
+        super().__init__(rank, world_size, timeout)
+        self._ring = Ring(self, to_next, from_prev) if world_size > 1 else None
+
+    # Every data frame carries the sender's fingerprint and the receiver checks it against its
+    # own (ring.py), so only the barrier spends a round on fingerprints alone.
+    def _exchange_fingerprints(self, packed: bytes) -> list[bytes]:
+        if self._current.op == CollectiveOp.BARRIER and self._ring is not None:
+            self._guarded(self._ring.barrier)
+        return [packed] * self.world_size
+
+    def _all_reduce(self, flat: np.ndarray, mean: bool) -> np.ndarray:
+        if self._ring is None:
+            return reduce_rows_f64([flat], mean, flat.dtype)
+        return self._guarded(self._ring.all_reduce, flat, mean)
+
+    def _broadcast(self, flat: np.ndarray, src: int) -> np.ndarray:
+        if self._ring is None:
+            return flat.copy()
+        return self._guarded(self._ring.broadcast, flat, src)
+
+    def _all_gather(self, flat: np.ndarray) -> np.ndarray:
+        if self._ring is None:
+            return flat.reshape(1, -1).copy()
+        return self._guarded(self._ring.all_gather, flat)
+
+    def _guarded(self, primitive, *args):
+        try:
+            return primitive(*args)
+        except BaseException as exc:
+            self._ring.abort(exc)  # peers learn now instead of at their timeout
+            raise
+
+    def _close(self) -> None:
+        if self._ring is not None:
+            self._ring.close()
+
+
+def init_tcp_process_group(host: str, port: int, *, rank: int, world_size: int,
+                           token: str | bytes | None = None, timeout: float | None = None,
+                           ssl_context=None, server_ssl_context=None,
+                           handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT) -> TCPProcessGroup:
+    """Join the job whose ``TCPRendezvousServer`` listens on ``host:port``.
+
+    Registers with the server (retrying until ``timeout`` if it is not up yet), learns where
+    the other ranks listen, and connects to the next rank of the ring while accepting the
+    previous one. Every connection is authenticated with ``token`` in both directions.
+
+    Args:
+        host: the rendezvous server's address.
+        port: its port.
+        rank: this process's rank, unique in ``0 .. world_size - 1``.
+        world_size: number of ranks; must match the server's.
+        token: the shared secret (required when any address involved is not loopback).
+        timeout: seconds to wait for the group to form, and for each collective afterwards.
+        ssl_context: client-side ``ssl.SSLContext`` for outgoing connections (TLS).
+        server_ssl_context: server-side context for the connection the previous rank opens to
+            this one; required with ``ssl_context`` when ``world_size > 1``.
+        handshake_timeout: seconds a peer may take to authenticate.
+    Returns:
+        A ``TCPProcessGroup``.
+
+    Example:
+        >>> from everyo.distributed_tcp import TCPRendezvousServer, init_tcp_process_group
+        >>> with TCPRendezvousServer(world_size=1, token="t") as server:
+        ...     with init_tcp_process_group("127.0.0.1", server.port, rank=0, world_size=1,
+        ...                                 token="t", timeout=10) as group:
+        ...         print(group.all_reduce_mean(np.float32([1.0, 2.0])))
+        [1. 2.]
+    """
+    ProcessGroup(rank, world_size, timeout)  # validates the arguments the same way
+    if (ssl_context is None) != (server_ssl_context is None) and world_size > 1:
+        raise DistributedError("TLS between ranks needs both ssl_context (outgoing) and "
+                               "server_ssl_context (incoming); see make_tls_contexts()")
+    key = token_key(token)
+    timeout = DEFAULT_TIMEOUT if timeout is None else float(timeout)
+    deadline = time.monotonic() + timeout
+    where = f"the rendezvous server {host}:{port}"
+    server = dial(host, int(port), deadline, "the rendezvous server")
+    try:
+        server = wrap_tls(server, ssl_context, False, handshake_timeout, where, host)
+        connect_handshake(server, key, handshake_timeout, where)
+        local_host = server.getsockname()[0]
+        require_token_off_loopback(local_host, token, f"rank {rank}'s peer listener")
+        listener = listen(local_host, 0)
+        server.sendall(control_frame(FrameKind.REGISTER, {
+            "rank": int(rank), "world_size": int(world_size),
+            "port": listener.getsockname()[1]}))
+        try:
+            peers = read_control(server, deadline, FrameKind.PEERS)["peers"]
+        except TimeoutError:
+            listener.close()
+            raise DistributedError(f"rank {rank}: the group did not form within {timeout:g}s "
+                                   f"(not all {world_size} ranks registered with {where})") from None
+        except DistributedError as exc:
+            listener.close()
+            raise DistributedError(f"rank {rank}: {where} refused the registration: {exc}") from None
+    finally:
+        server.close()
+    if world_size == 1:
+        listener.close()
+        return TCPProcessGroup(rank, world_size, timeout, None, None)
+    try:
+        to_next, from_prev = _connect_ring(int(rank), int(world_size), peers, listener, key,
+                                           deadline, handshake_timeout, ssl_context,
+                                           server_ssl_context)
+    finally:
+        listener.close()
+    return TCPProcessGroup(rank, world_size, timeout, to_next, from_prev)
+
+
+def _connect_ring(rank, world_size, peers, listener, key, deadline, handshake_timeout,
+                  ssl_context, server_ssl_context):
+    """Accept prev (in a thread, so two ranks dialing each other cannot deadlock) and dial
+    next; each connection is authenticated and then names its rank."""
+    prev_rank, next_rank = (rank - 1) % world_size, (rank + 1) % world_size
+    accepted: dict[str, object] = {}
+
+    def accept_prev():
+        try:
+            accepted["sock"] = _accept_rank(listener, prev_rank, key, deadline, handshake_timeout,
+                                            server_ssl_context)
+        except BaseException as exc:
+            accepted["error"] = exc
+
+    acceptor = threading.Thread(target=accept_prev, daemon=True)
+    acceptor.start()
+    next_host, next_port = peers[next_rank]
+    where = f"rank {next_rank} at {next_host}:{next_port}"
+    to_next = dial(next_host, int(next_port), deadline, f"rank {next_rank}")
+    try:
+        to_next = wrap_tls(to_next, ssl_context, False, handshake_timeout, where, next_host)
+        connect_handshake(to_next, key, handshake_timeout, where)
+        to_next.sendall(control_frame(FrameKind.IDENTIFY, {"rank": rank}))
+    except BaseException:
+        to_next.close()
+        raise
+    acceptor.join(max(deadline - time.monotonic(), 0) + handshake_timeout)
+    if "sock" not in accepted:
+        to_next.close()
+        error = accepted.get("error")
+        if error is not None:
+            raise error
+        raise DistributedError(f"rank {rank}: rank {prev_rank} never connected")
+    return to_next, accepted["sock"]
+
+
+def _accept_rank(listener, expected: int, key, deadline, handshake_timeout, ssl_context):
+    """Accept connections until the one from rank ``expected`` authenticates; drop others."""
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise DistributedError(f"rank {expected} did not connect before the timeout")
+        listener.settimeout(remaining)
+        try:
+            sock, address = listener.accept()
+        except TimeoutError:
+            continue
+        peer = f"{address[0]}:{address[1]}"
+        try:
+            sock = wrap_tls(sock, ssl_context, True, handshake_timeout, peer)
+            accept_handshake(sock, key, handshake_timeout)
+            who = read_control(sock, time.monotonic() + handshake_timeout, FrameKind.IDENTIFY)
+        except (AuthenticationError, OSError, DistributedError) as exc:
+            log.warning("peer listener refused %s: %s: %s", peer, type(exc).__name__, exc)
+            sock.close()
+            continue
+        if who.get("rank") != expected:
+            log.warning("peer listener refused %s: it claims rank %r, expected rank %d",
+                        peer, who.get("rank"), expected)
+            sock.close()
+            continue
+        return sock
+
+
+def create_tcp_group(rank: int, world_size: int, master_addr: str | None = None,
+                     master_port: int | None = None, token: str | None = None,
+                     timeout: float | None = None, tls_cert: str | None = None,
+                     tls_key: str | None = None, tls_ca: str | None = None,
+                     handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT) -> TCPProcessGroup:
+    """The ``"tcp"`` backend factory behind ``eo.distributed.init(backend="tcp", ...)``.
+
+    Arguments left out come from ``EVERYO_RANK``, ``EVERYO_WORLD_SIZE``, ``EVERYO_MASTER_ADDR``,
+    ``EVERYO_MASTER_PORT``, ``EVERYO_TOKEN`` (or ``EVERYO_TOKEN_FILE``) and ``EVERYO_TIMEOUT``;
+    TLS is on when ``tls_cert``/``tls_key``/``tls_ca`` (or ``EVERYO_TLS_CERT``,
+    ``EVERYO_TLS_KEY``, ``EVERYO_TLS_CA``) name the PEM files. A ``TCPRendezvousServer`` must
+    be listening on ``master_addr:master_port`` (``everyo-run`` starts one).
+    """
+    if master_addr is None or master_port is None:
+        raise DistributedError("the tcp backend needs the rendezvous address: pass master_addr= "
+                               "and master_port=, or set EVERYO_MASTER_ADDR and "
+                               "EVERYO_MASTER_PORT (everyo-run sets them)")
+    tls = [tls_cert or os.environ.get("EVERYO_TLS_CERT"),
+           tls_key or os.environ.get("EVERYO_TLS_KEY"),
+           tls_ca or os.environ.get("EVERYO_TLS_CA")]
+    client = server = None
+    if any(tls):
+        if not all(tls):
+            raise DistributedError("TLS needs all three of tls_cert, tls_key and tls_ca "
+                                   "(EVERYO_TLS_CERT, EVERYO_TLS_KEY, EVERYO_TLS_CA)")
+        server, client = make_tls_contexts(*tls)
+    return init_tcp_process_group(master_addr, int(master_port), rank=rank,
+                                  world_size=world_size, token=token, timeout=timeout,
+                                  ssl_context=client, server_ssl_context=server,
+                                  handshake_timeout=handshake_timeout)

@@ -1,0 +1,48 @@
+"""eo.autocast and eo.GradScaler exist because the everyo-amp plugin registers them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import everyo as eo
+import everyo_amp
+
+
+def test_public_names_are_the_plugins():
+    assert eo.autocast is everyo_amp.autocast
+    assert eo.GradScaler is everyo_amp.GradScaler
+    assert "autocast" in dir(eo) and "GradScaler" in dir(eo)
+
+
+def test_without_the_plugin_the_error_says_what_to_do():
+    code = (
+        "import everyo as eo\n"
+        "try:\n"
+        "    eo.autocast\n"
+        "except AttributeError as exc:\n"
+        "    print(type(exc).__name__, exc)\n"
+        "print(hasattr(eo, 'GradScaler'))\n"
+    )
+    env = {**os.environ, "EVERYO_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env=env, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "MissingDistributionError" in result.stdout
+    assert "everyo-amp" in result.stdout
+    assert result.stdout.strip().endswith("False")
+
+
+def test_registering_the_plugin_explicitly_provides_the_names():
+    code = (
+        "import everyo as eo, everyo_amp.plugin\n"
+        "eo.register_plugin(everyo_amp.plugin, name='everyo_amp')\n"
+        "with eo.autocast():\n"
+        "    print((eo.ones(1, 2) @ eo.ones(2, 1)).dtype)\n"
+    )
+    env = {**os.environ, "EVERYO_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env=env, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "float16"

@@ -1,0 +1,151 @@
+"""RNN, LSTM and GRU: numerical gradients (BPTT) in float64 and PyTorch as the oracle."""
+
+from __future__ import annotations
+
+import everyo as eo
+import numpy as np
+import pytest
+from support.sequence_torch import assert_grads_close, copy_recurrent, recurrent_grad_pairs
+
+KINDS = ["RNN", "LSTM", "GRU"]
+
+
+def _state(kind, rng, layers, batch, hidden, tensor=np.asarray):
+    def one():
+        return tensor(rng.standard_normal((layers, batch, hidden)))
+
+    return (one(), one()) if kind == "LSTM" else one()
+
+
+def _flatten_state(kind, state):
+    return list(state) if kind == "LSTM" else [state]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("layers,batch_first,with_state", [(1, True, True), (2, False, False)])
+def test_gradcheck_through_time(kind, layers, batch_first, with_state, rng):
+    layer = getattr(eo, kind)(2, 3, num_layers=layers, batch_first=batch_first,
+                              return_state=True, seed=0).to("float64")
+    x = rng.standard_normal((2, 4, 2) if batch_first else (4, 2, 2))
+    state = _state(kind, rng, layers, 2, 3) if with_state else None
+
+    def run(x, *start):
+        start = None if not start else (tuple(start) if kind == "LSTM" else start[0])
+        out, final = layer(x, start)
+        # every output reaches the checked scalar: the sequence and each final state
+        parts = [out.reshape(-1)] + [f.reshape(-1) for f in _flatten_state(kind, final)]
+        return eo.concatenate(parts)
+
+    inputs = [x] + (_flatten_state(kind, state) if with_state else [])
+    assert eo.gradcheck(run, *inputs, params=list(layer.parameters()))
+
+
+def test_relu_rnn_gradcheck(rng):
+    layer = eo.RNN(2, 3, nonlinearity="relu", seed=1).to("float64")
+    assert eo.gradcheck(layer, rng.standard_normal((2, 3, 2)), params=list(layer.parameters()))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("layers", [1, 2])
+@pytest.mark.parametrize("with_state", [False, True])
+def test_matches_torch(torch, kind, layers, with_state, rng):
+    batch_first = layers == 1  # the time-major layout is exercised with two layers
+    layer = getattr(eo, kind)(3, 5, num_layers=layers, batch_first=batch_first,
+                              return_state=True, seed=2).to("float64")
+    ref = getattr(torch.nn, kind)(3, 5, num_layers=layers, batch_first=batch_first).double()
+    copy_recurrent(torch, layer, ref)
+    x = rng.standard_normal((4, 6, 3))
+    mine_x, ref_x = eo.tensor(x, requires_grad=True), torch.tensor(x, requires_grad=True)
+    batch = 4 if batch_first else 6
+    if with_state:
+        state = _flatten_state(kind, _state(kind, rng, layers, batch, 5))
+        mine_s = [eo.tensor(s, requires_grad=True) for s in state]
+        ref_s = [torch.tensor(s, requires_grad=True) for s in state]
+        out, final = layer(mine_x, tuple(mine_s) if kind == "LSTM" else mine_s[0])
+        ref_out, ref_final = ref(ref_x, tuple(ref_s) if kind == "LSTM" else ref_s[0])
+    else:
+        out, final = layer(mine_x)
+        ref_out, ref_final = ref(ref_x)
+    np.testing.assert_allclose(out.data, ref_out.detach().numpy(), atol=1e-12)
+    finals, ref_finals = _flatten_state(kind, final), _flatten_state(kind, ref_final)
+    loss = (out * (g := rng.standard_normal(out.shape))).sum()
+    ref_loss = (ref_out * torch.from_numpy(g)).sum()
+    for f, rf in zip(finals, ref_finals):
+        np.testing.assert_allclose(f.data, rf.detach().numpy(), atol=1e-12)
+        w = rng.standard_normal(f.shape)
+        loss = loss + (f * w).sum()
+        ref_loss = ref_loss + (rf * torch.from_numpy(w)).sum()
+    loss.backward()
+    ref_loss.backward()
+    np.testing.assert_allclose(mine_x.grad, ref_x.grad.numpy(), atol=1e-10)
+    assert assert_grads_close(recurrent_grad_pairs(layer, ref)) == 4 * layers
+    if with_state:
+        for s, rs in zip(mine_s, ref_s):
+            np.testing.assert_allclose(s.grad, rs.grad.numpy(), atol=1e-10)
+
+
+def test_relu_rnn_matches_torch(torch, rng):
+    layer = eo.RNN(3, 4, nonlinearity="relu", seed=3).to("float64")
+    ref = torch.nn.RNN(3, 4, nonlinearity="relu", batch_first=True).double()
+    copy_recurrent(torch, layer, ref)
+    x = rng.standard_normal((2, 5, 3))
+    mine_x, ref_x = eo.tensor(x, requires_grad=True), torch.tensor(x, requires_grad=True)
+    out, ref_out = layer(mine_x), ref(ref_x)[0]
+    np.testing.assert_allclose(out.data, ref_out.detach().numpy(), atol=1e-12)
+    out.sum().backward()
+    ref_out.sum().backward()
+    np.testing.assert_allclose(mine_x.grad, ref_x.grad.numpy(), atol=1e-12)
+    assert_grads_close(recurrent_grad_pairs(layer, ref))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_output_only_by_default_and_composes_in_sequential(kind):
+    model = eo.Sequential(getattr(eo, kind)(3, 4, seed=0), getattr(eo, kind)(4, 2, seed=1))
+    out = model(eo.randn(5, 7, 3, seed=0))
+    assert isinstance(out, eo.Tensor) and out.shape == (5, 7, 2) and out.dtype == "float32"
+    out.sum().backward()
+    assert all(p.grad is not None and p.grad.dtype == np.float32 for p in model.parameters())
+
+
+def test_final_state_is_the_last_step_of_each_layer():
+    lstm = eo.LSTM(3, 4, num_layers=2, return_state=True, seed=0)
+    x = eo.randn(2, 5, 3, seed=1)
+    out, (h, c) = lstm(x)
+    assert h.shape == c.shape == (2, 2, 4)
+    np.testing.assert_array_equal(h.data[-1], out.data[:, -1])
+    first = eo.LSTM(3, 4, return_state=True, seed=0)  # same seed, same first-layer weights
+    _, (h1, c1) = first(x)
+    np.testing.assert_allclose(h.data[0], h1.data[0], rtol=1e-6)
+    np.testing.assert_allclose(c.data[0], c1.data[0], rtol=1e-6)
+
+
+def test_parameter_layout_and_init():
+    gru = eo.GRU(3, 4, num_layers=2, seed=0)
+    shapes = {n: p.shape for n, p in gru.named_parameters()}
+    assert shapes == {"weight_ih_l0": (3, 12), "weight_hh_l0": (4, 12), "bias_ih_l0": (12,),
+                      "bias_hh_l0": (12,), "weight_ih_l1": (4, 12), "weight_hh_l1": (4, 12),
+                      "bias_ih_l1": (12,), "bias_hh_l1": (12,)}
+    assert max(np.abs(p.data).max() for p in gru.parameters()) <= 0.5  # U(-1/sqrt(4), ..)
+    assert np.array_equal(eo.GRU(3, 4, seed=0).weight_ih_l0.data, gru.weight_ih_l0.data)
+
+
+def test_fused_ops_are_registered():
+    ops = eo.registry("ops").items
+    assert {"rnn", "lstm", "gru"} <= set(ops)
+    assert eo.LSTM.__name__ == "LSTM" and eo.registry("layers").items["GRU"] is eo.GRU
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_bad_input_names_layer_and_shapes(kind):
+    layer = getattr(eo, kind)(3, 4, seed=0)
+    with pytest.raises(eo.EveryOError, match=rf"{kind}\(3→4\).*3 features.*\(2, 5, 7\)"):
+        layer(eo.zeros(2, 5, 7))
+    with pytest.raises(eo.EveryOError, match=r"\(batch, seq, features\).*\(5, 3\)"):
+        layer(eo.zeros(5, 3))
+    with pytest.raises(eo.EveryOError, match="floating-point"):
+        layer(np.zeros((2, 5, 3), dtype=np.int64))
+    bad_state = np.zeros((2, 2, 4))
+    with pytest.raises(eo.EveryOError, match=r"initial state.*\(1, 2, 4\).*\(2, 2, 4\)"):
+        layer(eo.zeros(2, 5, 3), (bad_state, bad_state) if kind == "LSTM" else bad_state)
+    with pytest.raises(eo.EveryOError, match="positive"):
+        getattr(eo, kind)(0, 4)

@@ -1,0 +1,198 @@
+"""The plugin side: converters registered by layer class (a third party's too), lazy imports of
+onnx/onnxruntime with install hints, ``run_onnx``'s checks, and ``verify=True``."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import everyo as eo
+from everyo_onnx.runtime import MissingOnnxPackageError
+
+
+class Affine(eo.Module):
+    """A third party's layer: ``x * scale + shift`` per feature."""
+
+    def __init__(self, scale, shift):
+        super().__init__()
+        self.scale = eo.Parameter(np.asarray(scale, np.float32))
+        self.shift = eo.Parameter(np.asarray(shift, np.float32))
+
+    def forward(self, x):
+        return x * self.scale + self.shift
+
+
+class Residual(eo.Module):
+    """A third party's container: ``x + inner(x)``."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        return x + self.inner(x)
+
+
+class Doubler(eo.Module):
+    def forward(self, x):
+        return x * 2.0
+
+
+def convert_affine(layer, ctx, x):
+    scaled = ctx.node("Mul", [x, ctx.constant(layer.scale.data, "scale")])
+    return ctx.node("Add", [scaled, ctx.constant(layer.shift.data, "shift")])
+
+
+def convert_residual(layer, ctx, x):
+    return ctx.node("Add", [x, ctx.convert(layer.inner, x)])
+
+
+def convert_doubler_wrongly(layer, ctx, x):  # a buggy converter: verify=True must catch it
+    return ctx.node("Mul", [x, ctx.constant(3.0, "three")])
+
+
+class Invalid(eo.Module):
+    def forward(self, x):
+        return x
+
+
+class Crashing(eo.Module):
+    def forward(self, x):
+        return x
+
+
+def convert_invalid(layer, ctx, x):  # an op ONNX does not have: onnx.checker must refuse it
+    return ctx.node("NoSuchOperator", [x])
+
+
+def convert_crashing(layer, ctx, x):
+    raise KeyError("some converter bug")
+
+
+class ThirdParty:
+    @eo.hookimpl
+    def everyo_register_onnx_converters(self, register):
+        register(Affine, convert_affine)
+        register(Residual, convert_residual)
+        register(Doubler, convert_doubler_wrongly)
+        register(Invalid, convert_invalid)
+        register(Crashing, convert_crashing)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def third_party():
+    if Affine not in eo.registry("onnx_converters"):
+        eo.register_plugin(ThirdParty(), name="onnx-tests-third-party")
+
+
+def test_builtin_converters_are_registered_by_class():
+    converters = eo.registry("onnx_converters")
+    for name in ("Linear", "Conv2D", "MaxPool2D", "AvgPool2D", "Flatten", "Dropout",
+                 "BatchNorm1D", "BatchNorm2D", "LayerNorm", "ReLU", "Sigmoid", "Tanh", "Softmax",
+                 "LogSoftmax", "GELU", "LeakyReLU"):
+        assert getattr(eo, name) in converters
+        assert converters.owners[getattr(eo, name)] == "everyo_onnx"
+    assert eo.Sequential in converters
+    for name in ("RNN", "LSTM", "GRU", "Embedding", "MultiHeadAttention"):
+        assert getattr(eo, name) not in converters
+
+
+def test_third_party_converters_export_and_match(parity, onnx):
+    rng = np.random.default_rng(0)
+    model = eo.Sequential(
+        eo.Linear(4, 6, seed=0),
+        Affine(rng.normal(size=6), rng.normal(size=6)),
+        Residual(eo.Sequential(eo.Tanh(), Affine(rng.normal(size=6), np.zeros(6)))),
+        eo.Softmax(),
+    )
+    path = parity(model, (2, 4))
+    assert [n.op_type for n in onnx.load(str(path)).graph.node].count("Mul") == 2
+
+
+def test_unsupported_layer_inside_a_third_party_container_is_named(tmp_path):
+    model = eo.Sequential(eo.ReLU(), Residual(eo.Sequential(eo.Tanh(), eo.GRU(4, 4))))
+    with pytest.raises(eo.EveryOSerializationError, match=r"\[1\]\[1\] GRU"):
+        eo.export_onnx(model, tmp_path / "m.onnx", input_shape=(2, 3, 4))
+    assert os.listdir(tmp_path) == []
+
+
+def test_verify_catches_a_wrong_converter_and_writes_nothing(tmp_path, ort):
+    model = eo.Sequential(eo.Linear(3, 3, seed=0), Doubler())
+    path = tmp_path / "m.onnx"
+    path.write_bytes(b"old")
+    with pytest.raises(eo.EveryOSerializationError, match="disagrees"):
+        eo.export_onnx(model, path, input_shape=(1, 3), verify=True)
+    assert path.read_bytes() == b"old" and os.listdir(tmp_path) == ["m.onnx"]
+    eo.export_onnx(model, path, input_shape=(1, 3))  # without verify the wrong graph is written
+    x = np.ones((2, 3), np.float32)
+    with eo.no_grad():
+        assert not np.allclose(eo.run_onnx(path, x), model(eo.tensor(x)).data)
+
+
+def test_graph_failing_the_checker_writes_nothing(tmp_path):
+    path = tmp_path / "m.onnx"
+    path.write_bytes(b"old")
+    with pytest.raises(eo.EveryOSerializationError, match="onnx.checker.*NoSuchOperator"):
+        eo.export_onnx(eo.Sequential(eo.ReLU(), Invalid()), path, input_shape=(1, 3))
+    assert path.read_bytes() == b"old" and os.listdir(tmp_path) == ["m.onnx"]
+
+
+def test_a_crashing_converter_is_reported_with_its_layer(tmp_path):
+    with pytest.raises(eo.EveryOSerializationError, match=r"\[1\] Crashing.*some converter bug"):
+        eo.export_onnx(eo.Sequential(eo.ReLU(), Crashing()), tmp_path / "m.onnx", (1, 3))
+    assert os.listdir(tmp_path) == []
+
+
+def test_verify_passes_for_a_correct_model(tmp_path, ort):
+    model = eo.Sequential(eo.Conv2D(2, 3, 3, padding="same", seed=0), eo.ReLU(), eo.Flatten())
+    eo.export_onnx(model, tmp_path / "m.onnx", input_shape=(4, 5, 5, 2), verify=True)
+    assert os.listdir(tmp_path) == ["m.onnx"]
+
+
+def test_importing_everyo_does_not_import_onnx():
+    code = ("import sys, everyo as eo; import everyo_onnx.plugin; "
+            "assert callable(eo.export_onnx) and callable(eo.run_onnx); "
+            "print('onnx' in sys.modules, 'onnxruntime' in sys.modules, eo.onnx_available())")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["False", "False", "True"]
+
+
+def test_run_onnx_without_onnxruntime_gives_an_install_hint(monkeypatch, tmp_path):
+    path = tmp_path / "relu.onnx"
+    eo.export_onnx(eo.ReLU(), path, input_shape=(1, 2))
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # what an uninstalled package does
+    with pytest.raises(MissingOnnxPackageError, match=r"pip install .*onnxruntime") as info:
+        eo.run_onnx(path, np.ones((1, 2)))
+    assert isinstance(info.value, ImportError) and isinstance(info.value, eo.EveryOError)
+    with pytest.raises(MissingOnnxPackageError, match="onnxruntime"):
+        eo.export_onnx(eo.ReLU(), tmp_path / "v.onnx", input_shape=(1, 2), verify=True)
+    assert sorted(os.listdir(tmp_path)) == ["relu.onnx"]
+
+
+def test_export_without_onnx_gives_an_install_hint(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "onnx", None)
+    assert eo.onnx_available() is False
+    with pytest.raises(MissingOnnxPackageError, match=r"pip install everyo-onnx"):
+        eo.export_onnx(eo.ReLU(), tmp_path / "m.onnx", input_shape=(1, 2))
+    assert os.listdir(tmp_path) == []
+
+
+def test_onnx_available_when_installed(onnx):
+    assert eo.onnx_available() is True
+
+
+def test_run_onnx_checks_the_batch_and_the_path(tmp_path, ort):
+    path = tmp_path / "m.onnx"
+    eo.export_onnx(eo.Sequential(eo.Flatten(), eo.Linear(12, 2, seed=0)), path, (1, 3, 4))
+    with pytest.raises(eo.EveryOError, match=r"\('batch', 3, 4\).*\(2, 4, 3\)"):
+        eo.run_onnx(path, np.ones((2, 4, 3)))
+    with pytest.raises(eo.EveryOError, match="no ONNX file"):
+        eo.run_onnx(tmp_path / "missing.onnx", np.ones((2, 3, 4)))
+    out = eo.run_onnx(path, eo.ones(5, 3, 4, dtype="float64"))  # Tensor, float64: cast
+    assert out.shape == (5, 2) and out.dtype == np.float32

@@ -3,9 +3,10 @@ gradients against PyTorch where it is installed."""
 
 from __future__ import annotations
 
-import everyo as eo
 import numpy as np
 import pytest
+
+import everyo as eo
 from everyo.ops import core_ops
 from support.op_cases import CASES
 

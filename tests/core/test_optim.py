@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import everyo as eo
 import numpy as np
 import pytest
+
+import everyo as eo
 
 CONFIGS = [
     ("SGD", {"lr": 0.1}),

@@ -5,9 +5,10 @@ from __future__ import annotations
 import os
 import zipfile
 
-import everyo as eo
 import numpy as np
 import pytest
+
+import everyo as eo
 
 
 def test_round_trip_of_nested_state(tmp_path):

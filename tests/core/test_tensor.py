@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import threading
 
-import everyo as eo
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
+
+import everyo as eo
 
 
 def test_python_floats_default_to_float32_and_float64_arrays_stay():

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import itertools
 
-import everyo as eo
 import numpy as np
 import pytest
+
+import everyo as eo
 
 _names = (f"test-plugin-{i}" for i in itertools.count())
 

@@ -13,8 +13,8 @@ from everyo.autograd import Op, unbroadcast
 from everyo.data import DataLoader, TensorDataset
 from everyo.dispatch import dispatch
 from everyo.errors import (
-    EveryOIndexError,
     EveryOError,
+    EveryOIndexError,
     EveryOSerializationError,
     MissingDistributionError,
     MissingDistributionModuleError,

@@ -41,6 +41,7 @@ def _time(run, barrier, label):
 
 def worker_tcp(rank, port):
     import numpy as np
+
     from everyo.distributed_tcp import init_tcp_process_group
 
     group = init_tcp_process_group("127.0.0.1", port, rank=rank, world_size=2, token="bench",
@@ -48,7 +49,7 @@ def worker_tcp(rank, port):
     result = {}
     for label, count in SIZES.items():
         vector = np.random.default_rng(rank).standard_normal(count).astype(np.float32)
-        result[label] = _time(lambda: group.all_reduce_mean(vector), group.barrier, label)
+        result[label] = _time(lambda v=vector: group.all_reduce_mean(v), group.barrier, label)
     group.close()
     return result
 
@@ -63,7 +64,7 @@ def worker_gloo(rank, port):
     result = {}
     for label, count in SIZES.items():
         vector = torch.randn(count, dtype=torch.float32)
-        result[label] = _time(lambda: dist.all_reduce(vector), dist.barrier, label)
+        result[label] = _time(lambda v=vector: dist.all_reduce(v), dist.barrier, label)
     dist.destroy_process_group()
     return result
 
@@ -80,9 +81,9 @@ def worker_mpi():
     for label, count in SIZES.items():
         vector = np.random.default_rng(comm.rank).standard_normal(count).astype(np.float32)
         out = np.empty_like(vector)
-        result[f"raw {label}"] = _time(lambda: comm.Allreduce(vector, out, op=MPI.SUM),
+        result[f"raw {label}"] = _time(lambda v=vector, o=out: comm.Allreduce(v, o, op=MPI.SUM),
                                        comm.Barrier, label)
-        result[f"everyo {label}"] = _time(lambda: group.all_reduce_mean(vector), comm.Barrier,
+        result[f"everyo {label}"] = _time(lambda v=vector: group.all_reduce_mean(v), comm.Barrier,
                                           label)
     group.close()
     return result

@@ -92,9 +92,10 @@ def batch_norm_buffers(model) -> list[np.ndarray]:
             if name.endswith(("running_mean", "running_var"))]
 
 
-def count_correct(model, images, labels, amp: bool) -> int:
+def count_correct(model, images, labels) -> int:
+    """Correct predictions in eval mode and float32, as the exported model will compute."""
     model.eval()
-    with eo.no_grad(), eo.autocast(enabled=amp):
+    with eo.no_grad():
         predictions = model(eo.tensor(images)).data.argmax(axis=1)
     model.train()
     return int((predictions == labels).sum())
@@ -139,17 +140,17 @@ def train_worker(group, config: Config, x_train, y_train, x_test, y_test):
                        (logits.data.argmax(axis=1) == y_train[rows]).sum(), len(rows))
             # running figures of rank 0's shard; replaced by all ranks' at the end of the epoch
             bar.set_postfix_str(f"loss {totals[0] / totals[2]:.4f}  "
-                                f"acc {totals[1] / totals[2]:.2%}")
+                                f"acc {totals[1] / totals[2]:.2%}", refresh=False)
             bar.update()
         schedule.step()
         # Running statistics are per-rank estimates; averaging them keeps the replicas equal.
         for buffer in batch_norm_buffers(model):
             buffer[...] = group.all_reduce_mean(buffer)
-        loss_sum, correct, rows = group.all_reduce_sum(totals)
+        loss_sum, correct, seen = group.all_reduce_sum(totals)
         test_correct = group.all_reduce_sum(
-            np.float64(count_correct(model, x_test[my_test], y_test[my_test], config.amp)))
-        history["loss"].append(float(loss_sum / rows))
-        history["train_accuracy"].append(float(correct / rows))
+            np.float64(count_correct(model, x_test[my_test], y_test[my_test])))
+        history["loss"].append(float(loss_sum / seen))
+        history["train_accuracy"].append(float(correct / seen))
         history["test_accuracy"].append(float(test_correct) / len(x_test))
         history["seconds"].append(time.perf_counter() - started)
         bar.set_postfix_str(f"loss {history['loss'][-1]:.4f}  acc "
@@ -194,7 +195,8 @@ def plot_curves(history: dict, title: str, path: Path) -> None:
     figure, (left, right) = plt.subplots(1, 2, figsize=(10, 4), constrained_layout=True)
     left.plot(epochs, history["loss"], marker="o")
     left.set(title="training loss (cross-entropy)", xlabel="epoch", ylabel="loss", yscale="log")
-    right.plot(epochs, 100 * np.asarray(history["train_accuracy"]), marker="o", label="train (during the epoch)")
+    right.plot(epochs, 100 * np.asarray(history["train_accuracy"]), marker="o",
+               label="train (during the epoch)")
     right.plot(epochs, 100 * np.asarray(history["test_accuracy"]), marker="s", label="held out")
     right.axhline(100 * ACCURACY_TARGET, color="gray", linestyle="--", label="target")
     right.set(title="accuracy", xlabel="epoch", ylabel="%")
@@ -239,8 +241,22 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+def missing_extras() -> list[str]:
+    """The optional packages of the ``examples`` extra that are not installed."""
+    import importlib.util
+
+    return [name for module, name in (("sklearn", "scikit-learn"), ("tqdm", "tqdm"),
+                                      ("matplotlib", "matplotlib"))
+            if importlib.util.find_spec(module) is None]
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    missing = missing_extras()
+    if missing:
+        print(f"the demo needs {', '.join(missing)}: pip install 'everyo[all,examples]' "
+              f"(or run `make demo`, which installs them)", file=sys.stderr)
+        return 2
     output = args.output.resolve()
     output.mkdir(parents=True, exist_ok=True)
     config = Config(args.epochs, args.workers, args.amp, args.batch_size, args.lr, args.seed)
@@ -271,8 +287,8 @@ def main(argv=None) -> int:
         ("precision", precision + (f", final loss scale {trained['scale']:g}, "
                                    f"{trained['skipped']} of {steps} steps skipped"
                                    if config.amp else "")),
-        ("training time", f"{training_seconds:.1f} s for {config.epochs} epochs "
-                          f"(incl. starting the workers)"),
+        ("training time", f"{training_seconds:.1f} s, of which {sum(history['seconds']):.1f} s "
+                          f"in {config.epochs} epochs (the rest starts the workers)"),
         ("ranks agree", f"{trained['rank_spread'] == 0.0} (largest weight difference "
                         f"{trained['rank_spread']:.1e})"),
         ("final train loss", f"{history['loss'][-1]:.4f}"),

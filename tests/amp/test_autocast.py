@@ -154,12 +154,18 @@ def test_upcast_mean_is_computed_in_float32():
     assert total.dtype == "float32" and total.item() == pytest.approx(4096 * 30.0)
 
 
-def test_loss_ops_of_everyo_layers_run_in_float32():
+def test_losses_and_normalisation_of_everyo_layers_run_in_float32():
     prediction = eo.randn(8, 1, seed=0).astype("float16")
-    target = eo.randn(8, 1, seed=1)
+    logits = eo.Tensor(np.random.default_rng(0).standard_normal((8, 5)).astype(np.float16),
+                       requires_grad=True)
     with eo.autocast():
-        loss = eo.mse_loss(prediction, target)
+        assert eo.mse_loss(prediction, eo.randn(8, 1, seed=1)).dtype == "float32"
+        loss = eo.cross_entropy(logits, eo.tensor(np.arange(8) % 5))
+        assert eo.LayerNorm(5)(logits).dtype == "float32"
+        assert eo.BatchNorm1D(5)(logits).dtype == "float32"
     assert loss.dtype == "float32"
+    loss.backward()
+    assert logits.grad.dtype == np.float16  # the gradient goes back in the activation's dtype
 
 
 def test_conv2d_is_cast_down():

@@ -9,22 +9,7 @@ import numpy as np
 import pytest
 
 import everyo as eo
-
-
-def mlp(seed=0):
-    return eo.Sequential(eo.Linear(4, 8, seed=seed), eo.ReLU(), eo.Linear(8, 2, seed=seed + 1))
-
-
-def batch(seed=0):
-    rng = np.random.default_rng(seed)
-    return (eo.tensor(rng.standard_normal((16, 4)).astype(np.float32)),
-            eo.tensor(rng.standard_normal((16, 2)).astype(np.float32)))
-
-
-def amp_loss(model, x, y):
-    with eo.autocast():
-        prediction = model(x)
-    return ((prediction - y) ** 2).mean()
+from amp_workers import amp_loss, batch, lockstep_rank, lockstep_worker, mlp
 
 
 def snapshot(model, optimizer):
@@ -284,22 +269,8 @@ class ThreadGroup:
         return View()
 
 
-def lockstep_rank(group, rank, steps, bad_steps):
-    """One rank's training loop; returns its (applied flags, scales) per step."""
-    model = mlp(seed=0)
-    optimizer = eo.SGD(list(model.parameters()), lr=1e-2)
-    scaler = eo.GradScaler(init_scale=2.0**8, growth_interval=2, group=group)
-    x, y = batch(seed=rank)
-    applied, scales = [], []
-    for step in range(steps):
-        optimizer.zero_grad()
-        scaler.backward(amp_loss(model, x, y))
-        if (rank, step) in bad_steps:
-            next(model.parameters()).grad[0, 0] = np.nan  # only this rank sees it
-        applied.append(scaler.step(optimizer))
-        scaler.update()
-        scales.append(scaler.get_scale())
-    return applied, scales
+EXPECTED_APPLIED = [True, True, False, True, True]
+EXPECTED_SCALES = [256.0, 512.0, 256.0, 256.0, 512.0]
 
 
 def test_lockstep_skip_across_ranks_with_an_in_process_group():
@@ -314,8 +285,40 @@ def test_lockstep_skip_across_ranks_with_an_in_process_group():
         t.start()
     for t in threads:
         t.join(60)
-    assert results[0] == results[1]
-    applied, scales = results[0]
-    assert applied == [True, True, False, True, True]
-    assert scales == [256.0, 512.0, 256.0, 256.0, 512.0]
+    (applied0, scales0, _), (applied1, scales1, _) = results
+    assert applied0 == applied1 == EXPECTED_APPLIED
+    assert scales0 == scales1 == EXPECTED_SCALES
     assert group.calls == [5, 5]
+
+
+def test_without_a_group_only_the_bad_rank_skips():
+    (applied0, scales0, _), (applied1, scales1, _) = (
+        lockstep_rank(None, rank, 5, {(1, 2)}) for rank in (0, 1))
+    assert applied0 == [True] * 5 and applied1 == EXPECTED_APPLIED
+    assert scales0 != scales1  # what the group prevents
+
+
+def test_lockstep_skip_across_two_worker_processes():
+    from everyo.distributed import spawn
+
+    results = spawn(lockstep_worker, 2, args=(5, {(1, 2)}), timeout=60)
+    (applied0, scales0, weights0), (applied1, scales1, weights1) = results
+    assert applied0 == applied1 == EXPECTED_APPLIED
+    assert scales0 == scales1 == EXPECTED_SCALES
+    # rank 0's NaN-free gradients were not applied on step 2 either: its weights equal a
+    # single-process run that skips step 2
+    (_, _, alone) = lockstep_rank(_AlwaysSkipAt(2), 0, 5, set())
+    for a, b in zip(weights0, alone):
+        np.testing.assert_array_equal(a, b)
+
+
+class _AlwaysSkipAt:
+    """A one-rank 'group' whose other (imaginary) rank votes inf on one step."""
+
+    def __init__(self, step):
+        self.step, self.calls = step, 0
+
+    def all_reduce_sum(self, array):
+        vote = 1.0 if self.calls == self.step else 0.0
+        self.calls += 1
+        return np.asarray(array) + vote

@@ -68,3 +68,15 @@ def test_override_replaces_on_purpose():
 def test_invalid_registrations_are_refused(hook, key, thing, message):
     with pytest.raises(eo.PluginError, match=message):
         eo.register_plugin(plugin_with(hook, (key, thing)), next(_names))
+
+
+def test_an_override_wins_whichever_plugin_loads_first():
+    overrider = next(_names)
+    eo.register_plugin(plugin_with("everyo_register_api", ("early_test", lambda: "override"),
+                                   override=True), overrider)
+    owner = next(_names)
+    eo.register_plugin(plugin_with("everyo_register_api", ("early_test", lambda: "original"),
+                                   ("other_test", lambda: "kept")), owner)
+    assert eo.early_test() == "override"
+    assert eo.registry("api").owners["early_test"] == overrider
+    assert eo.other_test() == "kept"

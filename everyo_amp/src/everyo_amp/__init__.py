@@ -9,7 +9,7 @@ exponentials, normalisation and losses in float32) and the public names ``eo.aut
 # import the modules below; doing that while one of them is half-imported would be circular.
 import everyo  # noqa: F401, I001
 
-from everyo_amp.autocast import active_policy, autocast, is_autocast_enabled, make_interceptor
+from everyo_amp.autocast_mode import active_policy, autocast, is_autocast_enabled, make_interceptor
 from everyo_amp.grad_scaler import GradScaler
 from everyo_amp.policy import DEFAULT_POLICY, FLOAT32_OPS, LOWER_PRECISION_OPS, AutocastPolicy
 from everyo_amp.underflow import ZeroCount, flushed_to_zero

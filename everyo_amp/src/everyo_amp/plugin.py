@@ -12,7 +12,7 @@ def everyo_register_autocast_policies(register):
 
 @hookimpl
 def everyo_register_api(register):
-    from everyo_amp.autocast import autocast
+    from everyo_amp.autocast_mode import autocast
     from everyo_amp.grad_scaler import GradScaler
 
     register("autocast", autocast)

@@ -39,6 +39,7 @@ class Registry:
         self.kind = kind
         self.items: dict = items if items is not None else {}
         self.owners: dict = {}
+        self.overridden: set = set()  # keys whose current owner replaced them on purpose
 
     def add(self, key, thing, *, owner: str, override: bool = False) -> None:
         if key in self.items and not override:
@@ -49,6 +50,8 @@ class Registry:
             )
         self.items[key] = thing
         self.owners[key] = owner
+        if override:
+            self.overridden.add(key)
 
     def owned_by(self, owner: str) -> list[str]:
         return [_key_name(k) for k, o in self.owners.items() if o == owner]
@@ -150,20 +153,30 @@ class PluginHost:
         return staged
 
     def _commit(self, staged: dict, owner: str) -> None:
+        yielded: set = set()  # (kind, key) this plugin leaves to an earlier explicit override
         for kind, items in staged.items():
             registry = self.registries[kind]
             for key, thing, override in items:
                 if key in registry.items and not override and registry.owners[key] != owner:
+                    if key in registry.overridden:
+                        # NOTE: an explicit override wins whichever plugin loads first, so
+                        # entry-point order never decides which implementation is used.
+                        yielded.add((kind, key))
+                        continue
                     registry.add(key, thing, owner=owner)  # raises, naming both plugins
             keys = [key for key, _, _ in items]
             duplicates = {_key_name(k) for k in keys if keys.count(k) > 1}
             if duplicates:
                 raise PluginError(f"plugin {owner!r} registers {kind} {sorted(duplicates)} twice")
         for kind, items in staged.items():
-            for key, thing, _ in items:
+            for key, thing, override in items:
+                if (kind, key) in yielded:
+                    continue
                 if kind == "ops":
                     thing.name = key
                 self.registries[kind].add(key, thing, owner=owner, override=True)
+                if not override:
+                    self.registries[kind].overridden.discard(key)
 
     def load_entry_points(self) -> None:
         """Load every plugin of the ``everyo`` entry-point group, reporting broken ones."""

@@ -266,12 +266,16 @@ def reduce_rows_f64(rows, mean: bool, dtype, out: np.ndarray | None = None,
     """
     length = len(rows[0])
     acc = np.empty(length, np.float64) if scratch is None else scratch[:length]
-    np.copyto(acc, rows[0], casting="unsafe")
-    for row in rows[1:]:
+    if len(rows) > 1:  # fused: both operands widen to float64 inside the add
+        np.add(rows[0], rows[1], out=acc, dtype=np.float64)
+    else:
+        np.copyto(acc, rows[0], casting="unsafe")
+    for row in rows[2:]:
         np.add(acc, row, out=acc)
-    if mean:
-        np.divide(acc, len(rows), out=acc)
     if out is None:
-        return acc.astype(dtype)
-    np.copyto(out, acc, casting="unsafe")
+        out = np.empty(length, dtype)
+    if mean:  # divided in float64, rounded once into out
+        np.divide(acc, len(rows), out=out, casting="unsafe")
+    else:
+        np.copyto(out, acc, casting="unsafe")
     return out

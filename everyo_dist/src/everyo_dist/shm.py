@@ -11,8 +11,9 @@ Two segments per group:
 
 Synchronisation is a counter per rank: arriving at a barrier stores the next epoch in this
 rank's counter (one writer per word, no locks, so a dead rank can never leave a lock held), and
-waiting polls the peers' counters — spinning briefly, then yielding, then sleeping — until they
-reach the epoch, the deadline passes, or a peer's process is found dead. x86-64 keeps stores
+waiting polls the peers' counters — spinning for a few microseconds, then sleeping on a futex
+(``everyo_dist.futex``) that the arriving rank wakes — until they reach the epoch, the deadline
+passes, or a peer's process is found dead. x86-64 keeps stores
 in order, so data written before the counter is visible to a peer that sees the counter.
 
 ``all_reduce`` is reduce-scatter style: every rank writes its vector into its slot; after a
@@ -24,6 +25,7 @@ the barrier that keeps anyone from overwriting a slot a peer is still reading.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import time
 
@@ -31,6 +33,7 @@ import numpy as np
 
 from everyo_dist.errors import DistributedError
 from everyo_dist.fingerprint import FINGERPRINT_SIZE
+from everyo_dist.futex import futex_available, futex_wait, futex_wake, low32
 from everyo_dist.group import ProcessGroup, reduce_rows_f64
 from everyo_dist.segments import (
     Segment,
@@ -50,9 +53,8 @@ MIN_CAPACITY = 1 << 16
 REDUCE_BLOCK = 1 << 15  # elements reduced per step: the float64 scratch stays in cache
 ALIGN = 64  # result chunks of different ranks never share a cache line
 
-SPIN_SECONDS = 2e-4
-YIELD_SECONDS = 5e-3
-MAX_SLEEP = 1e-3
+SPIN_SECONDS = 1e-4
+MAX_SLEEP = 1e-3  # polling fallback where futexes are unavailable
 LIVENESS_INTERVAL = 0.2
 
 
@@ -91,6 +93,8 @@ class ShmGroup(ProcessGroup):
                                    f"(see everyo_dist.segments), got {segment!r}")
         self.segment = segment
         self._words = None
+        self._anchor = None
+        self._address = 0
         self._control: Segment | None = None
         self._job = parsed[1]
         self._epoch = 0
@@ -101,8 +105,13 @@ class ShmGroup(ProcessGroup):
         self._deadline = time.monotonic() + self.timeout
         self._control = self._open_control(segment)
         self._words = self._control.buf.cast("q")
-        self._peer_words = [r * _WORDS for r in range(world_size) if r != rank]
+        self._my_word = rank * _WORDS + _EPOCH
+        self._peer_words = [r * _WORDS + _EPOCH for r in range(world_size) if r != rank]
         self._words[rank * _WORDS + _PID] = os.getpid()
+        # the control segment's address, for futexes (the ctypes view is dropped on close)
+        self._anchor = ctypes.c_char.from_buffer(self._control.buf) if futex_available() \
+            and world_size > 1 else None
+        self._address = ctypes.addressof(self._anchor) if self._anchor is not None else 0
         try:
             self._arrive_and_wait("joining the group")
         except BaseException:
@@ -138,12 +147,14 @@ class ShmGroup(ProcessGroup):
         self._epoch += 1
         epoch = self._epoch
         words = self._words
-        words[self.rank * _WORDS + _EPOCH] = epoch
+        words[self._my_word] = epoch
+        if self._address:
+            futex_wake(self._address + 8 * self._my_word)
         pending = [i for i in self._peer_words if words[i] < epoch]
         if not pending:
             return
         start = time.monotonic()
-        while time.monotonic() - start < SPIN_SECONDS:
+        while time.monotonic() - start < SPIN_SECONDS:  # a peer a few microseconds behind
             pending = [i for i in pending if words[i] < epoch]
             if not pending:
                 return
@@ -154,16 +165,19 @@ class ShmGroup(ProcessGroup):
             if not pending:
                 return
             now = time.monotonic()
-            if now - start < YIELD_SECONDS:
-                os.sched_yield()
-                continue
             if now >= next_check:
                 next_check = now + LIVENESS_INTERVAL
                 self._check_peers_alive([i // _WORDS for i in pending], waiting_for)
                 if now >= self._deadline:
                     raise self._timeout_error([i // _WORDS for i in pending], waiting_for)
-            sleep = min(MAX_SLEEP, sleep * 2 or 5e-5)
-            time.sleep(sleep)
+            if self._address:
+                seen = words[pending[0]]
+                if seen < epoch:
+                    futex_wait(self._address + 8 * pending[0], low32(seen),
+                               max(next_check - now, 1e-3))
+            else:
+                sleep = min(MAX_SLEEP, sleep * 2 or 5e-5)
+                time.sleep(sleep)
 
     def _check_peers_alive(self, ranks, waiting_for: str) -> None:
         pids = getattr(self, "_pids", None) or [
@@ -256,6 +270,7 @@ class ShmGroup(ProcessGroup):
         self._release()
 
     def _release(self) -> None:
+        self._anchor, self._address = None, 0
         if self._words is not None:
             try:
                 self._words.release()

@@ -96,25 +96,27 @@ class Conv2DOp(Op):
         if len(needs) > 2 and needs[2]:
             gb = _sum_rows(g2)
         if needs[0]:
-            gx = self._input_grad(blas_matmul(g2, w2.T))
+            gx = self._input_grad(g2, w2)
         return gx, gw, gb
 
-    def _input_grad(self, gcols: np.ndarray) -> np.ndarray:
-        """Scatter-add the window gradients back onto the (padded) input: col2im.
+    def _input_grad(self, g2: np.ndarray, w2: np.ndarray) -> np.ndarray:
+        """The input's gradient: one batched matmul gives, per kernel position, the gradient
+        of the input elements that position touched; each is added back in place (col2im).
 
-        NOTE: the loop runs over the kh*kw kernel positions, each one strided add over the
-        whole batch, never over pixels.
+        NOTE: one (N*Ho*Wo, C) block per position keeps each block contiguous, so every add
+        runs over long rows; the loop runs over the kh*kw kernel positions, never over pixels.
         """
         n, h, w, c = self.x_shape
-        kh, kw = self.w_shape[:2]
+        kh, kw, _, cout = self.w_shape
         (top, bottom), (left, right) = self.pads
         ho, wo = self.out_hw
-        gcols = gcols.reshape(n, ho, wo, kh, kw, c)
-        gxp = np.zeros((n, h + top + bottom, w + left + right, c), dtype=gcols.dtype)
+        # (kh*kw, out, in), contiguous so that NumPy hands each product to BLAS
+        per_position = np.ascontiguousarray(w2.reshape(kh * kw, c, cout).transpose(0, 2, 1))
+        blocks = blas_matmul(g2, per_position).reshape(kh, kw, n, ho, wo, c)
+        gxp = np.zeros((n, h + top + bottom, w + left + right, c), dtype=blocks.dtype)
         for i in range(kh):
             for j in range(kw):
-                gxp[window_slices((i, j), self.stride, self.dilation, self.out_hw)] += \
-                    gcols[:, :, :, i, j, :]
+                gxp[window_slices((i, j), self.stride, self.dilation, self.out_hw)] += blocks[i, j]
         return gxp[:, top:top + h, left:left + w, :]
 
 

@@ -104,9 +104,11 @@ class _Recurrent(Module):
             if self.has_cell:  # the op appends the final cell state as one more step
                 seq = (slice(None), slice(None, steps)) if self.batch_first else slice(None, steps)
                 cell = (slice(None), steps) if self.batch_first else steps
-                finals[1].append(out[cell])
+                if self.return_state:
+                    finals[1].append(out[cell])
                 out = out[seq]
-            finals[0].append(out[last])
+            if self.return_state:
+                finals[0].append(out[last])
         if not self.return_state:
             return out
         final = [stack(f, axis=0) for f in finals]

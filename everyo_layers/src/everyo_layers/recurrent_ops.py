@@ -133,6 +133,11 @@ class RNNOp(_FusedRecurrentOp):
         return self._gradients(xt, hs, w_ih, w_hh, d_pre, d_pre, dh)
 
 
+def _block_columns(order, hidden: int) -> np.ndarray:
+    """Column indices that put the gate blocks of a ``(.., G*H)`` matrix in ``order``."""
+    return np.concatenate([np.arange(b * hidden, (b + 1) * hidden) for b in order])
+
+
 class LSTMOp(_FusedRecurrentOp):
     """LSTM layer with PyTorch's gates ``i, f, g, o``:
     ``c_t = f*c_{t-1} + i*g``, ``h_t = o*tanh(c_t)``.
@@ -140,65 +145,89 @@ class LSTMOp(_FusedRecurrentOp):
     Operands ``(x, h0, c0, w_ih, w_hh, b_ih, b_hh)``; attr ``batch_first``. Returns
     ``seq + 1`` steps laid out like ``x``: the hidden state of every step, then the final
     cell state (an op has one output; the layer slices the two apart).
+
+    NOTE: internally the gate blocks are reordered to ``o, i, f, g`` (undone on the weight
+    gradients): the three sigmoid gates are then contiguous, so with their columns pre-scaled
+    by 1/2 one ``tanh`` over the whole block activates all four gates
+    (``sigmoid(z) = (1 + tanh(z/2)) / 2``), and in backward the three gates driven by the
+    cell gradient (``i, f, g``) are contiguous too. Per step that is ~10 ufunc calls, not ~25.
     """
 
-    __slots__ = ()
+    __slots__ = ("columns",)
     name = "lstm"
     gates = 4
+    ORDER = (3, 0, 1, 2)  # o, i, f, g from PyTorch's i, f, g, o
 
     def forward(self, x, h0, c0, w_ih, w_hh, b_ih, b_hh, batch_first=True):
         self.batch_first = batch_first
-        xt, acts, hidden = self._project(x, w_ih, w_hh, b_ih, b_hh, h0, True)
+        H = w_hh.shape[0]
+        self.columns = columns = _block_columns(self.ORDER, H)
+        half = np.ones(4 * H, np.result_type(w_ih, w_hh))
+        half[:3 * H] = 0.5  # pre-scaling of the sigmoid gates' pre-activations
+        w_ih_k, w_hh_k = w_ih[:, columns], w_hh[:, columns]
+        bias = (b_ih + b_hh)[columns] * half
+        xt, acts, _ = self._project(x, w_ih_k * half, w_hh, bias, None, h0, False)
         if c0.shape != h0.shape:
             raise EveryOError(f"lstm: cell state shape {c0.shape} != hidden state {h0.shape}")
         steps, batch = xt.shape[:2]
-        H = hidden
+        scaled_w_hh = w_hh_k * half
         hs = np.empty((steps + 2, batch, H), acts.dtype)  # h0, h_1..h_T, then c_T
         cs = np.empty((steps + 1, batch, H), acts.dtype)
         tanh_c = np.empty((steps, batch, H), acts.dtype)
         hs[0], cs[0] = h0, c0
         for t in range(steps):
             a = acts[t]  # pre-activations become activations in place
-            a += blas_matmul(hs[t], w_hh)
-            sigmoid_(a[:, :2 * H])
-            np.tanh(a[:, 2 * H:3 * H], out=a[:, 2 * H:3 * H])
-            sigmoid_(a[:, 3 * H:])
+            a += blas_matmul(hs[t], scaled_w_hh)
+            np.tanh(a, out=a)
+            sig = a[:, :3 * H]
+            sig += 1.0
+            sig *= 0.5
+            o, i, f, g = a[:, :H], a[:, H:2 * H], a[:, 2 * H:3 * H], a[:, 3 * H:]
             c = cs[t + 1]
-            np.multiply(a[:, H:2 * H], cs[t], out=c)
-            c += a[:, :H] * a[:, 2 * H:3 * H]
+            np.multiply(f, cs[t], out=c)
+            np.multiply(i, g, out=tanh_c[t])
+            c += tanh_c[t]
             np.tanh(c, out=tanh_c[t])
-            np.multiply(a[:, 3 * H:], tanh_c[t], out=hs[t + 1])
+            np.multiply(o, tanh_c[t], out=hs[t + 1])
         hs[steps + 1] = cs[steps]
-        self.saved = (xt, hs, cs, acts, tanh_c, w_ih, w_hh)
+        self.saved = (xt, hs, cs, acts, tanh_c, w_ih_k, w_hh_k)
         out = hs[1:]
         return out.transpose(1, 0, 2) if batch_first else out
 
     def backward(self, g):
-        xt, hs, cs, acts, tanh_c, w_ih, w_hh = self.saved
+        xt, hs, cs, acts, tanh_c, w_ih_k, w_hh_k = self.saved
         gt = _time_major(g, self.batch_first)
-        steps = acts.shape[0]
+        steps, batch = acts.shape[:2]
         H = hs.shape[-1]
+        o, i, f, gg = acts[..., :H], acts[..., H:2 * H], acts[..., 2 * H:3 * H], acts[..., 3 * H:]
+        # Per-step factors, computed for all steps at once: d_pre = factor * (dh or dc).
+        factor = np.empty_like(acts)
+        np.multiply(tanh_c, o * (1 - o), out=factor[..., :H])
+        np.multiply(gg, i * (1 - i), out=factor[..., H:2 * H])
+        np.multiply(cs[:steps], f * (1 - f), out=factor[..., 2 * H:3 * H])
+        np.multiply(i, 1 - gg * gg, out=factor[..., 3 * H:])
+        dc_from_dh = o * (1 - tanh_c * tanh_c)
+        cell_factor = factor.reshape(steps, batch, 4, H)[:, :, 1:]
         d_pre = np.empty_like(acts)
+        d_cell = d_pre.reshape(steps, batch, 4, H)[:, :, 1:]
         dh = np.zeros_like(hs[0])
         dc = np.array(gt[steps], copy=True)  # gradient reaching the final cell state
-        w_hh_t = w_hh.T
+        scratch = np.empty_like(dh)
+        w_hh_t = w_hh_k.T
         for t in range(steps - 1, -1, -1):
             dh += gt[t]
-            a, d = acts[t], d_pre[t]
-            i, f, gg, o = a[:, :H], a[:, H:2 * H], a[:, 2 * H:3 * H], a[:, 3 * H:]
-            tc = tanh_c[t]
-            do = d[:, 3 * H:]
-            np.multiply(dh, tc, out=do)
-            do *= o * (1 - o)
-            dc += dh * o * (1 - tc * tc)
-            np.multiply(dc, gg * i * (1 - i), out=d[:, :H])
-            np.multiply(dc, cs[t] * f * (1 - f), out=d[:, H:2 * H])
-            np.multiply(dc, i * (1 - gg * gg), out=d[:, 2 * H:3 * H])
-            dc *= f
-            dh = blas_matmul(d, w_hh_t)
+            np.multiply(dh, dc_from_dh[t], out=scratch)
+            dc += scratch
+            np.multiply(dh, factor[t, :, :H], out=d_pre[t, :, :H])
+            np.multiply(dc[:, None, :], cell_factor[t], out=d_cell[t])
+            dc *= f[t]
+            dh = blas_matmul(d_pre[t], w_hh_t)
         need_c0 = self.needs_input_grad[2]
-        return self._gradients(xt, hs, w_ih, w_hh, d_pre, d_pre, dh,
-                               extra=(dc if need_c0 else None,))
+        grads = self._gradients(xt, hs, w_ih_k, w_hh_k, d_pre, d_pre, dh,
+                                extra=(dc if need_c0 else None,))
+        inverse = np.argsort(self.columns)
+        return tuple(grad if grad is None or k < 3 else grad[..., inverse]
+                     for k, grad in enumerate(grads))
 
 
 class GRUOp(_FusedRecurrentOp):

@@ -87,6 +87,10 @@ def connect_handshake(sock, key: bytes, timeout: float = DEFAULT_HANDSHAKE_TIMEO
     except ConnectionError as exc:
         raise AuthenticationError(f"{where} closed the connection during the authentication "
                                   f"handshake ({exc}); is the token right?") from None
+    except TimeoutError:
+        raise AuthenticationError(f"{where} did not complete the authentication handshake "
+                                  f"within {timeout:g}s (not an EveryO tcp endpoint, or it "
+                                  "expects TLS and this side did not use it?)") from None
     if not accepted:
         raise AuthenticationError(f"{where} refused this process's token: the token is wrong "
                                   "or missing (pass the same token= / EVERYO_TOKEN to every "

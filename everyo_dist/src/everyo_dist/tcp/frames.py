@@ -23,8 +23,7 @@ from typing import NamedTuple
 import numpy as np
 
 from everyo_dist.errors import DistributedError
-from everyo_dist.fingerprint import (DTYPE_CODES, DTYPE_NAMES, FINGERPRINT_SIZE, CollectiveOp,
-                                     Fingerprint)
+from everyo_dist.fingerprint import DTYPE_CODES, DTYPE_NAMES, FINGERPRINT_SIZE, CollectiveOp, Fingerprint
 
 MAGIC = b"EOTC"
 VERSION = 1

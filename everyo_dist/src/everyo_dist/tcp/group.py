@@ -12,8 +12,13 @@ import numpy as np
 from everyo_dist.errors import DistributedError
 from everyo_dist.fingerprint import CollectiveOp
 from everyo_dist.group import DEFAULT_TIMEOUT, ProcessGroup, reduce_rows_f64
-from everyo_dist.tcp.auth import (DEFAULT_HANDSHAKE_TIMEOUT, AuthenticationError,
-                                  accept_handshake, connect_handshake, token_key)
+from everyo_dist.tcp.auth import (
+    DEFAULT_HANDSHAKE_TIMEOUT,
+    AuthenticationError,
+    accept_handshake,
+    connect_handshake,
+    token_key,
+)
 from everyo_dist.tcp.frames import FrameKind, control_frame, read_control
 from everyo_dist.tcp.ring import Ring
 from everyo_dist.tcp.sockets import dial, listen, require_token_off_loopback, wrap_tls

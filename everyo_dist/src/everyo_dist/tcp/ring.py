@@ -22,10 +22,21 @@ import time
 
 import numpy as np
 
-from everyo_dist.errors import (CollectiveMismatchError, CollectiveTimeoutError,
-                                DistributedError, PeerLostError)
-from everyo_dist.tcp.frames import (HEADER_SIZE, FrameKind, ProtocolError, control_frame,
-                                    pack_header, recv_exact, unpack_header)
+from everyo_dist.errors import (
+    CollectiveMismatchError,
+    CollectiveTimeoutError,
+    DistributedError,
+    PeerLostError,
+)
+from everyo_dist.tcp.frames import (
+    HEADER_SIZE,
+    FrameKind,
+    ProtocolError,
+    control_frame,
+    pack_header,
+    recv_exact,
+    unpack_header,
+)
 
 _WOULD_BLOCK = (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
 _EMPTY = np.empty(0, dtype=np.uint8)
@@ -86,6 +97,7 @@ class Ring:
             sock.setblocking(False)
         self._between_frames = True  # False while a frame to next is half sent
         self._buffers: dict[str, np.ndarray] = {}
+        self._gather_writes = False
 
     # -- collectives -----------------------------------------------------------------------
     def barrier(self) -> None:
@@ -176,7 +188,10 @@ class Ring:
             progressed = False
             if pending:
                 try:
-                    sent = self.to_next.send(pending[0])
+                    if self._gather_writes:  # header and payload in one system call
+                        sent = self.to_next.sendmsg(pending)
+                    else:
+                        sent = self.to_next.send(pending[0])
                 except _WOULD_BLOCK:
                     sent = 0
                 except OSError as exc:
@@ -184,7 +199,12 @@ class Ring:
                         self.next, f"sending to it failed ({exc}); it probably died") from None
                 if sent:
                     progressed = True
-                    pending[0] = pending[0][sent:]
+                    while sent:
+                        taken = min(sent, len(pending[0]))
+                        pending[0] = pending[0][taken:]
+                        sent -= taken
+                        if not len(pending[0]):
+                            pending.pop(0)
                     while pending and not len(pending[0]):
                         pending.pop(0)
                     if not pending:

@@ -5,8 +5,8 @@
 - ``transformer``: one encoder layer (d_model 128, 4 heads, feed-forward 256, dropout 0.1,
   post-norm) on (batch 16, seq 64, 128), MSE against a random target. Target <= 2x PyTorch.
 
-One step is forward, loss, backward and an SGD update; the timing machinery (warm-up, median
-of repetitions, ratio) is bench_training.py's.
+One step is forward, loss, backward and an SGD update; the timing (alternating EveryO and
+PyTorch blocks, median, ratio) and the command line are bench_training.py's.
 
     python benchmarks/bench_sequence.py [--quick] [--threads N] [--only lstm]
 """

@@ -7,8 +7,15 @@ prints ms/step for EveryO and PyTorch (measured in this run) and their ratio.
     python benchmarks/bench_training.py --quick    # fewer repetitions
     python benchmarks/bench_training.py --only cnn_cifar --threads 1
 
-Other benchmark files reuse this machinery: build a list of :class:`Case` and pass it to
-:func:`main` (see benchmarks/bench_sequence.py).
+Other benchmark files reuse this machinery (benchmarks/bench_sequence.py does)::
+
+    sys.path.insert(0, os.path.dirname(__file__))
+    from bench_training import Case, main
+
+    main([Case("lstm", 2.0, build_everyo_model, build_torch_model, make_batch, ...)])
+
+Timing: EveryO and PyTorch are measured in alternating blocks and the median block is
+reported, so that both see the same load on a shared machine.
 """
 
 from __future__ import annotations

@@ -99,6 +99,29 @@ def test_other_threads_do_not_see_the_block():
     assert seen == {"dtype": "float32", "enabled": False}
 
 
+def test_another_interceptor_keeps_running_inside_and_around_blocks():
+    from everyo.dispatch import reset_interceptor, set_interceptor
+
+    seen = []
+
+    def record(name, operands):
+        seen.append((name, [getattr(o, "dtype", None) for o in operands]))
+        return operands
+
+    token = set_interceptor(record)
+    try:
+        x = eo.ones(1, 2)
+        with eo.autocast():
+            x @ eo.ones(2, 1)
+            with eo.autocast(False):
+                x @ eo.ones(2, 1)
+        assert current_interceptor() is record
+    finally:
+        reset_interceptor(token)
+    matmuls = [dtypes for name, dtypes in seen if name == "matmul"]
+    assert matmuls == [["float16", "float16"], ["float32", "float32"]]
+
+
 def test_one_instance_shared_by_threads_and_reentered():
     block = eo.autocast()
     results, errors = [], []
@@ -193,6 +216,8 @@ def test_custom_dtype_and_bad_dtype():
         eo.autocast(dtype="bfloat16")
     with pytest.raises(eo.EveryOError, match="floating"):
         eo.autocast(dtype="int8")
+    with pytest.raises(eo.EveryOError, match="takes a bool.*'cpu'"):
+        eo.autocast("cpu")
 
 
 def test_default_policy_is_registered_through_the_hook():
@@ -321,7 +346,7 @@ def test_weights_are_never_stale_after_an_optimizer_step():
     w = eo.Parameter(np.ones((2, 1), np.float32))
     optimizer = eo.SGD([w], lr=0.5)
     with eo.autocast():
-        for step in range(3):
+        for _ in range(3):
             optimizer.zero_grad()
             y = eo.ones(1, 2) @ w
             np.testing.assert_array_equal(y.data, (np.ones((1, 2)) @ w.data).astype(np.float16))

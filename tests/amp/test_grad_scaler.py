@@ -7,9 +7,9 @@ import warnings
 
 import numpy as np
 import pytest
+from amp_workers import amp_loss, batch, lockstep_rank, lockstep_worker, mlp
 
 import everyo as eo
-from amp_workers import amp_loss, batch, lockstep_rank, lockstep_worker, mlp
 
 
 def snapshot(model, optimizer):

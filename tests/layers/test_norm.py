@@ -33,7 +33,7 @@ def test_batchnorm_matches_torch_in_train_and_eval(torch, rng, kind, shape, mome
     ours.weight.data[:] = rng.standard_normal(5)
     ours.bias.data[:] = rng.standard_normal(5)
     _copy_affine(torch, ours, ref)
-    for step in range(3):  # a few training steps: the running statistics must follow
+    for _ in range(3):  # a few training steps: the running statistics must follow
         x = rng.standard_normal(shape) * 3 + 1
         g = rng.standard_normal(shape)
         xt = eo.tensor(x, requires_grad=True)

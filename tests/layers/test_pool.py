@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import everyo as eo
 from everyo_layers.padding import resolve_padding
@@ -106,3 +110,17 @@ def test_pool_bad_inputs():
         eo.MaxPool2D(2, padding=2)(eo.zeros(1, 4, 4, 1))
     with pytest.raises(eo.EveryOError, match="floating-point input"):
         eo.MaxPool2D(2)(eo.tensor(np.zeros((1, 4, 4, 1), np.int32)))
+
+
+@settings(max_examples=60, deadline=None)
+@given(h=st.integers(1, 9), w=st.integers(1, 9), pool=st.integers(1, 3),
+       stride=st.integers(1, 3), value=st.floats(-5, 5))
+def test_same_pooling_shape_and_padding_exclusion_property(h, w, pool, stride, value):
+    x = eo.full(2, h, w, 3, fill_value=value)
+    avg = eo.AvgPool2D(pool, stride=stride, padding="same")(x)
+    top = eo.MaxPool2D(pool, stride=stride, padding="same")(x)
+    expected_shape = (2, math.ceil(h / stride), math.ceil(w / stride), 3)
+    assert avg.shape == top.shape == expected_shape
+    # padding never enters a result: a constant image pools to the same constant everywhere
+    np.testing.assert_allclose(avg.data, np.float32(value), rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(top.data, np.float32(value))

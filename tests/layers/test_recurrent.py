@@ -147,5 +147,7 @@ def test_bad_input_names_layer_and_shapes(kind):
     bad_state = np.zeros((2, 2, 4))
     with pytest.raises(eo.EveryOError, match=r"initial state.*\(1, 2, 4\).*\(2, 2, 4\)"):
         layer(eo.zeros(2, 5, 3), (bad_state, bad_state) if kind == "LSTM" else bad_state)
+    with pytest.raises(eo.EveryOError, match=r"sequence .* is empty \(shape \(2, 0, 3\)\)"):
+        layer(eo.zeros(2, 0, 3))
     with pytest.raises(eo.EveryOError, match="positive"):
         getattr(eo, kind)(0, 4)

@@ -62,6 +62,15 @@ def make_interceptor(policy: AutocastPolicy, base=None):
 
     Returns:
         ``intercept(name, operands) -> operands``, carrying ``.policy`` and ``.base``.
+
+    Example:
+        >>> import everyo as eo
+        >>> from everyo_amp import AutocastPolicy, make_interceptor
+        >>> intercept = make_interceptor(AutocastPolicy(ops={"mul"}, dtype="float16"))
+        >>> [t.dtype for t in intercept("mul", (eo.ones(2), eo.ones(2)))]
+        ['float16', 'float16']
+        >>> intercept("add", (eo.ones(2),))[0].dtype
+        'float32'
     """
     lower_ops, upcast_ops = policy.ops, policy.upcast
     lower, upper = np.dtype(policy.dtype), np.dtype(policy.upcast_dtype)
@@ -116,7 +125,15 @@ def active_policy() -> AutocastPolicy | None:
 
 
 def is_autocast_enabled() -> bool:
-    """True inside an enabled ``autocast`` block (in this thread or task)."""
+    """True inside an enabled ``autocast`` block (in this thread or task).
+
+    Example:
+        >>> import everyo as eo, everyo_amp
+        >>> with eo.autocast():
+        ...     inside = everyo_amp.is_autocast_enabled()
+        >>> inside, everyo_amp.is_autocast_enabled()
+        (True, False)
+    """
     return active_policy() is not None
 
 
@@ -140,6 +157,10 @@ class autocast:  # noqa: N801 - a context manager named like PyTorch's
     """
 
     def __init__(self, enabled: bool = True, dtype=None, policy="default"):
+        if not isinstance(enabled, (bool, int, np.bool_)):
+            # NOTE: PyTorch's first argument is device_type; eo.autocast("cpu") must not pass.
+            raise EveryOError(f"autocast(enabled=...) takes a bool, got {enabled!r}; there is no "
+                              f"device argument (pass dtype='float16' to choose the precision)")
         self.enabled = bool(enabled)
         self.dtype = dtype
         self.policy = _resolve_policy(policy, dtype)

@@ -71,7 +71,20 @@ class AutocastPolicy:
 
 
 def floating_dtype(dtype, what: str) -> str:
-    """The name of ``dtype`` if it is a NumPy floating dtype, else a clear ``EveryOError``."""
+    """The name of ``dtype`` if it is a NumPy floating dtype, else a clear ``EveryOError``.
+
+    Args:
+        dtype: anything ``np.dtype`` accepts.
+        what: what the dtype is for, named in the error.
+
+    Returns:
+        The dtype's name, e.g. ``'float16'``.
+
+    Example:
+        >>> from everyo_amp.policy import floating_dtype
+        >>> floating_dtype("f2", "autocast dtype")
+        'float16'
+    """
     try:
         resolved = np.dtype(dtype)
     except TypeError:

@@ -129,10 +129,11 @@ def check_fingerprints(mine: Fingerprint, rank: int, packed: Sequence[bytes]) ->
     Example:
         >>> a = Fingerprint.of(0, CollectiveOp.BARRIER)
         >>> b = Fingerprint.of(0, CollectiveOp.ALL_GATHER, np.zeros(3))
-        >>> check_fingerprints(a, 0, [a.pack(), b.pack()])
-        Traceback (most recent call last):
-        ...
-        everyo_dist.errors.CollectiveMismatchError: rank 0 called barrier #0 but rank 1 called all_gather #0 on float64[3]
+        >>> try:
+        ...     check_fingerprints(a, 0, [a.pack(), b.pack()])
+        ... except CollectiveMismatchError as error:
+        ...     print(error)
+        rank 0 called barrier #0 but rank 1 called all_gather #0 on float64[3]
     """
     mine_packed = mine.pack()
     for other_rank, other in enumerate(packed):

@@ -4,8 +4,8 @@ The public methods (``barrier``, ``all_reduce_sum``, ``all_reduce_mean``, ``broa
 ``all_gather``) live here once, with the checks every backend shares: input validation, the
 fingerprint exchange that catches ranks calling different collectives, the per-collective
 deadline, and "a group that failed once stays failed". A backend implements only the few
-primitives below, on flat contiguous arrays whose shape and dtype all ranks have already agreed
-on (the fingerprints matched):
+primitives below, on flat contiguous non-empty arrays whose shape and dtype all ranks have
+already agreed on (the fingerprints matched):
 
 ``_exchange_fingerprints(packed) -> list[bytes]``
     Give this rank's ``FINGERPRINT_SIZE`` bytes to every peer and return every rank's, indexed
@@ -13,6 +13,9 @@ on (the fingerprints matched):
 ``_all_reduce(flat, mean) -> ndarray``
     Sum ``flat`` over ranks *in float64*, divide by ``world_size`` when ``mean``, and return the
     result cast to ``flat.dtype``; bit-identical on every rank.
+``_all_reduce_into(flat, mean, out)`` (optional)
+    The same, written into the flat array ``out``; the default copies ``_all_reduce``'s result.
+    A backend overrides it to save that copy (``out=`` and ``average_gradients`` use it).
 ``_broadcast(flat, src) -> ndarray``
     Return rank ``src``'s ``flat`` on every rank (others pass an array of the right size).
 ``_all_gather(flat) -> ndarray``
@@ -98,26 +101,37 @@ class ProcessGroup:
         """Wait until every rank has called ``barrier()``."""
         self._run(Fingerprint.of(self._seq, CollectiveOp.BARRIER), lambda: None)
 
-    def all_reduce_sum(self, array) -> np.ndarray:
+    def all_reduce_sum(self, array, out: np.ndarray | None = None) -> np.ndarray:
         """Element-wise sum over ranks, accumulated in float64, returned in the input's dtype.
 
         Args:
             array: a NumPy array, ``eo.Tensor`` (its ``.data``) or number; floating or integer.
                 Integers are summed in float64, exactly while the sums stay below 2**53.
+            out: optional C-contiguous array of the same shape and dtype to write the result
+                into (may be ``array`` itself: an in-place reduction).
         Returns:
-            A new array of the input's shape and dtype, bit-identical on every rank.
+            A new array (or ``out``) of the input's shape and dtype, bit-identical on every
+            rank.
         """
-        return self._reduce(array, CollectiveOp.ALL_REDUCE_SUM)
+        return self._reduce(array, CollectiveOp.ALL_REDUCE_SUM, out)
 
-    def all_reduce_mean(self, array) -> np.ndarray:
+    def all_reduce_mean(self, array, out: np.ndarray | None = None) -> np.ndarray:
         """Element-wise mean over ranks (float64 sum divided by ``world_size``).
 
         Args:
             array: a floating NumPy array, ``eo.Tensor`` or number.
+            out: as for :meth:`all_reduce_sum`.
         Returns:
-            A new array of the input's shape and dtype, bit-identical on every rank.
+            A new array (or ``out``) of the input's shape and dtype, bit-identical on every
+            rank.
+
+        Example:
+            >>> import everyo.distributed as dist
+            >>> with dist.init(backend="shm", rank=0, world_size=1) as group:
+            ...     group.all_reduce_mean(np.float32([1, 2]))
+            array([1., 2.], dtype=float32)
         """
-        return self._reduce(array, CollectiveOp.ALL_REDUCE_MEAN)
+        return self._reduce(array, CollectiveOp.ALL_REDUCE_MEAN, out)
 
     def broadcast(self, array, src: int = 0) -> np.ndarray:
         """Rank ``src``'s array, on every rank (the others pass an array of the same shape and
@@ -133,7 +147,8 @@ class ProcessGroup:
         flat, shape = self._flatten(array, CollectiveOp.BROADCAST)
         fingerprint = Fingerprint.of(self._seq, CollectiveOp.BROADCAST, flat.reshape(shape),
                                      root=int(src))
-        result = self._run(fingerprint, lambda: self._broadcast(flat, int(src)))
+        result = self._run(fingerprint, lambda: self._broadcast(flat, int(src))
+                           if flat.size else flat.copy())
         return result.reshape(shape)
 
     def all_gather(self, array) -> np.ndarray:
@@ -144,7 +159,8 @@ class ProcessGroup:
         """
         flat, shape = self._flatten(array, CollectiveOp.ALL_GATHER)
         fingerprint = Fingerprint.of(self._seq, CollectiveOp.ALL_GATHER, flat.reshape(shape))
-        result = self._run(fingerprint, lambda: self._all_gather(flat))
+        result = self._run(fingerprint, lambda: self._all_gather(flat) if flat.size
+                           else np.empty((self.world_size, 0), flat.dtype))
         return result.reshape((self.world_size, *shape))
 
     def close(self) -> None:
@@ -160,8 +176,15 @@ class ProcessGroup:
         self.close()
 
     # -- shared machinery ------------------------------------------------------------------------
-    def _reduce(self, array, op: CollectiveOp) -> np.ndarray:
+    def _reduce(self, array, op: CollectiveOp, out: np.ndarray | None) -> np.ndarray:
         flat, shape = self._flatten(array, op)
+        if out is not None and not (isinstance(out, np.ndarray) and out.shape == shape
+                                    and out.dtype == flat.dtype and out.flags.c_contiguous
+                                    and out.flags.writeable):
+            raise DistributedError(
+                f"{op.label}: out must be a writable C-contiguous {flat.dtype} array of shape "
+                f"{shape}, got {getattr(out, 'dtype', type(out).__name__)} "
+                f"{getattr(out, 'shape', '')}")
         if flat.dtype.kind not in _REDUCIBLE_KINDS:
             raise DistributedError(f"{op.label} needs a numeric array, got dtype {flat.dtype}")
         if op == CollectiveOp.ALL_REDUCE_MEAN and flat.dtype.kind != "f":
@@ -169,8 +192,14 @@ class ProcessGroup:
                                    f"truncate; cast it to a floating dtype first")
         fingerprint = Fingerprint.of(self._seq, op, flat.reshape(shape))
         mean = op == CollectiveOp.ALL_REDUCE_MEAN
-        result = self._run(fingerprint, lambda: self._all_reduce(flat, mean))
-        return result.reshape(shape)
+        if flat.size == 0:  # agreed on by the fingerprints; nothing to move
+            self._run(fingerprint, lambda: None)
+            return np.empty(shape, flat.dtype) if out is None else out
+        if out is None:
+            result = self._run(fingerprint, lambda: self._all_reduce(flat, mean))
+            return result.reshape(shape)
+        self._run(fingerprint, lambda: self._all_reduce_into(flat, mean, out.reshape(-1)))
+        return out
 
     def _flatten(self, array, op: CollectiveOp) -> tuple[np.ndarray, tuple[int, ...]]:
         """The input as a 1-D C-contiguous array, plus its shape."""
@@ -235,6 +264,9 @@ class ProcessGroup:
     def _all_reduce(self, flat: np.ndarray, mean: bool) -> np.ndarray:
         raise NotImplementedError(f"{type(self).__name__} must implement _all_reduce")
 
+    def _all_reduce_into(self, flat: np.ndarray, mean: bool, out: np.ndarray) -> None:
+        np.copyto(out, self._all_reduce(flat, mean))
+
     def _broadcast(self, flat: np.ndarray, src: int) -> np.ndarray:
         raise NotImplementedError(f"{type(self).__name__} must implement _broadcast")
 
@@ -255,7 +287,8 @@ def reduce_rows_f64(rows, mean: bool, dtype, out: np.ndarray | None = None,
         mean: divide the sum by ``len(rows)``.
         dtype: the result's dtype.
         out: optional destination of that dtype and length.
-        scratch: optional float64 work array at least as long as a row (saves an allocation).
+        scratch: optional float64 work array at least twice as long as a row (saves
+            allocations when called block by block).
     Returns:
         The reduced 1-D array (``out`` when given).
 
@@ -265,17 +298,21 @@ def reduce_rows_f64(rows, mean: bool, dtype, out: np.ndarray | None = None,
         array([1.5, 3. ], dtype=float32)
     """
     length = len(rows[0])
-    acc = np.empty(length, np.float64) if scratch is None else scratch[:length]
-    if len(rows) > 1:  # fused: both operands widen to float64 inside the add
-        np.add(rows[0], rows[1], out=acc, dtype=np.float64)
-    else:
-        np.copyto(acc, rows[0], casting="unsafe")
-    for row in rows[2:]:
+    if scratch is None or len(scratch) < 2 * length:
+        scratch = np.empty(2 * length, np.float64)
+    acc, widened = scratch[:length], scratch[length:2 * length]
+    np.copyto(acc, rows[0], casting="unsafe")
+    for row in rows[1:]:
+        if row.dtype != np.float64:  # widening first, then a plain float64 add, is faster
+            np.copyto(widened, row, casting="unsafe")  # than NumPy's mixed-type add
+            row = widened
         np.add(acc, row, out=acc)
+    count = len(rows)
+    if mean and count & (count - 1) == 0:  # x * (1/2**k) rounds exactly like x / 2**k
+        np.multiply(acc, 1.0 / count, out=acc)
+    elif mean:
+        np.divide(acc, count, out=acc)
     if out is None:
-        out = np.empty(length, dtype)
-    if mean:  # divided in float64, rounded once into out
-        np.divide(acc, len(rows), out=out, casting="unsafe")
-    else:
-        np.copyto(out, acc, casting="unsafe")
+        return acc.astype(dtype)
+    np.copyto(out, acc, casting="unsafe")
     return out

@@ -17,7 +17,8 @@ The variables, and the factory parameter each one fills:
 =========================  ==============  ===================================================
 
 A variable only fills a parameter the backend's factory declares, and an explicit keyword
-argument always wins over the variable.
+argument always wins over the variable. ``EVERYO_LOCAL_WORLD_SIZE`` (ranks on this machine)
+fills no parameter: local rank 0 uses it to warn when those ranks run multi-threaded BLAS.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ ENVIRONMENT_OPTIONS: dict[str, tuple[str, type]] = {
     "segment": ("EVERYO_SHM_SEGMENT", str),
 }
 BACKEND_VARIABLE = "EVERYO_BACKEND"
+LOCAL_WORLD_SIZE_VARIABLE = "EVERYO_LOCAL_WORLD_SIZE"  # ranks on this machine (BLAS warning)
 TOKEN_FILE_VARIABLE = "EVERYO_TOKEN_FILE"
 
 
@@ -124,4 +126,19 @@ def init(backend: str | None = None, **options):
         raise DistributedError(f"unknown process-group backend {backend!r}; registered: "
                                f"{', '.join(sorted(backends)) or 'none'}")
     factory = backends[backend]
-    return factory(**resolve_options(factory, options))
+    group = factory(**resolve_options(factory, options))
+    _warn_about_threaded_blas(group, os.environ)
+    return group
+
+
+def _warn_about_threaded_blas(group, environ) -> None:
+    """Once per machine (local rank 0): warn if this machine's ranks run threaded BLAS pools."""
+    from everyo_dist.blas import warn_if_oversubscribed
+
+    local_size = environ.get(LOCAL_WORLD_SIZE_VARIABLE, "")
+    local_rank = environ.get(ENVIRONMENT_OPTIONS["local_rank"][0], "")
+    ranks_here = int(local_size) if local_size.isdigit() else (
+        group.world_size if group.backend == "shm" else 1)
+    first_here = int(local_rank) == 0 if local_rank.isdigit() else group.rank == 0
+    if first_here:
+        warn_if_oversubscribed(ranks_here)

@@ -97,6 +97,20 @@ def _rank_environment(args, rank: int, local_rank: int, world_size: int, host: s
     return env
 
 
+def _server_tls_context():
+    """The rendezvous server's TLS context when the ranks are told to use TLS (the same
+    ``EVERYO_TLS_*`` files they read), else None."""
+    files = [os.environ.get(f"EVERYO_TLS_{part}") for part in ("CERT", "KEY", "CA")]
+    if not any(files):
+        return None
+    if not all(files):
+        raise SystemExit("everyo-run: TLS needs all of EVERYO_TLS_CERT, EVERYO_TLS_KEY and "
+                         "EVERYO_TLS_CA")
+    from everyo_dist.tcp import make_tls_contexts
+
+    return make_tls_contexts(*files).server
+
+
 def _die_with_parent() -> None:  # runs in the child before exec
     try:
         import ctypes
@@ -159,7 +173,8 @@ def run(args: argparse.Namespace) -> int:
     if args.backend == "tcp" and args.node_rank == 0:
         from everyo_dist.tcp import TCPRendezvousServer
 
-        server = TCPRendezvousServer(host, port, world_size=world_size, token=token or None)
+        server = TCPRendezvousServer(host, port, world_size=world_size, token=token or None,
+                                     ssl_context=_server_tls_context())
         port = server.port
     ranks: dict[int, subprocess.Popen] = {}
     lock = threading.Lock()

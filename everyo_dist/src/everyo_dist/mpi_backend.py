@@ -8,9 +8,10 @@ Reductions do not use ``MPI_Allreduce``: MPI may add the ranks' contributions in
 order on different ranks (recursive doubling), which breaks bit-identical results. Instead each
 rank receives one chunk from everybody (``Alltoallv``), adds the rows in rank order in float64
 (the same arithmetic as every EveryO backend), and the finished chunks are shared with
-``Allgatherv``. Every collective is non-blocking underneath and polled against the group's
-deadline, and an uncaught exception on any rank calls ``MPI_Abort`` so the job ends instead of
-leaving the other ranks waiting in a collective forever.
+``Allgatherv``. The fingerprint exchange that opens every collective is non-blocking and polled
+against the group's deadline, so a rank that never arrives is a timeout, not a hang; once the
+fingerprints match, the data moves with MPI's blocking algorithms. An uncaught exception on
+any rank calls ``MPI_Abort``, so the job ends instead of leaving the others waiting.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from everyo_dist.errors import CollectiveTimeoutError, DistributedError
 from everyo_dist.fingerprint import FINGERPRINT_SIZE
 from everyo_dist.group import ProcessGroup, reduce_rows_f64
 
-_SPIN_SECONDS = 2e-4  # busy-poll this long before sleeping: small collectives finish in µs
+_SPIN_SECONDS = 1.0  # busy-poll this long before sleeping between polls
 _hook_installed = False
 
 
@@ -60,6 +61,7 @@ def _install_abort_hook(MPI) -> None:
         sys.stderr.write(f"[rank {rank}] uncaught exception, aborting the MPI job:\n"
                          + "".join(traceback.format_exception(kind, value, tb)))
         sys.stderr.flush()
+        time.sleep(0.2)  # NOTE: let mpiexec forward the traceback before Abort tears down I/O
         try:
             MPI.COMM_WORLD.Abort(1)
         finally:
@@ -67,6 +69,24 @@ def _install_abort_hook(MPI) -> None:
 
     sys.excepthook = abort_job
     _hook_installed = True
+
+
+_BLOCK = 32768
+
+
+def _reduce_rows_blocked(rows: np.ndarray, divisor: int, out: np.ndarray) -> None:
+    """``reduce_rows_f64`` (rows added in rank order in float64, divided, cast) block by block,
+    so the float64 accumulator stays in cache."""
+    acc = np.empty(min(_BLOCK, out.size), dtype=np.float64)
+    for start in range(0, out.size, _BLOCK):
+        stop = min(start + _BLOCK, out.size)
+        block = acc[:stop - start]
+        np.copyto(block, rows[0, start:stop], casting="unsafe")
+        for row in rows[1:]:
+            np.add(block, row[start:stop], out=block)
+        if divisor != 1:
+            np.divide(block, divisor, out=block)
+        np.copyto(out[start:stop], block, casting="unsafe")
 
 
 def _as_bytes(array: np.ndarray) -> np.ndarray:
@@ -83,20 +103,23 @@ class MPIProcessGroup(ProcessGroup):
         self._MPI, self._comm = MPI, comm
 
     def _wait(self, request, what: str) -> None:
-        """Poll ``request`` until done or the collective's deadline passes."""
-        start = time.monotonic()
-        pause = 1e-5
+        """Poll ``request`` until done or the collective's deadline passes.
+
+        MPICH moves a non-blocking collective forward only inside MPI calls, so this polls
+        without sleeping (as MPI's own blocking calls do) and only backs off once a peer is
+        clearly late.
+        """
+        patient_until = time.monotonic() + _SPIN_SECONDS
         while not request.Test():
             now = time.monotonic()
-            if now > self._deadline:
-                current = self._current.describe() if self._current else what
-                raise CollectiveTimeoutError(
-                    f"{current} timed out after {self.timeout:g}s on rank {self.rank} "
-                    f"(in MPI {what}); MPI does not report which ranks did not arrive. Every "
-                    f"rank must call the same collectives in the same order.")
-            if now - start > _SPIN_SECONDS:
-                time.sleep(pause)
-                pause = min(pause * 2, 1e-3)
+            if now > patient_until:
+                if now > self._deadline:
+                    current = self._current.describe() if self._current else what
+                    raise CollectiveTimeoutError(
+                        f"{current} timed out after {self.timeout:g}s on rank {self.rank} "
+                        f"(in MPI {what}); MPI does not report which ranks did not arrive. "
+                        f"Every rank must call the same collectives in the same order.")
+                time.sleep(1e-3)
 
     def _exchange_fingerprints(self, packed: bytes) -> list[bytes]:
         mine = np.frombuffer(packed, dtype=np.uint8)
@@ -115,25 +138,26 @@ class MPIProcessGroup(ProcessGroup):
         mine = int(counts[rank])
         rows = np.empty((size, mine), dtype=flat.dtype)  # my chunk, as sent by every rank
         BYTE = self._MPI.BYTE
-        self._wait(self._comm.Ialltoallv(
+        # The fingerprints matched, so every rank is inside this same collective: the data
+        # moves with MPI's (faster) blocking algorithms.
+        self._comm.Alltoallv(
             [_as_bytes(flat), ((counts * item).tolist(), (displs * item).tolist()), BYTE],
             [_as_bytes(rows), ([mine * item] * size, [r * mine * item for r in range(size)]),
-             BYTE]), "Ialltoallv")
-        finished = reduce_rows_f64(list(rows), mean, flat.dtype)
+             BYTE])
         out = np.empty_like(flat)
-        self._wait(self._comm.Iallgatherv(
-            [_as_bytes(finished), BYTE],
-            [_as_bytes(out), ((counts * item).tolist(), (displs * item).tolist()), BYTE]),
-            "Iallgatherv")
+        start = int(displs[rank])
+        _reduce_rows_blocked(rows, size if mean else 1, out[start:start + mine])
+        self._comm.Allgatherv(self._MPI.IN_PLACE,
+                              [_as_bytes(out), ((counts * item).tolist(),
+                                                (displs * item).tolist()), BYTE])
         return out
 
     def _broadcast(self, flat: np.ndarray, src: int) -> np.ndarray:
         out = flat.copy() if self.rank == src else np.empty_like(flat)
-        self._wait(self._comm.Ibcast([_as_bytes(out), self._MPI.BYTE], root=src), "Ibcast")
+        self._comm.Bcast([_as_bytes(out), self._MPI.BYTE], root=src)
         return out
 
     def _all_gather(self, flat: np.ndarray) -> np.ndarray:
         out = np.empty((self.world_size, flat.size), dtype=flat.dtype)
-        self._wait(self._comm.Iallgather([_as_bytes(flat), self._MPI.BYTE],
-                                         [_as_bytes(out), self._MPI.BYTE]), "Iallgather")
+        self._comm.Allgather([_as_bytes(flat), self._MPI.BYTE], [_as_bytes(out), self._MPI.BYTE])
         return out

@@ -14,13 +14,12 @@ its own schedule, which fights the explicit lifetime above.
 
 from __future__ import annotations
 
+import _posixshmem
 import mmap
 import os
 import re
 import secrets
 from pathlib import Path
-
-import _posixshmem
 
 PREFIX = "everyo-"
 _NAME = re.compile(r"^everyo-(\d+)-([0-9a-f]+)-")

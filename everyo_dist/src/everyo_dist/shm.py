@@ -11,15 +11,17 @@ Two segments per group:
 
 Synchronisation is a counter per rank: arriving at a barrier stores the next epoch in this
 rank's counter (one writer per word, no locks, so a dead rank can never leave a lock held), and
-waiting polls the peers' counters — spinning for a few microseconds, then sleeping on a futex
+waiting polls the peers' counters — spinning briefly (``SPIN_SECONDS``), then sleeping on a futex
 (``everyo_dist.futex``) that the arriving rank wakes — until they reach the epoch, the deadline
-passes, or a peer's process is found dead. x86-64 keeps stores
-in order, so data written before the counter is visible to a peer that sees the counter.
+passes, or a peer's process is found dead. x86-64 keeps stores in order, so data written
+before the counter is visible to a peer that sees the counter.
 
 ``all_reduce`` is reduce-scatter style: every rank writes its vector into its slot; after a
 barrier each rank reduces its own chunk of all slots (in float64, rank order) into the result
 slot; after a second barrier every rank copies the whole result. Each element is reduced
-exactly once, so all ranks receive the same bits. The next collective's fingerprint exchange is
+exactly once, so all ranks receive the same bits. Vectors under ``SMALL_BYTES`` skip the second
+barrier: every rank reduces the whole vector itself, with the same arithmetic in the same rank
+order, which gives the same bits too. The next collective's fingerprint exchange is
 the barrier that keeps anyone from overwriting a slot a peer is still reading.
 """
 
@@ -51,9 +53,11 @@ _EPOCH, _PID = 0, 1  # int64 word indices inside a rank's block
 _FINGERPRINT_OFFSET = 64  # two FINGERPRINT_SIZE slots follow
 MIN_CAPACITY = 1 << 16
 REDUCE_BLOCK = 1 << 15  # elements reduced per step: the float64 scratch stays in cache
+SMALL_BYTES = 1 << 18  # below this, each rank reduces the whole vector (saves a barrier)
 ALIGN = 64  # result chunks of different ranks never share a cache line
 
-SPIN_SECONDS = 1e-4
+SPIN_SECONDS = 2e-4  # when every rank has a core of its own
+SHARED_CORE_SPIN_SECONDS = 5e-5  # when ranks outnumber cores: spinning steals a peer's core
 MAX_SLEEP = 1e-3  # polling fallback where futexes are unavailable
 LIVENESS_INTERVAL = 0.2
 
@@ -98,10 +102,11 @@ class ShmGroup(ProcessGroup):
         self._control: Segment | None = None
         self._job = parsed[1]
         self._epoch = 0
+        self._spin = SHARED_CORE_SPIN_SECONDS
         self._capacity = 0
         self._generation = 0
         self._data: Segment | None = None
-        self._scratch = np.empty(REDUCE_BLOCK, np.float64)
+        self._scratch = np.empty(2 * REDUCE_BLOCK, np.float64)
         self._deadline = time.monotonic() + self.timeout
         self._control = self._open_control(segment)
         self._words = self._control.buf.cast("q")
@@ -120,6 +125,10 @@ class ShmGroup(ProcessGroup):
         if rank == 0:
             unlink(segment)  # every rank has it mapped; nothing may leak from here on
         self._pids = [self._words[r * _WORDS + _PID] for r in range(world_size)]
+        from everyo_dist.cores import available_workers
+
+        self._spin = SPIN_SECONDS if world_size <= available_workers() \
+            else SHARED_CORE_SPIN_SECONDS
         self._deadline = float("inf")
 
     def _open_control(self, name: str) -> Segment:
@@ -154,7 +163,7 @@ class ShmGroup(ProcessGroup):
         if not pending:
             return
         start = time.monotonic()
-        while time.monotonic() - start < SPIN_SECONDS:  # a peer a few microseconds behind
+        while time.monotonic() - start < self._spin:  # a peer a few microseconds behind
             pending = [i for i in pending if words[i] < epoch]
             if not pending:
                 return
@@ -230,20 +239,37 @@ class ShmGroup(ProcessGroup):
 
     # -- primitives --------------------------------------------------------------------------
     def _all_reduce(self, flat: np.ndarray, mean: bool) -> np.ndarray:
+        out = np.empty_like(flat)
+        self._all_reduce_into(flat, mean, out)
+        return out
+
+    def _all_reduce_into(self, flat: np.ndarray, mean: bool, out: np.ndarray) -> None:
         if self.world_size == 1:
-            return reduce_rows_f64([flat], mean, flat.dtype)
+            reduce_rows_f64([flat], mean, flat.dtype, out=out)
+            return
         self._ensure_capacity(flat.nbytes)
         slots = [self._slot(r, flat.dtype, flat.size) for r in range(self.world_size)]
-        result = self._slot(self.world_size, flat.dtype, flat.size)
         np.copyto(slots[self.rank], flat)
         self._arrive_and_wait("every rank to write its vector")
+        if flat.nbytes <= SMALL_BYTES:  # latency-bound: every rank reduces it all, one barrier
+            self._reduce_range(slots, mean, out, 0, flat.size, 0)
+            return
+        result = self._slot(self.world_size, flat.dtype, flat.size)
         low, high = self._chunk(self.rank, flat.size, flat.dtype.itemsize)
+        self._reduce_range(slots, mean, out, low, high, low)  # own chunk: straight into out
+        result[low:high] = out[low:high]  # (still in cache) and for the peers
+        self._arrive_and_wait("every rank to reduce its chunk")
+        out[:low] = result[:low]
+        out[high:] = result[high:]
+
+    def _reduce_range(self, slots, mean, out, low, high, out_offset) -> None:
+        """Reduce elements [low, high) of every slot into ``out[out_offset:]``, in blocks that
+        keep the float64 accumulator in cache. Same arithmetic whichever rank runs it."""
         for start in range(low, high, REDUCE_BLOCK):
             stop = min(start + REDUCE_BLOCK, high)
-            reduce_rows_f64([slot[start:stop] for slot in slots], mean, flat.dtype,
-                            out=result[start:stop], scratch=self._scratch)
-        self._arrive_and_wait("every rank to reduce its chunk")
-        return result.copy()
+            reduce_rows_f64([slot[start:stop] for slot in slots], mean, out.dtype,
+                            out=out[start - low + out_offset:stop - low + out_offset],
+                            scratch=self._scratch)
 
     def _broadcast(self, flat: np.ndarray, src: int) -> np.ndarray:
         if self.world_size == 1:

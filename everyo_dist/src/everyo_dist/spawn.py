@@ -189,7 +189,7 @@ def _monitor(workers: list[_Worker]) -> list:
     results: dict[int, object] = {}
     failures: list[_Worker] = []
     try:
-        while len(results) < len(workers):
+        while len(results) + len(failures) < len(workers):
             first_failure = min((w.failed_at for w in failures), default=None)
             if first_failure is not None and time.monotonic() - first_failure > \
                     FAILURE_GRACE_SECONDS:
@@ -237,8 +237,10 @@ def _describe(worker: _Worker) -> tuple[str, str, str | None, str]:
     frame = worker.frame()
     if frame is not None and frame[0] == b"E":
         exc_type, _, text = frame[1].decode("utf-8", "replace").partition("\n")
-        last = text.strip().splitlines()[-1] if text.strip() else exc_type
-        return f"worker rank {worker.rank} raised {last}", text, None, exc_type
+        last = text.strip().splitlines()[-1] if text.strip() else ""
+        _, colon, detail = last.partition(": ")
+        summary = f"{exc_type}: {detail}" if colon else exc_type
+        return f"worker rank {worker.rank} raised {summary}", text, None, exc_type
     try:
         code = worker.process.wait(timeout=STOP_GRACE_SECONDS)
     except subprocess.TimeoutExpired:
@@ -257,9 +259,9 @@ def _failure_error(failures: list[_Worker]) -> WorkerError:
     described = [(worker, *_describe(worker)) for worker in failures]
     described.sort(key=lambda item: (item[4] in _CONSEQUENCES, item[0].failed_at))
     worker, summary, details, signal_name, _ = described[0]
-    others = [f"rank {w.rank}" for w, *_ in described[1:]]
-    also = f" (also failed: {', '.join(others)})" if others else ""
-    message = f"{summary}{also}; the other workers were stopped"
+    message = f"{summary}; the other workers were stopped"
+    for _, other_summary, *_ in described[1:]:
+        message += f"\nalso failed: {other_summary.removeprefix('worker ')}"
     if details:
         message += f"\n\n--- rank {worker.rank} ---\n{details.rstrip()}"
     return WorkerError(message, worker.rank, details, signal_name)

@@ -114,7 +114,14 @@ def main() -> None:
         job = _read_message(stdin)
         _die_with_parent(stdin)
         _run_main_script(preparation)
-        fn, args = pickle.loads(job)
+        try:
+            fn, args = pickle.loads(job)
+        except AttributeError as exc:  # e.g. defined below the script's top-level spawn() call
+            raise RuntimeError(
+                f"the worker could not find what spawn() sent it ({exc}). In the workers the "
+                f"script runs only up to its first top-level spawn() call: define worker "
+                f"functions above it, or put the spawn() calls under "
+                f"`if __name__ == \"__main__\":`.") from exc
         del job
 
         import everyo as eo

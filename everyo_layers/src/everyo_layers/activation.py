@@ -8,7 +8,6 @@ import math
 import numpy as np
 
 from everyo import EveryOError, Module, Op, dispatch
-
 from everyo_layers.checks import check_float
 
 try:  # NOTE: SciPy's erf is exact and fast; it is optional, not a dependency of this package.

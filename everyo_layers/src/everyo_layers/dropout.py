@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 
 from everyo import EveryOError, Module, Op, dispatch
-
 from everyo_layers.checks import check_float
 
 

@@ -22,7 +22,9 @@ def scatter_add_rows(indices: np.ndarray, rows: np.ndarray, num_rows: int) -> np
     order = np.argsort(indices, kind="stable")
     sorted_ids = indices[order]
     starts = np.flatnonzero(np.r_[True, sorted_ids[1:] != sorted_ids[:-1]])
-    out[sorted_ids[starts]] = np.add.reduceat(rows[order], starts, axis=0)
+    # NOTE: a frequent id sums many rows; float16 would lose them, so those sum in float32.
+    ordered = rows[order].astype(np.promote_types(rows.dtype, np.float32), copy=False)
+    out[sorted_ids[starts]] = np.add.reduceat(ordered, starts, axis=0)
     return out
 
 

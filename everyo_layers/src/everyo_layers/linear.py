@@ -7,7 +7,6 @@ import math
 import numpy as np
 
 from everyo import EveryOError, Module, Parameter, dispatch
-
 from everyo_layers.checks import check_last_axis
 
 

@@ -12,16 +12,10 @@ import numpy as np
 from everyo import EveryOError, Module, Op, dispatch
 from everyo.ops.reduction import log_softmax_array
 from everyo.ops.unary import stable_sigmoid
-
 from everyo_layers.checks import array_of, check_float
+from everyo_layers.precision import accumulation_dtype
 
 REDUCTIONS = ("mean", "sum", "none")
-
-
-def _compute_dtype(dtype) -> np.dtype:
-    # NOTE: a float16 sum over a batch of losses loses digits fast (and exp/log overflow), so
-    # losses are always formed in at least float32.
-    return np.promote_types(dtype, np.float32)
 
 
 def _reduce(loss: np.ndarray, reduction: str, count) -> np.ndarray:
@@ -56,7 +50,7 @@ class CrossEntropyOp(_LossOp):
 
     def forward(self, logits, target=None, reduction="mean", label_smoothing=0.0,
                 ignore_index=-100):
-        z = logits.astype(_compute_dtype(logits.dtype), copy=False)
+        z = logits.astype(accumulation_dtype(logits.dtype), copy=False)
         logp = log_softmax_array(z, -1)
         eps = self.smoothing = label_smoothing
         if target.dtype.kind in "iu":
@@ -102,7 +96,7 @@ class NLLLossOp(_LossOp):
     __slots__ = ("log_shape",)
 
     def forward(self, log_probs, target=None, reduction="mean", ignore_index=-100):
-        lp = log_probs.astype(_compute_dtype(log_probs.dtype), copy=False)
+        lp = log_probs.astype(accumulation_dtype(log_probs.dtype), copy=False)
         kept = target != ignore_index
         safe = np.where(kept, target, 0)
         loss = -np.take_along_axis(lp, safe[..., None], -1)[..., 0] * kept
@@ -122,7 +116,7 @@ class _ElementwiseLossOp(_LossOp):
     """A loss of ``input`` and ``target`` of equal shapes; both may need gradients."""
 
     def forward(self, x, y, reduction="mean", **attrs):
-        compute = _compute_dtype(x.dtype)
+        compute = accumulation_dtype(x.dtype)
         loss = self.elementwise(x.astype(compute, copy=False), y.astype(compute, copy=False),
                                 **attrs)
         self.reduction, self.count, self.shape = reduction, loss.size, loss.shape

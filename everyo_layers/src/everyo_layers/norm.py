@@ -7,35 +7,39 @@ from __future__ import annotations
 import numpy as np
 
 from everyo import EveryOError, Module, Op, Parameter, dispatch
-
 from everyo_layers.checks import check_float
+from everyo_layers.precision import accumulation_dtype
 
 
-def _compute_dtype(dtype: np.dtype) -> np.dtype:
-    # NOTE: float16 statistics overflow/underflow quickly (a sum of squares of a few hundred
-    # activations can exceed 65504), so they are formed in float32; float64 stays float64.
-    return np.promote_types(dtype, np.float32)
+class _NormalizeOp(Op):
+    """Shared tail of the norms: ``(x - mean) / sqrt(var + eps) * weight + bias``."""
+
+    __slots__ = ()
+
+    def normalize(self, x, centered, var, eps, weight, bias) -> np.ndarray:
+        inv_std = (1.0 / np.sqrt(var + eps)).astype(centered.dtype, copy=False)
+        xhat = centered * inv_std
+        if weight is not None:
+            out = xhat * weight
+            if bias is not None:
+                out += bias
+        else:
+            out = xhat if bias is None else xhat + bias
+        self.saved = (xhat, inv_std, weight)
+        return out.astype(x.dtype, copy=False)
 
 
-class LayerNormOp(Op):
+class LayerNormOp(_NormalizeOp):
     """Normalise over the trailing ``ndims`` axes, then scale and shift (weight, bias optional)."""
 
     __slots__ = ("axes",)
 
     def forward(self, x, weight=None, bias=None, ndims=1, eps=1e-5):
-        xc = x.astype(_compute_dtype(x.dtype), copy=False)
+        xc = x.astype(accumulation_dtype(x.dtype), copy=False)
         self.axes = tuple(range(x.ndim - ndims, x.ndim))
         centered = xc - xc.mean(axis=self.axes, keepdims=True)
         var = np.mean(np.square(centered), axis=self.axes, keepdims=True)
-        inv_std = 1.0 / np.sqrt(var + eps)
-        xhat = centered * inv_std
-        out = xhat
-        if weight is not None:
-            out = out * weight
-        if bias is not None:
-            out = out + bias
-        self.saved = (xhat, inv_std, weight)
-        return out.astype(x.dtype, copy=False)
+        return self.normalize(x, centered, var, eps, weight, bias)
 
     def backward(self, g):
         xhat, inv_std, weight = self.saved
@@ -55,7 +59,7 @@ class LayerNormOp(Op):
         return gx, gw, gb
 
 
-class BatchNormOp(Op):
+class BatchNormOp(_NormalizeOp):
     """Channel-last batch normalisation. With ``training`` it normalises by the batch
     statistics (biased variance) and updates ``running_mean``/``running_var`` in place (unbiased
     variance, PyTorch's rule); otherwise it normalises by the running statistics."""
@@ -64,7 +68,7 @@ class BatchNormOp(Op):
 
     def forward(self, x, weight=None, bias=None, running_mean=None, running_var=None,
                 training=True, momentum=0.1, eps=1e-5):
-        compute = _compute_dtype(x.dtype)
+        compute = accumulation_dtype(x.dtype)
         xc = x.astype(compute, copy=False)
         self.training = training
         if training:
@@ -82,15 +86,7 @@ class BatchNormOp(Op):
         else:
             centered = xc - running_mean.astype(compute, copy=False)
             var = running_var.astype(compute, copy=False)
-        inv_std = (1.0 / np.sqrt(var + eps)).astype(compute, copy=False)
-        xhat = centered * inv_std
-        out = xhat
-        if weight is not None:
-            out = out * weight
-        if bias is not None:
-            out = out + bias
-        self.saved = (xhat, inv_std, weight)
-        return out.astype(x.dtype, copy=False)
+        return self.normalize(x, centered, var, eps, weight, bias)
 
     def backward(self, g):
         xhat, inv_std, weight = self.saved

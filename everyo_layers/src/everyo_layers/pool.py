@@ -10,10 +10,10 @@ from __future__ import annotations
 import numpy as np
 
 from everyo import EveryOError, Module, Op, dispatch
-
 from everyo_layers.checks import check_float, pair
 from everyo_layers.conv import pad_hw, window_slices
 from everyo_layers.padding import output_size, resolve_padding
+from everyo_layers.precision import accumulation_dtype
 
 _NO_PADS = ((0, 0), (0, 0))
 
@@ -99,7 +99,7 @@ class AvgPool2DOp(Op):
     def forward(self, x, pool_size=(2, 2), stride=(2, 2), padding=_NO_PADS):
         self.windows = windows = _Windows(x.shape, pool_size, stride, padding)
         self.x_shape, self.dtype = x.shape, x.dtype
-        accumulate = np.promote_types(x.dtype, np.float32)  # float16 sums in float32
+        accumulate = accumulation_dtype(x.dtype)  # float16 sums in float32
         total = None
         for view in windows.views(pad_hw(x, padding)):
             total = view.astype(accumulate) if total is None else np.add(total, view, out=total)

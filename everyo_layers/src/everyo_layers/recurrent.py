@@ -60,6 +60,9 @@ class _Recurrent(Module):
         if data.ndim != 3 or data.shape[-1] != self.input_size:
             raise EveryOError(f"{self.label}: expected input {layout} with "
                               f"{self.input_size} features, got shape {data.shape}")
+        if data.shape[1 if self.batch_first else 0] == 0:
+            raise EveryOError(f"{self.label}: the input sequence {layout} is empty "
+                              f"(shape {data.shape})")
         return data
 
     def _initial(self, state, batch: int, dtype) -> list:

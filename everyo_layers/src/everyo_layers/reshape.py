@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from everyo import EveryOError, Module, dispatch
-
 from everyo_layers.checks import array_of
 
 

@@ -9,6 +9,7 @@ import math
 import numpy as np
 
 from everyo import EveryOError, Tensor
+from everyo_layers.precision import accumulation_dtype
 
 
 def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0,
@@ -42,7 +43,7 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0,
         return 0.0
     norm_type = float(norm_type)
     # NOTE: float16 gradients are measured in float32: their squares overflow at 256.
-    flat = [g.reshape(-1).astype(np.promote_types(g.dtype, np.float32), copy=False)
+    flat = [g.reshape(-1).astype(accumulation_dtype(g.dtype), copy=False)
             for g in grads]
     if math.isinf(norm_type):
         total = max(float(np.max(np.abs(f))) if f.size else 0.0 for f in flat)

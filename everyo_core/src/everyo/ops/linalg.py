@@ -69,14 +69,17 @@ class MatMul(Op):
             g2 = np.expand_dims(g2, -2)
         if na:
             ga = blas_matmul(g2, np.swapaxes(b2, -1, -2))
-            ga = unbroadcast(ga, a2.shape).reshape(a.shape)
+            ga = unbroadcast(ga, a2.shape)
+            if ga.shape != a.shape:
+                ga = ga.reshape(a.shape)
         if nb:
             if b2.ndim == 2 and a2.ndim > 2:
                 # NOTE: one big GEMM over the flattened batch instead of a batched product.
                 gb = blas_matmul(a2.reshape(-1, a2.shape[-1]).T, g2.reshape(-1, g2.shape[-1]))
             else:
                 gb = unbroadcast(blas_matmul(np.swapaxes(a2, -1, -2), g2), b2.shape)
-            gb = gb.reshape(b.shape)
+            if gb.shape != b.shape:  # NOTE: a same-shape reshape is a view, which the engine
+                gb = gb.reshape(b.shape)  # would copy again before storing it in a leaf's .grad
         if len(self.needs_input_grad) > 2 and self.needs_input_grad[2]:
             gbias = unbroadcast(g, self.bias_shape)
         return ga, gb, gbias

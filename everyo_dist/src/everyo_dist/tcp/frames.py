@@ -6,7 +6,8 @@ Every frame starts with a 100-byte header::
     | fingerprint (80 bytes: sequence number, op, dtype, shape, root — see ``fingerprint.py``)
 
 and is followed by exactly ``payload bytes`` of raw little-endian array data (or UTF-8 JSON for
-the few control frames). Nothing on the wire is ever unpickled or evaluated: a header is
+the few control frames). DATA frames end with an 8-byte trailer saying whether the sender
+completed the frame or gave up half way (``ring.py``). Nothing on the wire is ever unpickled or evaluated: a header is
 ``struct``-decoded and validated field by field, and the payload size must agree with the shape
 the header announces, so a peer cannot make a receiver allocate or read more than the collective
 it claims to be part of needs.
@@ -61,6 +62,23 @@ class FrameHeader(NamedTuple):
     step: int
     payload_bytes: int
     fingerprint: Fingerprint
+
+
+DTYPE_CODE_OF = {np.dtype(name): code for name, code in DTYPE_CODES.items()}
+"""Wire dtype code by ``np.dtype`` (a dict lookup: ``dtype.name`` costs microseconds)."""
+
+
+def pack_data_header(payload_code: int, payload_bytes: int, fingerprint: bytes,
+                     step: int) -> bytes:
+    """The hot-path header of a DATA frame, from already-packed parts."""
+    return _PREFIX.pack(MAGIC, VERSION, FrameKind.DATA, payload_code, step,
+                        payload_bytes) + fingerprint
+
+
+def split_header(raw) -> tuple:
+    """``(magic, version, kind, dtype code, step, payload bytes)`` and the fingerprint bytes,
+    undecoded: the receiver compares them with what it expects before decoding anything."""
+    return _PREFIX.unpack_from(raw), bytes(raw[_PREFIX.size:])
 
 
 def pack_header(kind: FrameKind, payload_dtype: str | None, payload_bytes: int,

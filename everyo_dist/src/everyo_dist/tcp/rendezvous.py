@@ -11,6 +11,7 @@ serving the legitimate ranks.
 from __future__ import annotations
 
 import logging
+import select
 import socket
 import threading
 import time
@@ -21,6 +22,19 @@ from everyo_dist.tcp.frames import FrameKind, control_frame, read_control
 from everyo_dist.tcp.sockets import listen, require_token_off_loopback, tune, wrap_tls
 
 log = logging.getLogger("everyo.distributed_tcp")
+
+
+def _hung_up(sock: socket.socket) -> bool:
+    """True when a parked registration's peer has closed its end (it died).
+
+    A registered worker sends nothing more until it has the peer table, so a readable socket
+    means end-of-file (or a protocol violation): either way the registration is void.
+    """
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+    except (OSError, ValueError):
+        return True
+    return bool(readable)
 
 
 class TCPRendezvousServer:
@@ -132,6 +146,10 @@ class TCPRendezvousServer:
                          tell=True)
             return
         with self._lock:
+            for parked in [r for r, (other, _, _) in self._round.items() if _hung_up(other)]:
+                # that process died before the group formed: forget it (its restart may come)
+                log.warning("rendezvous: rank %d disconnected before the group formed", parked)
+                self._round.pop(parked)[0].close()
             if rank in self._round:
                 self._refuse(sock, peer, f"rank {rank} is already registered (from "
                              f"{self._round[rank][1]}); every rank needs a unique rank number",

@@ -28,18 +28,30 @@ from everyo_dist.errors import (
     DistributedError,
     PeerLostError,
 )
+from everyo_dist.fingerprint import Fingerprint
 from everyo_dist.tcp.frames import (
+    CONTROL_LIMIT,
+    DTYPE_CODE_OF,
     HEADER_SIZE,
+    MAGIC,
+    VERSION,
     FrameKind,
     ProtocolError,
     control_frame,
-    pack_header,
+    pack_data_header,
     recv_exact,
+    split_header,
     unpack_header,
 )
 
 _WOULD_BLOCK = (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
 _EMPTY = np.empty(0, dtype=np.uint8)
+# Every DATA frame ends with a trailer: complete, or aborted by a sender that failed mid-frame.
+_TRAILER_OK, _TRAILER_ABORTED = b"EOTE\x01\x00\x00\x00", b"EOTE\x02\x00\x00\x00"
+_TRAILER_SIZE = len(_TRAILER_OK)
+_HEADER, _PAYLOAD, _TRAILER = 0, 1, 2  # what the receiver is reading
+_ABORT_SECONDS = 2.0  # how long a failing rank tries to tell the next one why
+_KINDS = frozenset(int(kind) for kind in FrameKind)
 _RELAYED_ERRORS = {"CollectiveMismatchError": CollectiveMismatchError,
                    "CollectiveTimeoutError": CollectiveTimeoutError,
                    "PeerLostError": PeerLostError}
@@ -66,16 +78,34 @@ def _bytes_view(array: np.ndarray) -> memoryview:
 _BLOCK = 32768  # float64 items: the reduction's working set stays in L2 cache
 
 
-def _finish(partial: np.ndarray, own: np.ndarray, divisor: int, out: np.ndarray) -> None:
-    """``out = cast((partial + own) / divisor)`` computed in float64, block by block."""
-    acc = np.empty(min(_BLOCK, out.size), dtype=np.float64)
-    for start in range(0, out.size, _BLOCK):
-        stop = min(start + _BLOCK, out.size)
-        block = acc[:stop - start]
-        np.add(partial[start:stop], own[start:stop], out=block, dtype=np.float64)
-        if divisor != 1:
-            np.divide(block, divisor, out=block)
-        np.copyto(out[start:stop], block, casting="unsafe")
+class _Finisher:
+    """Computes ``out = cast((partial + own) / divisor)`` in float64, one block at a time, as
+    fast as ``partial`` arrives; tells the sender how much of ``out`` is ready."""
+
+    __slots__ = ("partial", "own", "divisor", "out", "done", "acc", "item")
+
+    def __init__(self, partial, own, divisor, out):
+        self.partial, self.own, self.divisor, self.out = partial, own, divisor, out
+        self.done, self.item = 0, partial.itemsize
+        self.acc = np.empty(min(_BLOCK, out.size), dtype=np.float64)
+
+    def work(self, received) -> bool:
+        arrived = min(received[0] // self.item, self.out.size)
+        if arrived < self.out.size and arrived - self.done < _BLOCK:
+            return False  # wait for a whole block (or the end)
+        worked = False
+        while self.done < arrived:
+            start, stop = self.done, min(self.done + _BLOCK, arrived)
+            block = self.acc[:stop - start]
+            np.add(self.partial[start:stop], self.own[start:stop], out=block, dtype=np.float64)
+            if self.divisor != 1:
+                np.divide(block, self.divisor, out=block)
+            np.copyto(self.out[start:stop], block, casting="unsafe")
+            self.done, worked = stop, True
+        return worked
+
+    def ready_bytes(self) -> int:
+        return self.done * self.out.itemsize
 
 
 class Ring:
@@ -95,9 +125,10 @@ class Ring:
         self.to_next, self.from_prev = to_next, from_prev
         for sock in (to_next, from_prev):
             sock.setblocking(False)
-        self._between_frames = True  # False while a frame to next is half sent
+        self._unsent = [0, 0]  # header+payload and trailer bytes of the frame to next not sent
         self._buffers: dict[str, np.ndarray] = {}
-        self._gather_writes = False
+        self._packed, self._packed_for = b"", None  # the running collective's fingerprint
+        self._gather_writes = not isinstance(to_next, ssl.SSLSocket)  # TLS has no sendmsg
 
     # -- collectives -----------------------------------------------------------------------
     def barrier(self) -> None:
@@ -123,25 +154,30 @@ class Ring:
         def chunk(array, index):
             return array[bounds[index]:bounds[index + 1]]
 
-        last = self.size - 2
-        for step in range(self.size - 1):
+        for step in range(self.size - 2):  # all but the last reduce-scatter step
             send_index, recv_index = (self.rank - step) % self.size, (self.rank - step - 1) % self.size
             length = bounds[recv_index + 1] - bounds[recv_index]
-            if step == 0:
-                outgoing = chunk(flat, send_index)
-            else:
-                outgoing = acc[:bounds[send_index + 1] - bounds[send_index]]
+            outgoing = chunk(flat, send_index) if step == 0 else \
+                acc[:bounds[send_index + 1] - bounds[send_index]]
             incoming = (incoming_raw if step == 0 else incoming_f64)[:length]
             self.transfer(step, outgoing, incoming)
-            if step < last:
-                np.add(incoming, chunk(flat, recv_index), out=acc[:length], dtype=np.float64)
-            else:  # the chunk this rank owns is complete: finish it straight into ``out``
-                owned = recv_index
-                _finish(incoming, chunk(flat, owned), self.size if mean else 1, chunk(out, owned))
-        offset = self.size - 1
-        for step in range(self.size - 1):
-            send_index, recv_index = (owned - step) % self.size, (owned - step - 1) % self.size
-            self.transfer(offset + step, chunk(out, send_index), chunk(out, recv_index))
+            np.add(incoming, chunk(flat, recv_index), out=acc[:length], dtype=np.float64)
+        # Last reduce-scatter step and first all-gather step at once: the owned chunk is
+        # finished block by block as prev's partial sums arrive and sent on as it is finished.
+        step = self.size - 2
+        send_index, owned = (self.rank - step) % self.size, (self.rank + 1) % self.size
+        outgoing = chunk(flat, send_index) if step == 0 else \
+            acc[:bounds[send_index + 1] - bounds[send_index]]
+        partial = (incoming_raw if step == 0 else incoming_f64)[:bounds[owned + 1] - bounds[owned]]
+        finisher = _Finisher(partial, chunk(flat, owned), self.size if mean else 1,
+                             chunk(out, owned))
+        first_gathered = (owned - 1) % self.size
+        self.pump([(step, outgoing, None), (step + 1, chunk(out, owned), finisher.ready_bytes)],
+                  [(step, partial), (step + 1, chunk(out, first_gathered))], finisher.work)
+        for gather_step in range(1, self.size - 1):
+            send_index, recv_index = (owned - gather_step) % self.size, \
+                (owned - gather_step - 1) % self.size
+            self.transfer(step + 1 + gather_step, chunk(out, send_index), chunk(out, recv_index))
         return out
 
     def broadcast(self, flat: np.ndarray, src: int) -> np.ndarray:
@@ -172,26 +208,54 @@ class Ring:
             buffer = self._buffers[name] = np.empty(length, dtype=dtype)
         return buffer[:length]
 
-    # -- one step --------------------------------------------------------------------------
+    # -- moving frames ---------------------------------------------------------------------
     def transfer(self, step: int, send: np.ndarray | None, recv: np.ndarray | None) -> None:
         """Send ``send`` to next while receiving into ``recv`` from prev (either may be None)."""
+        self.pump([(step, send, None)] if send is not None else [],
+                  [(step, recv)] if recv is not None else [])
+
+    def pump(self, sends, recvs, work=None) -> None:
+        """Send frames to next and receive frames from prev, in order, all at once.
+
+        Args:
+            sends: ``(step, array, ready)`` per outgoing frame; ``ready`` is None or a callable
+                giving how many payload bytes may be sent so far (a frame computed while it
+                is being sent).
+            recvs: ``(step, array)`` per incoming frame; the payload lands in ``array``.
+            work: optional ``work(received) -> bool``, called every round with the payload
+                bytes received so far per incoming frame; returns whether it did something.
+        """
         fingerprint = self.group._current
-        pending = []
-        if send is not None:
-            header = pack_header(FrameKind.DATA, send.dtype.name, send.nbytes, fingerprint, step)
-            pending = [memoryview(header), _bytes_view(send)]
-            self._between_frames = False
-        header_buffer = bytearray(HEADER_SIZE)
-        target = memoryview(header_buffer) if recv is not None else None
-        reading_header = True
-        while pending or target is not None:
-            progressed = False
-            if pending:
+        if fingerprint is not self._packed_for:  # pack once per collective, not per step
+            self._packed, self._packed_for = fingerprint.pack(), fingerprint
+        send_index, header_left, payload_sent, trailer_left = 0, None, 0, None
+        recv_index, header_buffer, trailer_buffer = 0, bytearray(HEADER_SIZE), bytearray(_TRAILER_SIZE)
+        target, phase = memoryview(header_buffer), _HEADER
+        received = [0] * len(recvs)
+        while send_index < len(sends) or recv_index < len(recvs):
+            progressed = work(received) if work is not None else False
+            views = []
+            if send_index < len(sends):
+                step, array, ready = sends[send_index]
+                payload = _bytes_view(array)
+                if header_left is None:
+                    header_left = memoryview(pack_data_header(
+                        DTYPE_CODE_OF[array.dtype], array.nbytes, self._packed, step))
+                    trailer_left = memoryview(_TRAILER_OK)
+                    self._unsent = [HEADER_SIZE + array.nbytes, _TRAILER_SIZE]
+                available = len(payload) if ready is None else ready()
+                if len(header_left):
+                    views.append(header_left)
+                if available > payload_sent:
+                    views.append(payload[payload_sent:available])
+                if available == len(payload):
+                    views.append(trailer_left)
+            if views:
                 try:
-                    if self._gather_writes:  # header and payload in one system call
-                        sent = self.to_next.sendmsg(pending)
+                    if self._gather_writes and len(views) > 1:  # one system call
+                        sent = self.to_next.sendmsg(views)
                     else:
-                        sent = self.to_next.send(pending[0])
+                        sent = self.to_next.send(views[0])
                 except _WOULD_BLOCK:
                     sent = 0
                 except OSError as exc:
@@ -199,19 +263,18 @@ class Ring:
                         self.next, f"sending to it failed ({exc}); it probably died") from None
                 if sent:
                     progressed = True
-                    while sent:
-                        taken = min(sent, len(pending[0]))
-                        pending[0] = pending[0][taken:]
-                        sent -= taken
-                        if not len(pending[0]):
-                            pending.pop(0)
-                    while pending and not len(pending[0]):
-                        pending.pop(0)
-                    if not pending:
-                        self._between_frames = True
-            if target is not None:
+                    take = min(sent, len(header_left))
+                    header_left, sent = header_left[take:], sent - take
+                    take = min(sent, available - payload_sent)
+                    payload_sent, sent = payload_sent + take, sent - take
+                    self._unsent[0] = len(header_left) + len(payload) - payload_sent
+                    trailer_left = trailer_left[sent:]
+                    self._unsent[1] = len(trailer_left)
+                    if not len(trailer_left):
+                        send_index, header_left, payload_sent = send_index + 1, None, 0
+            if recv_index < len(recvs):
                 try:
-                    got = self.from_prev.recv_into(target)
+                    got = self.from_prev.recv_into(target) if len(target) else 0
                 except _WOULD_BLOCK:
                     got = None
                 except OSError as exc:
@@ -223,14 +286,48 @@ class Ring:
                 if got:
                     progressed = True
                     target = target[got:]
-                if target is not None and not len(target):
-                    if reading_header:
-                        reading_header = False
-                        target = self._check_header(header_buffer, step, recv)
-                    else:
-                        target = None
-            if not progressed and (pending or target is not None):
-                self._wait(bool(pending), target is not None)
+                    if phase == _PAYLOAD:
+                        # the last byte only counts once the trailer confirms the frame, so
+                        # nothing computed from an aborted frame is ever passed on as final
+                        received[recv_index] = min(received[recv_index] + got,
+                                                   max(recvs[recv_index][1].nbytes - 1, 0))
+                if not len(target):
+                    step, array = recvs[recv_index]
+                    if phase == _HEADER:
+                        phase = _PAYLOAD
+                        target = self._check_header(header_buffer, step, array) or \
+                            memoryview(b"")
+                    if phase == _PAYLOAD and not len(target):
+                        phase, target = _TRAILER, memoryview(trailer_buffer)
+                    elif phase == _TRAILER:
+                        self._check_trailer(trailer_buffer)
+                        received[recv_index] = array.nbytes
+                        recv_index, target, phase = \
+                            recv_index + 1, memoryview(header_buffer), _HEADER
+                        progressed = True
+            if not progressed:
+                waiting_to_send = bool(views)
+                receiving = recv_index < len(recvs)
+                if waiting_to_send or receiving:
+                    self._wait(waiting_to_send, receiving)
+
+    def _check_trailer(self, raw: bytearray) -> None:
+        """A frame counts only when its trailer says it is complete; an aborting sender
+        pads its half-sent frame and marks it aborted, and its ABORT frame follows."""
+        if raw == _TRAILER_OK:
+            return
+        mine = self.group._current
+        if raw == _TRAILER_ABORTED:
+            self.from_prev.setblocking(True)
+            try:
+                header = unpack_header(recv_exact(self.from_prev, HEADER_SIZE,
+                                                  time.monotonic() + _ABORT_SECONDS, "ABORT"))
+            except (OSError, ProtocolError) as exc:
+                raise self.group._peer_lost_error(self.prev, f"it aborted ({exc})") from None
+            if header.kind == FrameKind.ABORT:
+                raise self._relayed_abort(header.payload_bytes)
+        raise DistributedError(f"{mine.describe()}: rank {self.prev} sent a frame with an "
+                               f"invalid trailer {bytes(raw)!r} (corrupted stream?)")
 
     def _wait(self, sending: bool, receiving: bool) -> None:
         remaining = self.group._remaining()
@@ -245,28 +342,37 @@ class Ring:
                       [], min(remaining, 0.5))
 
     def _check_header(self, raw: bytearray, step: int, recv: np.ndarray) -> memoryview | None:
-        """Validate prev's header against this collective; return where its payload goes."""
+        """Validate prev's header against this collective; return where its payload goes.
+
+        The expected header is known exactly (same fingerprint bytes, this step, the payload
+        size and dtype this rank computed), so anything else is refused before a payload byte
+        is read; only a mismatch is decoded, to name what the other rank called.
+        """
         mine = self.group._current
-        try:
-            header = unpack_header(raw)
-        except ProtocolError as exc:
-            raise DistributedError(f"{mine.describe()}: rank {self.prev} sent an invalid "
-                                   f"frame: {exc}") from None
-        if header.kind == FrameKind.ABORT:
-            raise self._relayed_abort(header.payload_bytes)
-        if header.kind != FrameKind.DATA:
+        (magic, version, kind, code, their_step, size), fingerprint = split_header(raw)
+        if magic != MAGIC or version != VERSION or kind not in _KINDS:
+            try:
+                unpack_header(raw)
+            except ProtocolError as exc:
+                raise DistributedError(f"{mine.describe()}: rank {self.prev} sent an invalid "
+                                       f"frame: {exc}") from None
+        if kind == FrameKind.ABORT and size <= CONTROL_LIMIT:
+            raise self._relayed_abort(size)
+        if kind != FrameKind.DATA:
             raise DistributedError(f"{mine.describe()}: rank {self.prev} sent an unexpected "
-                                   f"{header.kind.name} frame")
-        if header.fingerprint != mine:
+                                   f"frame (kind {kind}, {size} bytes)")
+        if fingerprint != self._packed:
+            try:
+                theirs = Fingerprint.unpack(fingerprint).describe()
+            except DistributedError as exc:
+                theirs = f"something unreadable ({exc})"
             raise CollectiveMismatchError(
-                f"rank {self.rank} called {mine.describe()} but rank {self.prev} called "
-                f"{header.fingerprint.describe()}")
-        if header.step != step or header.payload_dtype != recv.dtype.name \
-                or header.payload_bytes != recv.nbytes:
+                f"rank {self.rank} called {mine.describe()} but rank {self.prev} called {theirs}")
+        if their_step != step or code != DTYPE_CODE_OF[recv.dtype] or size != recv.nbytes:
             raise DistributedError(
-                f"{mine.describe()}: rank {self.prev} sent step {header.step} with "
-                f"{header.payload_bytes} bytes of {header.payload_dtype}, expected step {step} "
-                f"with {recv.nbytes} bytes of {recv.dtype.name} (corrupted stream?)")
+                f"{mine.describe()}: rank {self.prev} sent step {their_step} with {size} "
+                f"bytes (dtype code {code}), expected step {step} with {recv.nbytes} bytes of "
+                f"{recv.dtype.name} (corrupted stream?)")
         return _bytes_view(recv) if recv.nbytes else None
 
     def _relayed_abort(self, size: int) -> Exception:
@@ -291,15 +397,30 @@ class Ring:
 
     # -- teardown --------------------------------------------------------------------------
     def abort(self, error: BaseException) -> None:
-        """Tell next why this rank gives up (when between frames), then close both ends."""
-        if self._between_frames and self.size > 1:
+        """Tell next why this rank gives up, then close both ends.
+
+        A frame to next may be half sent; it is padded with zeros and its trailer marks it
+        aborted (so next never uses it), then the ABORT frame follows: the reason reaches the
+        rest of the ring instead of a bare "connection closed" that would blame this rank.
+        """
+        if self.size > 1:
             document = {"error": type(error).__name__, "message": str(error),
                         "origin": self.rank, "rank": getattr(error, "rank", None),
                         "missing_ranks": list(getattr(error, "missing_ranks", ()))}
             try:
                 self.to_next.setblocking(True)
-                self.to_next.settimeout(1.0)
-                self.to_next.sendall(control_frame(FrameKind.ABORT, document))
+                self.to_next.settimeout(_ABORT_SECONDS)
+                body, trailer = self._unsent
+                if body or trailer == _TRAILER_SIZE:  # mid-frame: pad it, mark it aborted
+                    filler = bytes(min(body, 1 << 20))
+                    deadline = time.monotonic() + _ABORT_SECONDS
+                    while body > 0 and time.monotonic() < deadline:
+                        body -= self.to_next.send(filler[:body])
+                    if body <= 0:
+                        self.to_next.sendall(_TRAILER_ABORTED)
+                        trailer = 0
+                if body <= 0 and trailer == 0:
+                    self.to_next.sendall(control_frame(FrameKind.ABORT, document))
             except (OSError, TypeError, ValueError):
                 pass
         self.close()

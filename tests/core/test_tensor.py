@@ -207,3 +207,24 @@ def test_reductions_over_random_axes(shape, data, op, keepdims):
     else:
         fn = lambda t: eo.dispatch(op, t, axis=axis, keepdims=keepdims)  # noqa: E731
     assert eo.gradcheck(fn, x)
+
+
+def test_float16_relu_matches_float32_relu_bit_for_bit():
+    values = np.array([-np.inf, -2.5, -0.0, 0.0, 1e-7, 0.5, 65504.0, np.inf, np.nan], np.float16)
+    x = eo.tensor(values, requires_grad=True)
+    y = eo.relu(x)
+    expected = np.maximum(values.astype(np.float32), 0).astype(np.float16)
+    np.testing.assert_array_equal(y.data.view(np.int16)[:-1], expected.view(np.int16)[:-1])
+    assert np.isnan(y.data[-1]) and y.dtype == "float16"
+    y.backward(np.ones(9, np.float16))
+    np.testing.assert_array_equal(x.grad, (values > 0).astype(np.float16))
+
+
+def test_float16_affine_adds_the_bias_before_its_single_rounding():
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((4, 8)).astype(np.float16)
+    b = rng.standard_normal((8, 3)).astype(np.float16)
+    bias = rng.standard_normal(3).astype(np.float16)
+    out = eo.matmul(eo.tensor(a), eo.tensor(b), bias=eo.tensor(bias))
+    exact = a.astype(np.float64) @ b.astype(np.float64) + bias.astype(np.float64)
+    np.testing.assert_array_equal(out.data, exact.astype(np.float32).astype(np.float16))

@@ -11,18 +11,22 @@ _F16 = np.dtype(np.float16)
 _F32 = np.dtype(np.float32)
 
 
-def blas_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """``a @ b``; float16 operands multiply through float32 BLAS and round back to float16.
+def blas_matmul(a: np.ndarray, b: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
+    """``a @ b (+ bias)``; float16 operands multiply through float32 BLAS and round once.
 
     NOTE: NumPy has no float16 BLAS path (its float16 matmul is a slow scalar loop). Rounding
-    the inputs to float16, accumulating in float32 and rounding the result is what GPU tensor
-    cores do, and is at least as accurate as accumulating in float16.
+    the inputs to float16, accumulating in float32 (bias included) and rounding the result once
+    is what GPU tensor cores do, and is at least as accurate as accumulating in float16.
     """
     if a.dtype == _F16 or b.dtype == _F16:
-        out_dtype = np.result_type(a, b)
+        out_dtype = np.result_type(a, b) if bias is None else np.result_type(a, b, bias)
         if out_dtype == _F16:
-            return np.matmul(a.astype(_F32), b.astype(_F32)).astype(_F16)
-    return np.matmul(a, b)
+            out = np.matmul(a.astype(_F32), b.astype(_F32))
+            if bias is not None:
+                out += bias
+            return out.astype(_F16)
+    out = np.matmul(a, b)
+    return out if bias is None else out + bias
 
 
 def _check_shapes(a: np.ndarray, b: np.ndarray) -> None:
@@ -46,15 +50,16 @@ class MatMul(Op):
         a2 = a[None, :] if a.ndim == 1 else a
         b2 = b[:, None] if b.ndim == 1 else b
         self.saved = (a, b)
+        if bias is not None:
+            self.bias_shape = bias.shape
+            if a.ndim > 1 and b.ndim > 1:  # the common (addmm) case: bias fused before rounding
+                return blas_matmul(a, b, bias)
         out = blas_matmul(a2, b2)
         if b.ndim == 1:
             out = out[..., 0]
         if a.ndim == 1:
             out = out[..., 0, :] if b.ndim > 1 else out[..., 0]
-        if bias is not None:
-            self.bias_shape = bias.shape
-            out = out + bias
-        return out
+        return out if bias is None else out + bias
 
     def backward(self, g):
         a, b = self.saved

@@ -7,10 +7,10 @@ Every frame starts with a 100-byte header::
 
 and is followed by exactly ``payload bytes`` of raw little-endian array data (or UTF-8 JSON for
 the few control frames). DATA frames end with an 8-byte trailer saying whether the sender
-completed the frame or gave up half way (``ring.py``). Nothing on the wire is ever unpickled or evaluated: a header is
-``struct``-decoded and validated field by field, and the payload size must agree with the shape
-the header announces, so a peer cannot make a receiver allocate or read more than the collective
-it claims to be part of needs.
+completed the frame or gave up half way (``ring.py``). Nothing on the wire is ever unpickled or
+evaluated: a header is ``struct``-decoded and validated field by field, and the payload size
+must agree with the shape the header announces, so a peer cannot make a receiver allocate or
+read more than the collective it claims to be part of needs.
 """
 
 from __future__ import annotations

@@ -75,7 +75,18 @@ def _bytes_view(array: np.ndarray) -> memoryview:
     return memoryview(array).cast("B") if array.size else memoryview(b"")
 
 
-_BLOCK = 32768  # float64 items: the reduction's working set stays in L2 cache
+_BLOCK = 131072  # float64 items: the reduction's 1 MB working set stays in cache
+
+
+def _scale(block: np.ndarray, divisor: int) -> None:
+    """``block /= divisor``; a power of two multiplies by its exact reciprocal instead (the
+    same bits, several times faster than a division)."""
+    if divisor == 1:
+        return
+    if divisor & (divisor - 1) == 0:
+        np.multiply(block, 1.0 / divisor, out=block)
+    else:
+        np.divide(block, divisor, out=block)
 
 
 class _Finisher:
@@ -97,9 +108,9 @@ class _Finisher:
         while self.done < arrived:
             start, stop = self.done, min(self.done + _BLOCK, arrived)
             block = self.acc[:stop - start]
-            np.add(self.partial[start:stop], self.own[start:stop], out=block, dtype=np.float64)
-            if self.divisor != 1:
-                np.divide(block, self.divisor, out=block)
+            np.copyto(block, self.partial[start:stop], casting="unsafe")
+            np.add(block, self.own[start:stop], out=block)
+            _scale(block, self.divisor)
             np.copyto(self.out[start:stop], block, casting="unsafe")
             self.done, worked = stop, True
         return worked

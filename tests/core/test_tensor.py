@@ -228,3 +228,22 @@ def test_float16_affine_adds_the_bias_before_its_single_rounding():
     out = eo.matmul(eo.tensor(a), eo.tensor(b), bias=eo.tensor(bias))
     exact = a.astype(np.float64) @ b.astype(np.float64) + bias.astype(np.float64)
     np.testing.assert_array_equal(out.data, exact.astype(np.float32).astype(np.float16))
+
+
+def test_a_tensor_consumed_directly_and_through_another_op_gets_every_contribution():
+    # Regression: the engine once propagated b's gradient before a's contribution arrived.
+    x = eo.tensor([1.0], requires_grad=True)
+    b = x * 2
+    a = b * 3
+    (b + a).sum().backward()
+    np.testing.assert_allclose(x.grad, [8.0])
+
+
+def test_residual_chains_match_numerical_gradients():
+    def residual_stack(x):
+        h = x
+        for _ in range(4):
+            h = h + eo.tanh(h * 0.7) * h
+        return h * x
+
+    assert eo.gradcheck(residual_stack, np.random.default_rng(0).standard_normal((2, 3)))

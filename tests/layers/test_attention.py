@@ -3,9 +3,10 @@ without masks, mask validation."""
 
 from __future__ import annotations
 
-import everyo as eo
 import numpy as np
 import pytest
+
+import everyo as eo
 from everyo_layers.attention import causal_mask
 from support.sequence_torch import assert_grads_close, attention_grad_pairs, copy_attention
 

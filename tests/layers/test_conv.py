@@ -150,10 +150,10 @@ def test_conv2d_float16_multiplies_through_float32(rng):
                       dilation=(1, 1))
     assert out.dtype == "float16"
     reference = eo.dispatch("conv2d", x16.astype(np.float32), w16.astype(np.float32),
-                            stride=(1, 1), padding=((1, 1), (1, 1)), dilation=(1, 1)).data
-    # float32 accumulation, one rounding of the product, then the float16 bias add
-    expected = reference.astype(np.float16) + b16
-    np.testing.assert_array_equal(out.data, expected)
+                            b16.astype(np.float32), stride=(1, 1), padding=((1, 1), (1, 1)),
+                            dilation=(1, 1)).data
+    # float32 accumulation with the bias, then ONE rounding to float16 (as matmul does)
+    np.testing.assert_array_equal(out.data, reference.astype(np.float16))
 
 
 def test_conv2d_nchw_input_is_refused_with_a_hint():

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import everyo as eo
 import numpy as np
 import pytest
+
+import everyo as eo
 from everyo_layers.embedding import scatter_add_rows
 
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import everyo as eo
 import numpy as np
 import pytest
+
+import everyo as eo
 from support.sequence_torch import assert_grads_close, copy_recurrent, recurrent_grad_pairs
 
 KINDS = ["RNN", "LSTM", "GRU"]
@@ -151,3 +152,29 @@ def test_bad_input_names_layer_and_shapes(kind):
         layer(eo.zeros(2, 0, 3))
     with pytest.raises(eo.EveryOError, match="positive"):
         getattr(eo, kind)(0, 4)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_backward_twice_with_retained_graph_gives_the_same_gradients(kind):
+    # backward borrows pooled scratch arrays; the saved activations must survive it
+    lstm = getattr(eo, kind)(3, 4, num_layers=2, seed=0)
+    out = lstm(eo.randn(2, 5, 3, seed=1))
+    out.sum().backward(retain_graph=True)
+    first = [p.grad.copy() for p in lstm.parameters()]
+    lstm.zero_grad()
+    out.sum().backward()
+    for a, p in zip(first, lstm.parameters()):
+        np.testing.assert_array_equal(a, p.grad)
+
+
+def test_scratch_pool_reuses_and_bounds():
+    from everyo_layers.recurrent_ops import ScratchPool
+
+    pool = ScratchPool(keep=1, max_keys=2)
+    a = pool.take((2, 3), np.float32)
+    pool.give(a, np.empty((2, 3), np.float32))  # only one kept per shape
+    assert pool.take((2, 3), np.float32) is a
+    assert pool.take((2, 3), np.float32) is not a
+    for n in range(4):
+        pool.give(np.empty((n + 1,), np.float64))
+    assert len(pool._free) <= 2  # oldest shapes forgotten

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import math
 
-import everyo as eo
 import numpy as np
 import pytest
+
+import everyo as eo
 from everyo_layers.attention import causal_mask
 from support.sequence_torch import (
     assert_grads_close,

@@ -25,6 +25,7 @@ import numpy as np
 from everyo_dist.errors import CollectiveTimeoutError, DistributedError
 from everyo_dist.fingerprint import FINGERPRINT_SIZE
 from everyo_dist.group import ProcessGroup, reduce_rows_f64
+from everyo_dist.recycling import ResultBuffers
 
 _SPIN_SECONDS = 1.0  # busy-poll this long before sleeping between polls
 _hook_installed = False
@@ -101,6 +102,7 @@ class MPIProcessGroup(ProcessGroup):
     def __init__(self, MPI, comm, timeout: float | None = None):
         super().__init__(comm.Get_rank(), comm.Get_size(), timeout)
         self._MPI, self._comm = MPI, comm
+        self._results = ResultBuffers()
 
     def _wait(self, request, what: str) -> None:
         """Poll ``request`` until done or the collective's deadline passes.
@@ -144,7 +146,7 @@ class MPIProcessGroup(ProcessGroup):
             [_as_bytes(flat), ((counts * item).tolist(), (displs * item).tolist()), BYTE],
             [_as_bytes(rows), ([mine * item] * size, [r * mine * item for r in range(size)]),
              BYTE])
-        out = np.empty_like(flat)
+        out = self._results.like(flat)
         start = int(displs[rank])
         _reduce_rows_blocked(rows, size if mean else 1, out[start:start + mine])
         self._comm.Allgatherv(self._MPI.IN_PLACE,

@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from everyo import EveryOError, Module, Op, Tensor, dispatch, matmul
 
+from everyo import EveryOError, Module, Op, Tensor, dispatch, matmul
 from everyo_layers.checks import check_float
 from everyo_layers.dropout import Dropout
 from everyo_layers.linear import Linear

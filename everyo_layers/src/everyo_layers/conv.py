@@ -53,7 +53,8 @@ class Conv2DOp(Op):
 
     ``padding`` must already be resolved to ``((top, bottom), (left, right))``. The windows are
     gathered into one ``(N*Ho*Wo, kh*kw*in)`` matrix and multiplied by the reshaped weight in one
-    BLAS call; float16 multiplies through float32 BLAS and rounds back, as ``matmul`` does.
+    BLAS call; float16 multiplies (and adds the bias) through float32 BLAS and rounds once, as
+    ``matmul`` does.
     """
 
     __slots__ = ("stride", "dilation", "pads", "x_shape", "out_hw", "w_shape")
@@ -75,12 +76,8 @@ class Conv2DOp(Op):
         xp = pad_hw(x, padding)
         cols = window_view(xp, (kh, kw), stride, dilation, out_hw).reshape(-1, kh * kw * cin)
         w2 = weight.reshape(kh * kw * cin, cout)
-        out = blas_matmul(cols, w2)
-        if bias is not None:
-            if bias.dtype == out.dtype:
-                out += bias
-            else:
-                out = out + bias
+        # NOTE: the bias joins the product before float16's single rounding, as in matmul.
+        out = blas_matmul(cols, w2, bias)
         needs = self.needs_input_grad
         self.saved = (cols if needs[1] else None, w2 if needs[0] else None)
         return out.reshape(n, out_hw[0], out_hw[1], cout)

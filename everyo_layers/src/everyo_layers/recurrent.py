@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from everyo import EveryOError, Module, Parameter, Tensor, dispatch, stack
 
+from everyo import EveryOError, Module, Parameter, Tensor, dispatch, stack
 from everyo_layers.checks import check_float
 from everyo_layers.recurrent_ops import OPS as _RECURRENT_OPS
 

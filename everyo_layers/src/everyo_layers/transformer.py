@@ -11,8 +11,8 @@ import copy
 import math
 
 import numpy as np
-from everyo import EveryOError, Module, Sequential, dispatch, relu
 
+from everyo import EveryOError, Module, Sequential, dispatch, relu
 from everyo_layers.attention import MultiHeadAttention
 from everyo_layers.checks import check_float
 from everyo_layers.dropout import Dropout

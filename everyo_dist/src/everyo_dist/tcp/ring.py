@@ -8,9 +8,10 @@ deadlock on full kernel buffers.
 
 Every received header is checked against the collective this rank is running (its
 fingerprint), so a rank that called something else is named in a ``CollectiveMismatchError``
-the moment its first frame arrives. When a rank fails it sends an ABORT frame downstream (if it
-is between frames) and closes both connections, so the failure travels round the ring instead
-of leaving peers waiting.
+the moment its first frame arrives. Every data frame ends with a trailer that confirms it; when a
+rank fails it pads any half-sent frame, marks it aborted, sends an ABORT frame with the reason
+downstream and closes both connections, so the failure travels round the ring instead of
+leaving peers waiting, and no rank ever completes a collective on a half-sent frame.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from everyo_dist.errors import (
     PeerLostError,
 )
 from everyo_dist.fingerprint import Fingerprint
+from everyo_dist.recycling import ResultBuffers
 from everyo_dist.tcp.frames import (
     CONTROL_LIMIT,
     DTYPE_CODE_OF,
@@ -138,6 +140,7 @@ class Ring:
             sock.setblocking(False)
         self._unsent = [0, 0]  # header+payload and trailer bytes of the frame to next not sent
         self._buffers: dict[str, np.ndarray] = {}
+        self._results = ResultBuffers()
         self._packed, self._packed_for = b"", None  # the running collective's fingerprint
         self._gather_writes = not isinstance(to_next, ssl.SSLSocket)  # TLS has no sendmsg
 
@@ -154,7 +157,7 @@ class Ring:
         exactly once, on its owner ``c - 1``, and copied everywhere else: bit-identical on all
         ranks. The first hop carries the caller's dtype, later hops float64 partial sums.
         """
-        out = np.empty_like(flat)
+        out = self._results.like(flat)
         bounds = chunk_bounds(flat.size, self.size)
         widest = max(b - a for a, b in zip(bounds, bounds[1:]))
         incoming_raw = self._scratch("raw", flat.dtype, widest)

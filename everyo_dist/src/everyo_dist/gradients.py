@@ -48,7 +48,8 @@ def average_gradients(params, group) -> None:
                                        f"{param.grad.shape}")
             flat[offset:offset + size] = param.grad.reshape(-1)
         offset += size
-    averaged = group.all_reduce_mean(flat, out=flat)
+    # NOTE: not out=flat: a backend may let peers read this rank's input after it returns
+    averaged = group.all_reduce_mean(flat)
     offset = 0
     for param, size, target in zip(params, sizes, targets):
         # views into one fresh buffer: no copy when the dtype already matches

@@ -15,7 +15,8 @@ already agreed on (the fingerprints matched):
     result cast to ``flat.dtype``; bit-identical on every rank.
 ``_all_reduce_into(flat, mean, out)`` (optional)
     The same, written into the flat array ``out``; the default copies ``_all_reduce``'s result.
-    A backend overrides it to save that copy (``out=`` and ``average_gradients`` use it).
+    A backend overrides it to save that copy (``out=`` uses it). ``out`` may be ``flat``
+    itself, so a backend must not let peers read this rank's ``flat`` once this rank returns.
 ``_broadcast(flat, src) -> ndarray``
     Return rank ``src``'s ``flat`` on every rank (others pass an array of the right size).
 ``_all_gather(flat) -> ndarray``

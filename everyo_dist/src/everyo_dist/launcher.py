@@ -220,10 +220,14 @@ def _supervise(ranks: dict[int, subprocess.Popen]) -> int:
     return 0
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console entry point of ``everyo-run``."""
     args = parse_arguments(argv)
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    signal.signal(signal.SIGTERM, _interrupt)  # a terminated launcher stops its ranks too
     sys.exit(run(args))
 
 

@@ -10,13 +10,25 @@ import numpy as np
 from everyo import EveryOError, Module, Op, dispatch
 from everyo_layers.checks import check_float
 
-try:  # NOTE: SciPy's erf is exact and fast; it is optional, not a dependency of this package.
-    from scipy.special import erf as _erf
-except ImportError:  # pragma: no cover - exercised only where SciPy is absent
-    _erf_scalar = np.vectorize(math.erf, otypes=[np.float64])
+_erf_implementation = None
 
-    def _erf(x):
-        return _erf_scalar(x).astype(x.dtype, copy=False)
+
+def _erf(x: np.ndarray) -> np.ndarray:
+    """Elementwise erf: SciPy's when installed (exact and fast), else ``math.erf`` per element.
+
+    NOTE: SciPy is looked up on first use, not at import: importing scipy.special costs
+    ~150 ms, which ``import everyo`` must not pay. SciPy is optional, not a dependency.
+    """
+    global _erf_implementation
+    if _erf_implementation is None:
+        try:
+            from scipy.special import erf as scipy_erf
+            _erf_implementation = scipy_erf
+        except ImportError:  # pragma: no cover - exercised only where SciPy is absent
+            scalar = np.vectorize(math.erf, otypes=[np.float64])
+            _erf_implementation = lambda v: scalar(v).astype(v.dtype, copy=False)  # noqa: E731
+    return _erf_implementation(x)
+
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 _INV_SQRT_2 = 1.0 / math.sqrt(2.0)

@@ -181,3 +181,13 @@ def test_a_missing_first_party_distribution_says_what_to_install():
     assert "GradScaler" in lines[1] and "pip install everyo-amp" in lines[1]
     assert lines[2] == "False"
     assert "pip install everyo-dist" in lines[3]
+
+
+def test_eo_distributed_is_reachable_as_an_attribute():
+    result = run_python("""
+        import everyo as eo
+        print(eo.distributed.shard_indices(10, 0, 2).tolist())
+        print(eo.distributed_tcp.TCPRendezvousServer.__name__)
+    """)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["[0, 1, 2, 3, 4]", "TCPRendezvousServer"]

@@ -83,6 +83,13 @@ def __getattr__(name: str):
     from everyo.first_party import DISTRIBUTION_OF, missing
     from everyo.plugins import host
 
+    if name in _FORWARDING_MODULES:  # eo.distributed without `import everyo.distributed`
+        import importlib
+
+        try:
+            return importlib.import_module(f"everyo.{name}")
+        except MissingDistributionModuleError as exc:
+            raise MissingDistributionError(str(exc)) from None
     for kind in ("layers", "api"):
         found = host.registries[kind].get(name)
         if found is not None:
@@ -99,6 +106,9 @@ def __getattr__(name: str):
     if name in DISTRIBUTION_OF:
         raise missing(name, DISTRIBUTION_OF[name])
     raise AttributeError(f"module 'everyo' has no attribute {name!r}")
+
+
+_FORWARDING_MODULES = ("distributed", "distributed_tcp")
 
 
 def _op_function(name: str):

@@ -96,13 +96,6 @@ def __getattr__(name: str):
             return found
     if name in host.registries["ops"]:
         return _op_function(name)
-    if name in ("distributed", "distributed_tcp"):  # forwarding submodules: `eo.distributed.init`
-        import importlib
-
-        try:
-            return importlib.import_module(f"everyo.{name}")
-        except MissingDistributionModuleError:
-            pass  # raise the AttributeError twin below, so hasattr() stays a clean probe
     if name in DISTRIBUTION_OF:
         raise missing(name, DISTRIBUTION_OF[name])
     raise AttributeError(f"module 'everyo' has no attribute {name!r}")

@@ -1,0 +1,139 @@
+"""Worker functions the everyo-dist tests hand to ``spawn`` (they must be importable by name)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import numpy as np
+
+import everyo as eo
+from everyo.distributed import average_gradients, shard_indices
+
+
+def rank_data(rank: int, shape, dtype, seed: int = 0) -> np.ndarray:
+    """The array rank ``rank`` contributes: distinct per rank, reproducible in the parent."""
+    rng = np.random.default_rng(seed * 1000 + rank)
+    return (rng.standard_normal(shape) * 10.0 ** rng.integers(-3, 4, shape)).astype(dtype)
+
+
+def primitives(group, shapes):
+    """Every collective on every shape, float32 and float64, plus an integer sum."""
+    out = {"rank": group.rank, "world_size": group.world_size, "is_main": group.is_main}
+    for dtype in ("float32", "float64"):
+        for index, shape in enumerate(shapes):
+            mine = rank_data(group.rank, shape, dtype, seed=index)
+            key = f"{dtype}-{index}"
+            out["sum-" + key] = group.all_reduce_sum(mine)
+            out["mean-" + key] = group.all_reduce_mean(mine)
+            out["gather-" + key] = group.all_gather(mine)
+            out["bcast-" + key] = group.broadcast(mine, src=group.world_size - 1)
+            group.barrier()
+    out["int-sum"] = group.all_reduce_sum(np.arange(5, dtype=np.int64) * (group.rank + 1))
+    out["scalar-sum"] = group.all_reduce_sum(np.float64(group.rank + 0.5))
+    out["empty-mean"] = group.all_reduce_mean(np.zeros((0, 3), np.float32))
+    out["empty-gather"] = group.all_gather(np.zeros(0, np.int8))
+    out["tensor-mean"] = group.all_reduce_mean(eo.tensor([float(group.rank), 1.0]))
+    in_place = rank_data(group.rank, (300_000,), "float32", seed=2)
+    returned = group.all_reduce_mean(in_place, out=in_place)
+    out["in-place-mean"], out["in-place-is-out"] = in_place, returned is in_place
+    return out
+
+
+def mismatched_op(group):
+    if group.rank == 0:
+        group.all_reduce_mean(np.zeros(4, np.float32))
+    else:
+        group.barrier()
+
+
+def mismatched_shape(group):
+    group.all_reduce_mean(np.zeros(4 + group.rank, np.float32))
+
+
+def skip_collective(group, missing_rank: int):
+    if group.rank == missing_rank:
+        time.sleep(60)
+    group.all_reduce_sum(np.ones(3, np.float32))
+
+
+def _write_pid(directory):
+    path = os.path.join(directory, str(os.getpid()))
+    with open(path, "w") as file:
+        file.write(str(os.getpid()))
+    os.rename(path, path + ".pid")  # appears complete or not at all
+
+
+def raise_on_rank(group, failing_rank: int, pid_dir):
+    _write_pid(pid_dir)
+    group.barrier()
+    if group.rank == failing_rank:
+        raise ValueError(f"boom from rank {group.rank}")
+    group.barrier()  # the others wait here until the parent stops them
+    time.sleep(60)
+
+
+def sigkill_on_rank(group, failing_rank: int, pid_dir):
+    _write_pid(pid_dir)
+    group.barrier()
+    if group.rank == failing_rank:
+        os.kill(os.getpid(), signal.SIGKILL)
+    group.all_reduce_mean(np.ones(1000, np.float32))
+    time.sleep(60)
+
+
+# -- the specification's example: a three-layer MLP trained with SGD --------------------------
+STEPS = 20
+
+
+def make_data(rows: int = 256, features: int = 8, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    inputs = rng.standard_normal((rows, features)).astype(np.float32)
+    targets = np.sin(inputs[:, :2] @ np.float32([[1.0], [-0.5]])).astype(np.float32)
+    return inputs, targets
+
+
+def build_model(features: int = 8, hidden: int = 32):
+    model = eo.Sequential(eo.Linear(features, hidden), eo.ReLU(), eo.Linear(hidden, hidden),
+                          eo.ReLU(), eo.Linear(hidden, 1))
+    rng = np.random.default_rng(42)  # same weights on every rank and in the reference
+    for param in model.parameters():
+        param.data = (rng.standard_normal(param.data.shape) * 0.3).astype(np.float32)
+    return model
+
+
+def train_worker(group, inputs, targets, steps=STEPS):
+    """The worker of the specification's example, unchanged apart from its parameters."""
+    model = build_model()
+    optimizer = eo.SGD(model.parameters(), lr=0.05)
+    rows = shard_indices(len(inputs), group.rank, group.world_size)
+    xs, ys = eo.tensor(inputs[rows]), eo.tensor(targets[rows])
+
+    for _ in range(steps):
+        optimizer.zero_grad()
+        residual = model(xs) - ys
+        eo.mean(residual * residual).backward()
+        average_gradients(model.parameters(), group)
+        optimizer.step()
+
+    return [p.data for p in model.parameters()]
+
+
+def train_single_process(inputs, targets, steps=STEPS):
+    """Full-batch training in this process: the reference data-parallel training must match."""
+    model = build_model()
+    optimizer = eo.SGD(model.parameters(), lr=0.05)
+    xs, ys = eo.tensor(inputs), eo.tensor(targets)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        residual = model(xs) - ys
+        eo.mean(residual * residual).backward()
+        optimizer.step()
+    return [p.data for p in model.parameters()]
+
+
+def report_blas_pools(group):
+    from everyo_dist.blas import blas_thread_pools
+
+    return [threads for _, threads in blas_thread_pools()]

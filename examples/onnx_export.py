@@ -96,5 +96,6 @@ def export_and_compare(model, path: str, x_test, logits) -> None:
           f"max abs difference {difference:.2e}")
     print(f"every prediction matches: {same}")
 
+
 if __name__ == "__main__":
     main()

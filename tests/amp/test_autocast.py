@@ -156,6 +156,23 @@ def test_only_allowlisted_ops_are_cast_down():
             assert result.dtype == "float32"
 
 
+def test_no_registered_op_outside_the_allowlist_is_cast_down():
+    # The test above samples a dozen ops; this one asks the interceptor about every op any
+    # installed plugin registered, so a new op can never be cast down by accident.
+    from everyo_amp import DEFAULT_POLICY, LOWER_PRECISION_OPS, make_interceptor
+
+    intercept = make_interceptor(DEFAULT_POLICY)
+    operands = (eo.randn(2, 2, seed=0), eo.randn(2, 2, seed=1), np.ones(2, np.float32), 3.0)
+    names = set(eo.registry("ops").items)
+    assert LOWER_PRECISION_OPS <= names and len(names) > 30
+    for name in sorted(names):
+        result = intercept(name, operands)
+        if name in LOWER_PRECISION_OPS:
+            assert [getattr(o, "dtype", None) for o in result[:3]] == ["float16"] * 2 + [np.float16]
+        else:
+            assert all(a is b for a, b in zip(result, operands)), name
+
+
 def test_float32_ops_upcast_float16_activations():
     h = eo.randn(4, 4, seed=0).astype("float16")
     with eo.autocast():

@@ -243,6 +243,18 @@ def test_a_float16_loss_is_scaled_in_float32():
     assert scaled.dtype == "float32" and scaled.item() == 2.0**17
 
 
+
+def test_float16_gradients_are_unscaled_through_float32():
+    # Regression: the inverse scale was rounded to float16 first; from a scale of 2**25 on it
+    # is below float16's smallest subnormal, so unscale_ zeroed every float16 gradient.
+    w = eo.Parameter(np.zeros(3, np.float16))
+    w.grad = np.full(3, 2.0**14, np.float16)  # a true gradient of 2**-12 scaled by 2**26
+    scaler = eo.GradScaler(init_scale=2.0**26)
+    scaler.unscale_(eo.SGD([w], lr=0.1))
+    assert w.grad.dtype == np.float16
+    np.testing.assert_array_equal(w.grad, np.full(3, 2.0**-12, np.float16))
+
+
 # -- data parallel: the inf/NaN decision is shared ------------------------------------------------
 
 class ThreadGroup:

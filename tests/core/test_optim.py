@@ -88,3 +88,46 @@ def test_parameters_without_gradients_are_left_alone():
     (a * 2).sum().backward()
     opt.step()
     assert a.data[0] == 0.0 and b.data[0] == 1.0
+
+
+@pytest.mark.parametrize("name", ["Adam", "AdamW"])
+def test_adam_bias_correction_counts_each_parameters_own_steps(name, torch):
+    # Regression: the bias correction used the optimizer's global step count, so a parameter
+    # whose first gradient arrived at step 2 was corrected as if it had seen 2 steps (PyTorch
+    # keeps a step count per parameter).
+    a0, b0 = np.array([1.0, 2.0]), np.array([0.5, -1.5])
+    ours = [eo.Parameter(a0), eo.Parameter(b0)]
+    theirs = [torch.tensor(a0, requires_grad=True), torch.tensor(b0, requires_grad=True)]
+    opt = getattr(eo, name)(ours, lr=0.1)
+    torch_opt = getattr(torch.optim, name)(theirs, lr=0.1)
+    for step in range(4):
+        for params, optimizer in ((ours, opt), (theirs, torch_opt)):
+            optimizer.zero_grad()
+            a, b = params
+            loss = (a * a).sum() + ((b * b * b).sum() if step >= 2 else 0.0)
+            loss.backward()
+            optimizer.step()
+    for ours_p, theirs_p in zip(ours, theirs):
+        np.testing.assert_allclose(ours_p.data, theirs_p.detach().numpy(), rtol=1e-10, atol=1e-12)
+
+
+def test_adam_resumes_from_a_checkpoint_without_per_parameter_steps():
+    # Checkpoints written before Adam counted steps per parameter carry only step_count.
+    def run(steps, opt=None, w=None):
+        if w is None:
+            w = eo.Parameter(np.linspace(-1.0, 1.0, 4))
+            opt = eo.Adam([w], lr=0.05)
+        for _ in range(steps):
+            opt.zero_grad()
+            _loss(w).backward()
+            opt.step()
+        return w, opt
+
+    straight, _ = run(5)
+    w, opt = run(2)
+    state = opt.state_dict()
+    for buffers in state["state"]:
+        del buffers["step"]
+    opt.load_state_dict(state)
+    resumed, _ = run(3, opt, w)
+    np.testing.assert_array_equal(resumed.data, straight.data)

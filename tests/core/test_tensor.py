@@ -247,3 +247,80 @@ def test_residual_chains_match_numerical_gradients():
         return h * x
 
     assert eo.gradcheck(residual_stack, np.random.default_rng(0).standard_normal((2, 3)))
+
+
+def test_np_array_of_a_tensor_is_a_copy_while_asarray_shares():
+    # Regression: __array__ ignored NumPy 2's copy= request, so np.array(t) aliased t.data.
+    t = eo.tensor([1.0, 2.0])
+    copied = np.array(t)
+    copied[0] = 99.0
+    assert t.data.tolist() == [1.0, 2.0]
+    assert np.asarray(t) is t.data
+    widened = np.array(t, dtype=np.float64)
+    widened[1] = 7.0
+    assert widened.dtype == np.float64 and t.data.tolist() == [1.0, 2.0]
+    with pytest.raises(ValueError, match="copy"):
+        np.array(t, dtype=np.float64, copy=False)
+
+
+def test_a_scalar_takes_the_dtype_of_the_floating_operand_not_of_a_mask():
+    # Regression: a bool condition tensor set the scalar's dtype, so the float16 branch was
+    # widened to float32 (and a float64 one kept float64 only by NumPy's promotion).
+    for dtype in ("float16", "float32", "float64"):
+        x = eo.tensor([-1.0, 2.0], dtype=dtype, requires_grad=True)
+        y = eo.where(x > 0, x, 0.0)
+        assert y.dtype == dtype
+        y.sum().backward()
+        assert x.grad.tolist() == [0.0, 1.0]
+    assert eo.where(eo.tensor([True, False]), 1.5, eo.ones(2, dtype="float16")).dtype == "float16"
+
+
+@pytest.mark.parametrize("op", ["sum", "mean", "max", "min", "var"])
+def test_reduction_axis_out_of_range_is_an_error_not_a_wrapped_axis(op):
+    # Regression: axes were taken modulo ndim, so x.sum(axis=2) on a 2-D tensor summed axis 0.
+    x = eo.ones(2, 3)
+    for axis in (2, -3, (0, 2)):
+        with pytest.raises(eo.EveryOError, match=rf"{op}: axis .* out of range for shape \(2, 3\)"):
+            eo.dispatch(op, x, axis=axis)
+    assert eo.dispatch(op, x, axis=-2).shape == (3,)
+    assert eo.dispatch(op, eo.tensor(2.0), axis=0).item() == (0.0 if op == "var" else 2.0)
+
+
+def test_float16_relu_propagates_nans_of_either_sign():
+    # Regression: inf - inf gives a NaN with its sign bit set on x86; ReLU through the int16
+    # view turned it into 0, where float32 ReLU (and PyTorch) keeps the NaN.
+    inf = np.array([np.inf], np.float16)
+    with np.errstate(invalid="ignore"):
+        negative_nan = inf - inf
+    values = np.concatenate([negative_nan, -negative_nan, np.array([-1.0, 2.0], np.float16)])
+    assert np.signbit(values[0]) and not np.signbit(values[1])
+    out = eo.relu(eo.tensor(values)).data
+    assert np.isnan(out[:2]).all() and out[2:].tolist() == [0.0, 2.0]
+
+
+def test_arange_with_only_an_end_honours_the_step():
+    # Regression: eo.arange(10, step=3) ignored the step (np.arange(10)).
+    assert eo.arange(10, step=3).data.tolist() == [0, 3, 6, 9]
+    assert eo.arange(1.0, step=0.25).data.tolist() == [0.0, 0.25, 0.5, 0.75]
+    assert eo.arange(1.0, step=0.25).dtype == "float32"
+    assert eo.arange(3).data.tolist() == [0, 1, 2]
+
+
+@pytest.mark.parametrize("name", ["exp", "log", "sqrt", "tanh", "sigmoid", "softmax",
+                                  "log_softmax", "mean", "var"])
+def test_floating_ops_on_integer_tensors_give_the_default_float(name):
+    # Regression: sigmoid of an int tensor cast its result back to int (all zeros); the other
+    # ops returned float64 where an int tensor meeting a float gives float32 elsewhere.
+    ints = np.array([[1, 2], [3, 5]])
+    out = getattr(eo, name)(eo.tensor(ints))
+    expected = getattr(eo, name)(eo.tensor(ints.astype(np.float32)))
+    assert out.dtype == "float32"
+    np.testing.assert_array_equal(out.data, expected.data)
+
+
+def test_true_division_of_integer_tensors_gives_the_default_float():
+    ints = eo.tensor([1, 2, 3])
+    for quotient in (ints / 2, ints / ints, 3 / ints, ints / 2.0):
+        assert quotient.dtype == "float32"
+    np.testing.assert_array_equal((ints / 2).data, np.array([0.5, 1.0, 1.5], np.float32))
+    assert (eo.tensor(np.array([1.0, 2.0])) / 2).dtype == "float64"  # floats keep their dtype

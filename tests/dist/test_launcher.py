@@ -116,8 +116,10 @@ def test_terminating_the_launcher_stops_every_rank(tmp_path):
     script = tmp_path / "sleep.py"
     script.write_text("import os, sys, time\nimport everyo.distributed as dist\n"
                       "group = dist.init()\n"
-                      "open(os.path.join(sys.argv[1], f'{group.rank}.pid'), 'w')"
-                      ".write(str(os.getpid()))\n"
+                      "tmp = os.path.join(sys.argv[1], f'{group.rank}.tmp')\n"
+                      "open(tmp, 'w').write(str(os.getpid()))\n"
+                      # NOTE: renamed into place, so the test never reads a half-written file
+                      "os.replace(tmp, os.path.join(sys.argv[1], f'{group.rank}.pid'))\n"
                       "time.sleep(120)\n")
     launcher = subprocess.Popen([EVERYO_RUN, "--nproc-per-node", "2", str(script),
                                  str(tmp_path)], env=launcher_environment(),

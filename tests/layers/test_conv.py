@@ -131,6 +131,12 @@ def test_resolve_padding_forms():
         resolve_padding("full", (5, 5), (3, 3))
     with pytest.raises(eo.EveryOError, match="negative"):
         resolve_padding(-1, (5, 5), (3, 3))
+    # Regression: NumPy integers (pads computed with NumPy) were refused as not ints.
+    assert resolve_padding(np.int64(1), (5, 5), (3, 3)) == ((1, 1), (1, 1))
+    pads = resolve_padding((np.int64(1), np.int32(2)), (5, 5), (3, 3))
+    assert pads == ((1, 1), (2, 2)) and all(type(p) is int for side in pads for p in side)
+    with pytest.raises(eo.EveryOError, match="padding must be"):
+        resolve_padding(1.5, (5, 5), (3, 3))
 
 
 def test_conv2d_weight_layout_and_init():
@@ -175,3 +181,22 @@ def test_conv2d_bad_inputs():
         layer(eo.zeros(1, 2, 2, 3))
     with pytest.raises(eo.EveryOError, match="kernel_size must be an int or a pair"):
         eo.Conv2D(3, 8, "big")
+
+
+def test_the_conv2d_op_takes_the_layers_argument_forms(rng):
+    # Regression: eo.conv2d(x, w, stride=2) (or padding="same", an int dilation) died in a
+    # TypeError inside the op, which only understood the layer's pre-resolved tuples.
+    x = eo.tensor(rng.standard_normal((2, 7, 6, 3)))
+    w = eo.tensor(rng.standard_normal((3, 3, 3, 4)))
+    b = eo.tensor(rng.standard_normal(4))
+    for options in ({"stride": 2, "padding": "same"}, {"padding": 1, "dilation": 2},
+                    {"stride": (2, 1), "padding": ((1, 0), (0, 1))}):
+        layer = eo.Conv2D(3, 4, 3, **options).to("float64")
+        layer.weight.data[...], layer.bias.data[...] = w.data, b.data
+        np.testing.assert_array_equal(eo.conv2d(x, w, b, **options).data, layer(x).data)
+    with pytest.raises(eo.EveryOError, match=r"conv2d: input \(7, 6, 3\) \(NHWC\) and weight"):
+        eo.conv2d(x[0], w)
+    with pytest.raises(eo.EveryOError, match=r"conv2d: bias of shape \(3,\) does not fit"):
+        eo.conv2d(x, w, b[:3])
+    with pytest.raises(eo.EveryOError, match="padding must be 'valid', 'same'"):
+        eo.conv2d(x, w, padding="full")

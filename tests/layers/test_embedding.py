@@ -72,3 +72,12 @@ def test_trains_only_the_rows_it_saw():
     changed = np.any(emb.weight.data != before, axis=1)
     assert changed.tolist() == [False, True, False, True]
     np.testing.assert_allclose(before[1] - emb.weight.data[1], [1.0, 1.0])  # twice 0.5
+
+
+def test_an_empty_batch_of_ids_gives_a_zero_gradient():
+    # Regression: backward reshaped the gradient with -1, which NumPy refuses for 0 rows.
+    emb = eo.Embedding(5, 3, seed=0)
+    out = emb(np.zeros((2, 0), np.int64))
+    assert out.shape == (2, 0, 3)
+    out.sum().backward()
+    assert emb.weight.grad.shape == (5, 3) and not emb.weight.grad.any()

@@ -3,6 +3,8 @@ float64, float32 results for float16 input and the errors of bad targets."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -149,5 +151,13 @@ def test_loss_bad_inputs():
         eo.mse_loss(eo.zeros(3, 1), eo.zeros(3))
     with pytest.raises(eo.EveryOError, match="reduction must be one of"):
         eo.L1Loss("average")
+    # Regression: a pos_weight that does not broadcast to the input died in NumPy, and one
+    # that broadcast *beyond* it silently averaged a larger loss in forward.
+    for shape, pos_weight in (((4, 3), np.ones(2)), ((3,), np.ones((2, 3)))):
+        with pytest.raises(eo.EveryOError, match=re.escape(
+                f"pos_weight of shape {pos_weight.shape} does not broadcast to the input shape "
+                f"{shape}")):
+            eo.binary_cross_entropy_with_logits(eo.zeros(*shape), eo.ones(*shape),
+                                                pos_weight=pos_weight)
     with pytest.raises(eo.EveryOError, match="floating-point input, got int64"):
         eo.cross_entropy(eo.tensor(np.zeros((2, 3), np.int64)), np.array([0, 1]))

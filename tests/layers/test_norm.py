@@ -161,6 +161,14 @@ def test_norm_bad_inputs():
         eo.BatchNorm1D(4)(eo.zeros(2, 3))
     with pytest.raises(eo.EveryOError, match="more than one value per channel"):
         eo.BatchNorm1D(4)(eo.zeros(1, 4))
+    # Regression: without running statistics batch statistics are used in eval mode too, and
+    # a single sample silently normalised to zeros.
+    untracked = eo.BatchNorm1D(4, track_running_stats=False)
+    for layer in (untracked, untracked.eval()):
+        with pytest.raises(eo.EveryOError, match=r"BatchNorm1D\(4\).*more than one value per "
+                                                 r"channel.*\(1, 4\)"):
+            layer(eo.randn(1, 4, seed=0))
+    assert eo.BatchNorm1D(4).eval()(eo.randn(1, 4, seed=0)).shape == (1, 4)
     with pytest.raises(eo.EveryOError, match=r"LayerNorm\(8,\): expected input ending in "
                                              r"\(8,\), got shape \(2, 4\)"):
         eo.LayerNorm(8)(eo.zeros(2, 4))

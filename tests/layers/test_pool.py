@@ -124,3 +124,17 @@ def test_same_pooling_shape_and_padding_exclusion_property(h, w, pool, stride, v
     # padding never enters a result: a constant image pools to the same constant everywhere
     np.testing.assert_allclose(avg.data, np.float32(value), rtol=1e-6, atol=1e-6)
     np.testing.assert_array_equal(top.data, np.float32(value))
+
+
+@pytest.mark.parametrize("name, cls", [("max_pool2d", eo.MaxPool2D), ("avg_pool2d", eo.AvgPool2D)])
+def test_the_pool_ops_take_the_layers_argument_forms(rng, name, cls):
+    # Regression: eo.max_pool2d(x, pool_size=3) died in a TypeError inside the op.
+    x = eo.tensor(rng.standard_normal((2, 7, 5, 3)))
+    op = getattr(eo, name)
+    for pool, options in ((3, {}), (2, {"stride": 1}), (3, {"stride": 2, "padding": "same"}),
+                          ((2, 3), {"padding": 1})):
+        expected = cls(pool, **options)(x).data
+        np.testing.assert_array_equal(op(x, pool_size=pool, **options).data, expected)
+    with pytest.raises(eo.EveryOError, match=rf"{name}: padding 2 resolves to .* smaller than "
+                                             r"the pool size \(2, 2\)"):
+        op(x, pool_size=2, padding=2)

@@ -178,3 +178,15 @@ def test_scratch_pool_reuses_and_bounds():
     for n in range(4):
         pool.give(np.empty((n + 1,), np.float64))
     assert len(pool._free) <= 2  # oldest shapes forgotten
+
+
+@pytest.mark.parametrize("kind", ["RNN", "LSTM", "GRU"])
+def test_an_empty_batch_runs_forward_and_backward(kind):
+    # Regression: reshapes with -1 failed on a batch of 0 sequences.
+    layer = getattr(eo, kind)(2, 4, num_layers=2, return_state=True, seed=0)
+    x = eo.zeros(0, 3, 2, requires_grad=True)
+    out, state = layer(x)
+    assert out.shape == (0, 3, 4)
+    out.sum().backward()
+    assert x.grad.shape == (0, 3, 2)
+    assert not layer.weight_hh_l1.grad.any() and layer.weight_hh_l1.grad.shape == (4, 4 * layer.gates)

@@ -80,6 +80,17 @@ def test_batchnorm_without_running_stats_is_refused(cls, tmp_path):
     assert path.read_bytes() == b"old" and leftovers(tmp_path) == ["bn.onnx"]
 
 
+def test_a_refused_layer_that_cannot_run_on_the_sample_is_still_reported_as_refused(tmp_path):
+    # Regression: with input_shape=(1, C) the refused BatchNorm1D also failed to run on the
+    # one-row sample (batch statistics of one value), and that error hid the refusal.
+    model = eo.Sequential(eo.Linear(3, 3), eo.BatchNorm1D(3, track_running_stats=False),
+                          eo.Linear(3, 2))
+    with pytest.raises(eo.EveryOSerializationError,
+                       match=r"cannot export to ONNX: \[1\] BatchNorm1D.*track_running_stats"):
+        eo.export_onnx(model, tmp_path / "m.onnx", input_shape=(1, 3))
+    assert leftovers(tmp_path) == []
+
+
 def test_refused_configuration_and_missing_converter_reported_together(tmp_path):
     model = eo.Sequential(eo.BatchNorm1D(4, track_running_stats=False), eo.BatchNorm1D(4),
                           eo.BatchNorm1D(4, track_running_stats=False))

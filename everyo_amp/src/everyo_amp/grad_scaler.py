@@ -126,7 +126,9 @@ class GradScaler:
         inverse = 1.0 / self._scale
         with np.errstate(over="ignore", invalid="ignore"):
             for g in grads:
-                g *= np.asarray(inverse, dtype=g.dtype)
+                # NOTE: the inverse is held in at least float32: rounded to float16 it would
+                # reach zero at a scale of 2**25 and wipe out float16 gradients.
+                g *= np.asarray(inverse, dtype=np.promote_types(g.dtype, np.float32))
         found_inf = not _all_finite(grads)
         if self.group is not None:
             # NOTE: every rank takes part in this all-reduce on every step, found inf or not,

@@ -69,11 +69,16 @@ def _as_tensors(operands) -> tuple:
             break
     else:
         return operands
+    # NOTE: scalars follow the first floating tensor, else the first tensor: in
+    # where(x > 0, x, 0.0) the bool mask must not decide the dtype of 0.0.
     like = None
     for o in operands:
         if isinstance(o, Tensor):
-            like = o.data.dtype
-            break
+            if o.data.dtype.kind == "f":
+                like = o.data.dtype
+                break
+            if like is None:
+                like = o.data.dtype
     out = []
     for o in operands:
         if isinstance(o, Tensor):

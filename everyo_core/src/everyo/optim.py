@@ -74,7 +74,8 @@ class Optimizer:
         for name, value in state["hyperparameters"].items():
             setattr(self, name, value)
         self.step_count = int(state["step_count"])
-        self.state = [{k: np.array(v, dtype=p.data.dtype) for k, v in s.items()}
+        self.state = [{k: np.array(v, dtype=p.data.dtype) if k in self.state_names
+                       else np.array(v, copy=True) for k, v in s.items()}
                       for p, s in zip(self.params, buffers)]
 
 
@@ -135,15 +136,26 @@ class Adam(Optimizer):
         if "exp_avg" not in state:
             state["exp_avg"] = np.zeros_like(w)
             state["exp_avg_sq"] = np.zeros_like(w)
+        # NOTE: the bias correction counts this parameter's own updates, as PyTorch's: a
+        # parameter whose first gradient arrives late starts from t = 1.
+        t = state["step"] = int(state.get("step", 0)) + 1
         m, v = state["exp_avg"], state["exp_avg_sq"]
         m *= beta1
         m += (1 - beta1) * g
         v *= beta2
         v += (1 - beta2) * (g * g)
-        t = self.step_count
         step_size = self.lr / (1 - beta1 ** t)
         denom = np.sqrt(v / (1 - beta2 ** t)) + self.eps
         w -= (step_size * m / denom).astype(w.dtype, copy=False)
+
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        for buffers in self.state:
+            # NOTE: a checkpoint written before steps were counted per parameter has none;
+            # the optimizer's own count is what its bias correction used then.
+            if "exp_avg" in buffers and "step" not in buffers:
+                buffers["step"] = self.step_count
 
 
 class AdamW(Adam):

@@ -101,9 +101,13 @@ class Tensor:
         return (self[i] for i in range(len(self.data)))
 
     def __array__(self, dtype=None, copy=None):
-        if dtype is None:
-            return self.data
-        return self.data.astype(dtype)
+        # NOTE: NumPy 2 passes copy=True for np.array(t) and trusts us to copy: returning
+        # self.data there would hand out an alias of the tensor's storage.
+        array = self.data if dtype is None else self.data.astype(dtype, copy=False)
+        if copy is False and array is not self.data:
+            raise ValueError(f"cannot convert a {self.dtype} tensor to {np.dtype(dtype).name} "
+                             f"without a copy (copy=False)")
+        return array.copy() if copy and array is self.data else array
 
     def __repr__(self) -> str:
         body = np.array2string(self.data, separator=", ", prefix="tensor(")
@@ -303,7 +307,7 @@ def rand(*shape, seed=None, dtype=None, requires_grad: bool = False) -> Tensor:
 
 def arange(start, stop=None, step=1, dtype=None) -> Tensor:
     """Evenly spaced values, as ``np.arange`` (float results default to float32)."""
-    data = np.arange(start, stop, step) if stop is not None else np.arange(start)
+    data = np.arange(start, stop, step) if stop is not None else np.arange(0, start, step)
     return Tensor(_default_float(data.astype(_normalize_dtype(dtype) or data.dtype), dtype, False))
 
 

@@ -42,6 +42,26 @@ def window_slices(offset: tuple, stride: tuple, dilation: tuple, out_hw: tuple) 
             slice(j * dw, j * dw + sw * (wo - 1) + 1, sw), slice(None))
 
 
+def window_arguments(op: str, x: np.ndarray, kernel, stride, padding, dilation=(1, 1)) -> tuple:
+    """``(kernel, stride, pads, dilation)`` of a window op called directly (``eo.conv2d``,
+    ``eo.max_pool2d``...) with the layers' argument forms: ints or pairs, and any ``padding``
+    :func:`resolve_padding` accepts ("valid", "same", ints, explicit pads).
+
+    Example:
+        >>> window_arguments("conv2d", np.zeros((1, 5, 5, 1)), 3, 2, "same")
+        ((3, 3), (2, 2), ((1, 1), (1, 1)), (1, 1))
+    """
+    if x.ndim != 4:
+        raise EveryOError(f"{op}: expected NHWC input (4 axes), got shape {x.shape}")
+    kernel, stride = pair(kernel, f"{op} kernel size"), pair(stride, f"{op} stride")
+    dilation = pair(dilation, f"{op} dilation")
+    if min(kernel + stride + dilation) <= 0:
+        raise EveryOError(f"{op}: kernel size, stride and dilation must be positive, got "
+                          f"{kernel}, {stride}, {dilation}")
+    return kernel, stride, resolve_padding(padding, x.shape[1:3], kernel, stride, dilation), \
+        dilation
+
+
 def _sum_rows(g2: np.ndarray) -> np.ndarray:
     if g2.dtype == _F16:
         return g2.sum(axis=0, dtype=np.float32).astype(_F16)
@@ -51,7 +71,8 @@ def _sum_rows(g2: np.ndarray) -> np.ndarray:
 class Conv2DOp(Op):
     """2-D cross-correlation of NHWC ``x`` with ``weight`` (kh, kw, in, out), plus ``bias``.
 
-    ``padding`` must already be resolved to ``((top, bottom), (left, right))``. The windows are
+    ``stride``, ``padding`` and ``dilation`` take the forms ``Conv2D`` accepts (the layer
+    passes them resolved to pairs and ``((top, bottom), (left, right))``). The windows are
     gathered into one ``(N*Ho*Wo, kh*kw*in)`` matrix and multiplied by the reshaped weight in one
     BLAS call; float16 multiplies (and adds the bias) through float32 BLAS and rounds once, as
     ``matmul`` does.
@@ -65,6 +86,11 @@ class Conv2DOp(Op):
             raise EveryOError(f"conv2d: input {x.shape} (NHWC) and weight {weight.shape} "
                               f"(kh, kw, in, out) do not fit")
         kh, kw, cin, cout = weight.shape
+        if bias is not None and bias.shape != (cout,):
+            raise EveryOError(f"conv2d: bias of shape {bias.shape} does not fit weight "
+                              f"{weight.shape}; expected ({cout},)")
+        _, stride, padding, dilation = window_arguments("conv2d", x, (kh, kw), stride, padding,
+                                                        dilation)
         n, h, w, _ = x.shape
         out_hw = (output_size(h, kh, stride[0], dilation[0], padding[0]),
                   output_size(w, kw, stride[1], dilation[1], padding[1]))

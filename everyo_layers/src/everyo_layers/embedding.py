@@ -44,7 +44,7 @@ class EmbeddingOp(Op):
 
     def backward(self, g):
         flat = self.indices.reshape(-1)
-        grad = scatter_add_rows(flat, g.reshape(flat.size, -1), self.num_rows)
+        grad = scatter_add_rows(flat, g.reshape(flat.size, g.shape[-1]), self.num_rows)
         if self.padding_idx is not None:
             grad[self.padding_idx] = 0
         return (grad,)

@@ -293,8 +293,16 @@ def binary_cross_entropy_with_logits(input, target, reduction: str = "mean", pos
     """
     attrs = {}
     if pos_weight is not None:
-        attrs["pos_weight"] = check_float("binary_cross_entropy_with_logits (pos_weight)",
-                                          pos_weight)
+        name = "binary_cross_entropy_with_logits"
+        pw = attrs["pos_weight"] = check_float(f"{name} (pos_weight)", pos_weight)
+        shape = array_of(input).shape
+        try:
+            fits = np.broadcast_shapes(pw.shape, shape) == shape
+        except ValueError:
+            fits = False
+        if not fits:  # NOTE: broadcasting *beyond* the input would silently grow the loss
+            raise EveryOError(f"{name}: pos_weight of shape {pw.shape} does not broadcast to "
+                              f"the input shape {shape}")
     return _elementwise("binary_cross_entropy_with_logits", "bce_with_logits", input, target,
                         reduction, **attrs)
 

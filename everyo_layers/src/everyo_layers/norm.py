@@ -195,10 +195,12 @@ class _BatchNorm(Module):
         data = self._check(x)
         use_batch_stats = self.training or not self.track_running_stats
         momentum = 0.0
+        if use_batch_stats and data.size // data.shape[-1] < 2:
+            # NOTE: one value per channel has variance 0: the output would be all zeros (or
+            # just the bias). PyTorch refuses it whenever batch statistics are used.
+            raise EveryOError(f"{self.label}: normalising by batch statistics needs more than "
+                              f"one value per channel, got input shape {data.shape}")
         if self.training and self.track_running_stats:
-            if data.size // data.shape[-1] < 2:
-                raise EveryOError(f"{self.label}: training needs more than one value per "
-                                  f"channel, got input shape {data.shape}")
             self.num_batches_tracked += 1
             # NOTE: momentum=None means a cumulative average, as in PyTorch.
             momentum = (1.0 / int(self.num_batches_tracked) if self.momentum is None

@@ -4,6 +4,7 @@ exporter: ``"valid"``, ``"same"`` (TensorFlow's rule) or explicit pads."""
 from __future__ import annotations
 
 import math
+import numbers
 
 from everyo import EveryOError
 
@@ -49,10 +50,11 @@ def resolve_padding(padding, input_hw, kernel_hw, stride_hw=(1, 1), dilation_hw=
                          zip(input_hw, kernel_hw, stride_hw, dilation_hw))
         raise EveryOError(f"padding must be 'valid', 'same', an int or pairs, got {padding!r}")
     try:
-        if isinstance(padding, int):
-            pads = ((padding, padding), (padding, padding))
-        elif all(isinstance(p, int) for p in padding):
-            ph, pw = padding
+        # NOTE: numbers.Integral also admits NumPy integers (pads computed with NumPy).
+        if isinstance(padding, numbers.Integral):
+            pads = ((int(padding),) * 2,) * 2
+        elif all(isinstance(p, numbers.Integral) for p in padding):
+            ph, pw = (int(p) for p in padding)
             pads = ((ph, ph), (pw, pw))
         else:
             (top, bottom), (left, right) = padding

@@ -11,7 +11,7 @@ import numpy as np
 
 from everyo import EveryOError, Module, Op, dispatch
 from everyo_layers.checks import check_float, pair
-from everyo_layers.conv import pad_hw, window_slices
+from everyo_layers.conv import pad_hw, window_arguments, window_slices
 from everyo_layers.padding import output_size, resolve_padding
 from everyo_layers.precision import accumulation_dtype
 
@@ -23,8 +23,16 @@ class _Windows:
 
     __slots__ = ("pool", "stride", "pads", "out_hw", "tiled")
 
-    def __init__(self, shape: tuple, pool: tuple, stride: tuple, pads: tuple):
-        n, h, w, c = shape
+    def __init__(self, op: str, x: np.ndarray, pool, stride, padding):
+        # NOTE: called directly (eo.max_pool2d) the op takes the layer's forms; stride
+        # defaults to the pool size, as the layers and PyTorch do.
+        pool, stride, pads, _ = window_arguments(op, x, pool, pool if stride is None else stride,
+                                                 padding)
+        for (lo, hi), size in zip(pads, pool):
+            if max(lo, hi) >= size:
+                raise EveryOError(f"{op}: padding {padding!r} resolves to {pads}; each pad "
+                                  f"must be smaller than the pool size {pool}")
+        n, h, w, c = shape = x.shape
         self.pool, self.stride, self.pads = pool, stride, pads
         self.out_hw = (output_size(h, pool[0], stride[0], 1, pads[0]),
                        output_size(w, pool[1], stride[1], 1, pads[1]))
@@ -59,10 +67,10 @@ class MaxPool2DOp(Op):
 
     __slots__ = ("windows", "x_shape")
 
-    def forward(self, x, pool_size=(2, 2), stride=(2, 2), padding=_NO_PADS):
-        self.windows = windows = _Windows(x.shape, pool_size, stride, padding)
+    def forward(self, x, pool_size=(2, 2), stride=None, padding=_NO_PADS):
+        self.windows = windows = _Windows("max_pool2d", x, pool_size, stride, padding)
         self.x_shape = x.shape
-        views = windows.views(pad_hw(x, padding, value=-np.inf))
+        views = windows.views(pad_hw(x, windows.pads, value=-np.inf))
         out = views[0].copy()
         # NOTE: remember which kernel position won (one byte per output), so that backward
         # needs neither the input nor a full-size mask; ">" keeps the first of tied maxima.
@@ -96,12 +104,12 @@ class AvgPool2DOp(Op):
 
     __slots__ = ("windows", "x_shape", "dtype")
 
-    def forward(self, x, pool_size=(2, 2), stride=(2, 2), padding=_NO_PADS):
-        self.windows = windows = _Windows(x.shape, pool_size, stride, padding)
+    def forward(self, x, pool_size=(2, 2), stride=None, padding=_NO_PADS):
+        self.windows = windows = _Windows("avg_pool2d", x, pool_size, stride, padding)
         self.x_shape, self.dtype = x.shape, x.dtype
         accumulate = accumulation_dtype(x.dtype)  # float16 sums in float32
         total = None
-        for view in windows.views(pad_hw(x, padding)):
+        for view in windows.views(pad_hw(x, windows.pads)):
             total = view.astype(accumulate) if total is None else np.add(total, view, out=total)
         count = self._count()
         self.saved = count

@@ -105,17 +105,18 @@ class _FusedRecurrentOp(Op):
                 f"and initial state {h0.shape} do not fit (expected w_ih "
                 f"({features}, {self.gates * hidden}), state ({batch}, {hidden}))")
         bias = b_ih + b_hh if fold_hidden_bias else b_ih
-        # NOTE: the input projection of every time step in one GEMM.
+        # NOTE: the input projection of every time step in one GEMM. (Reshapes name every
+        # size: NumPy cannot infer a -1 next to a zero, and an empty batch must work.)
         projected = blas_matmul(xt.reshape(steps * batch, features), w_ih)
         projected += bias
-        return xt, projected.reshape(steps, batch, -1), hidden
+        return xt, projected.reshape(steps, batch, projected.shape[-1]), hidden
 
     def _gradients(self, xt, hs, w_ih, w_hh, d_pre_x, d_pre_h, dh0, extra=()):
         """Gradients of every operand from the per-step pre-activation gradients."""
         need = self.needs_input_grad
         steps, batch, features = xt.shape
-        flat_x = d_pre_x.reshape(steps * batch, -1)
-        flat_h = d_pre_h.reshape(steps * batch, -1)
+        flat_x = d_pre_x.reshape(steps * batch, d_pre_x.shape[-1])
+        flat_h = d_pre_h.reshape(steps * batch, d_pre_h.shape[-1])
         dx = dw_ih = dw_hh = db_ih = db_hh = None
         if need[0]:
             dx = blas_matmul(flat_x, w_ih.T).reshape(steps, batch, features)
@@ -126,7 +127,7 @@ class _FusedRecurrentOp(Op):
         if need[w_ih_i]:
             dw_ih = blas_matmul(xt.reshape(steps * batch, features).T, flat_x)
         if need[w_ih_i + 1]:
-            previous = hs[:steps].reshape(steps * batch, -1)
+            previous = hs[:steps].reshape(steps * batch, hs.shape[-1])
             dw_hh = blas_matmul(previous.T, flat_h)
         if need[w_ih_i + 2]:
             db_ih = flat_x.sum(axis=0)

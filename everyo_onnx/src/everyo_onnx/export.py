@@ -16,7 +16,6 @@ import tempfile
 import numpy as np
 
 from everyo import EveryOSerializationError, Module, no_grad, registry, tensor
-
 from everyo_onnx.converters.dense import convert_sequential
 from everyo_onnx.runtime import import_onnx, inference_session, run_session
 
@@ -81,8 +80,7 @@ def export_onnx(model, path, input_shape, input_name: str = "input", output_name
         ctx = GraphContext(converters, opset, input_name, output_name, sample)
         output = ctx.convert(model, input_name)
         if ctx.problems:
-            raise EveryOSerializationError(
-                "cannot export to ONNX: " + "; ".join(ctx.problems) + ". Nothing was written.")
+            raise EveryOSerializationError(ctx.problems_message())
         proto = ctx.build_model(output, output_name, doc=f"everyo {type(model).__name__}",
                                 producer_version=_version())
         try:

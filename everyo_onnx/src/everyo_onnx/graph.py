@@ -84,19 +84,31 @@ class GraphContext:
         try:
             label = position_label(tuple(self._path), layer)
             converter = self.converters.get(type(layer))
+            problems_before = len(self.problems)
             if converter is None:
                 self.problems.append(f"{label}: no ONNX converter is registered for it")
                 output = self._fresh(f"{self._scope()}/unconverted")
             else:
                 output = self._call(converter, layer, input_name, label)
             if output not in self._samples:
-                self._samples[output] = self._run(layer, input_name, label)
+                try:
+                    self._samples[output] = self._run(layer, input_name, label)
+                except EveryOSerializationError:
+                    # NOTE: a refused layer may also be unable to run on the sample (BatchNorm
+                    # without running statistics on a batch of one); its refusal says why.
+                    if len(self.problems) > problems_before:
+                        raise EveryOSerializationError(self.problems_message()) from None
+                    raise
             return output
         finally:
             if position is not None:
                 self._path.pop()
 
     # -- used by the exporter -------------------------------------------------------------------
+    def problems_message(self) -> str:
+        """The error message naming every refusal collected so far."""
+        return "cannot export to ONNX: " + "; ".join(self.problems) + ". Nothing was written."
+
     def build_model(self, output: str, output_name: str, doc: str, producer_version: str):
         """The finished ``ModelProto`` whose graph output is ``output`` renamed ``output_name``."""
         producer = next((n for n in self.nodes if output in n.output), None)

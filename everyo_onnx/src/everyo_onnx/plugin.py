@@ -10,7 +10,6 @@ from __future__ import annotations
 import importlib
 
 from everyo import hookimpl
-
 from everyo_onnx.converters import MODULES
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from everyo.autograd import Op, unbroadcast
+from everyo.ops.unary import floating
 
 
 class Add(Op):
@@ -48,6 +49,8 @@ class Mul(Op):
 
 class Div(Op):
     def forward(self, a, b):
+        if a.dtype.kind not in "fc" and b.dtype.kind not in "fc":
+            a, b = floating(a), floating(b)  # true division of integers: float32, as PyTorch
         out = a / b
         self.saved = (a, b, out)
         return out

@@ -5,13 +5,23 @@ from __future__ import annotations
 import numpy as np
 
 from everyo.autograd import Op
+from everyo.errors import EveryOError
+from everyo.ops.unary import floating
 
 
-def _axes(axis, ndim: int) -> tuple:
+def _axes(axis, shape: tuple, op: str) -> tuple:
+    """``axis`` (None, an int or ints, negatives allowed) as sorted non-negative axes."""
     if axis is None:
-        return tuple(range(ndim))
-    if isinstance(axis, int):
+        return tuple(range(len(shape)))
+    ndim = len(shape)
+    if isinstance(axis, (int, np.integer)):
         axis = (axis,)
+    # NOTE: a 0-d tensor accepts axis 0 / -1, as PyTorch's; anything else out of range is an
+    # error, never wrapped modulo ndim (which would silently reduce another axis).
+    bound = max(ndim, 1)
+    if any(not -bound <= a < bound for a in axis):
+        raise EveryOError(f"{op}: axis {axis if len(axis) > 1 else axis[0]} is out of range "
+                          f"for shape {shape}")
     return tuple(sorted(a % ndim for a in axis)) if ndim else ()
 
 
@@ -24,7 +34,7 @@ class Sum(Op):
     __slots__ = ("shape", "axes", "keepdims")
 
     def forward(self, x, axis=None, keepdims=False):
-        self.shape, self.axes, self.keepdims = x.shape, _axes(axis, x.ndim), keepdims
+        self.shape, self.axes, self.keepdims = x.shape, _axes(axis, x.shape, self.name), keepdims
         return np.sum(x, axis=self.axes, keepdims=keepdims)
 
     def backward(self, g):
@@ -35,8 +45,8 @@ class Mean(Op):
     __slots__ = ("shape", "axes", "keepdims")
 
     def forward(self, x, axis=None, keepdims=False):
-        self.shape, self.axes, self.keepdims = x.shape, _axes(axis, x.ndim), keepdims
-        return np.mean(x, axis=self.axes, keepdims=keepdims)
+        self.shape, self.axes, self.keepdims = x.shape, _axes(axis, x.shape, self.name), keepdims
+        return np.mean(floating(x), axis=self.axes, keepdims=keepdims)
 
     def backward(self, g):
         count = int(np.prod([self.shape[a] for a in self.axes])) if self.axes else 1
@@ -49,7 +59,7 @@ class _Extremum(Op):
     reducer = staticmethod(np.max)
 
     def forward(self, x, axis=None, keepdims=False):
-        self.axes, self.keepdims = _axes(axis, x.ndim), keepdims
+        self.axes, self.keepdims = _axes(axis, x.shape, self.name), keepdims
         out = self.reducer(x, axis=self.axes, keepdims=True)
         self.saved = (x, out)
         return out if keepdims else np.squeeze(out, self.axes)
@@ -78,9 +88,10 @@ class Var(Op):
     __slots__ = ("axes", "keepdims", "denominator")
 
     def forward(self, x, axis=None, keepdims=False, ddof=0):
-        self.axes, self.keepdims = _axes(axis, x.ndim), keepdims
+        self.axes, self.keepdims = _axes(axis, x.shape, self.name), keepdims
         count = int(np.prod([x.shape[a] for a in self.axes])) if self.axes else 1
         self.denominator = count - ddof
+        x = floating(x)
         centered = x - x.mean(axis=self.axes, keepdims=True)
         self.saved = centered
         return np.sum(centered * centered, axis=self.axes, keepdims=keepdims) / self.denominator
@@ -96,6 +107,7 @@ class Softmax(Op):
 
     def forward(self, x, axis=-1):
         self.axis = axis
+        x = floating(x)
         shifted = np.exp(x - x.max(axis=axis, keepdims=True))
         out = shifted / shifted.sum(axis=axis, keepdims=True)
         self.saved = out
@@ -117,7 +129,7 @@ class LogSoftmax(Op):
 
     def forward(self, x, axis=-1):
         self.axis = axis
-        out = log_softmax_array(x, axis)
+        out = log_softmax_array(floating(x), axis)
         self.saved = out
         return out
 

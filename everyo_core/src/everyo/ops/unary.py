@@ -5,6 +5,14 @@ from __future__ import annotations
 import numpy as np
 
 from everyo.autograd import Op
+from everyo.tensor import DEFAULT_FLOAT
+
+
+def floating(x: np.ndarray) -> np.ndarray:
+    """``x`` if it is floating, else ``x`` in the default float (float32), as PyTorch does for
+    an integer tensor entering exp, sigmoid, mean, true division... (NumPy would give float64,
+    and ``stable_sigmoid`` would even round back to the integer dtype)."""
+    return x if x.dtype.kind in "fc" else x.astype(DEFAULT_FLOAT)
 
 
 class Neg(Op):
@@ -26,6 +34,7 @@ class Abs(Op):
 
 class Exp(Op):
     def forward(self, x):
+        x = floating(x)
         out = np.exp(x)
         self.saved = out
         return out
@@ -36,6 +45,7 @@ class Exp(Op):
 
 class Log(Op):
     def forward(self, x):
+        x = floating(x)
         self.saved = x
         return np.log(x)
 
@@ -45,6 +55,7 @@ class Log(Op):
 
 class Sqrt(Op):
     def forward(self, x):
+        x = floating(x)
         out = np.sqrt(x)
         self.saved = out
         return out
@@ -55,6 +66,7 @@ class Sqrt(Op):
 
 class Tanh(Op):
     def forward(self, x):
+        x = floating(x)
         out = np.tanh(x)
         self.saved = out
         return out
@@ -72,6 +84,7 @@ def stable_sigmoid(x: np.ndarray) -> np.ndarray:
 
 class Sigmoid(Op):
     def forward(self, x):
+        x = floating(x)
         out = stable_sigmoid(x)
         self.saved = out
         return out
@@ -83,16 +96,19 @@ class Sigmoid(Op):
 
 _F16 = np.dtype(np.float16)
 _F16_INF_BITS = 0x7C00
+_F16_NEG_INF_BITS = -1024  # 0xFC00 as int16: -0.0, negatives and -inf are all <= it
 
 
 class ReLU(Op):
     def forward(self, x):
         if x.dtype == _F16:
-            # NOTE: NumPy's float16 arithmetic is ~30x slower than float32; a half's sign is
-            # its int16 sign, so max(bits, 0) is ReLU bit for bit (-0.0 and negatives -> +0.0).
+            # NOTE: NumPy's float16 arithmetic is ~30x slower than float32, so ReLU works on
+            # the int16 bits: -0.0, negatives and -inf (bits <= 0xFC00 as int16) become +0.0;
+            # NaNs of either sign (a negative NaN's bits lie in (0xFC00, 0)) stay NaN, as in
+            # float32. Multiplying by the mask is also ~4x faster than an int16 maximum.
             bits = x.view(np.int16)
             self.saved = (bits > 0) & (bits <= _F16_INF_BITS)  # NaN gets no gradient, as x > 0
-            return np.maximum(bits, 0).view(_F16)
+            return (bits * (bits > _F16_NEG_INF_BITS)).view(_F16)
         self.saved = x > 0
         return np.maximum(x, 0)
 

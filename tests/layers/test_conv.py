@@ -200,3 +200,23 @@ def test_the_conv2d_op_takes_the_layers_argument_forms(rng):
         eo.conv2d(x, w, b[:3])
     with pytest.raises(eo.EveryOError, match="padding must be 'valid', 'same'"):
         eo.conv2d(x, w, padding="full")
+
+
+def test_float16_conv2d_input_gradient_is_the_float32_sum_rounded_once():
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((2, 6, 6, 3)).astype(np.float16)
+    w = rng.standard_normal((3, 3, 3, 4)).astype(np.float16)
+    g = rng.standard_normal((2, 6, 6, 4)).astype(np.float16)
+    b = rng.standard_normal(4).astype(np.float16)
+    x16, w16 = eo.tensor(x, requires_grad=True), eo.tensor(w, requires_grad=True)
+    y16 = eo.conv2d(x16, w16, eo.tensor(b), stride=2, padding="same")
+    y16.backward(g[:, ::2, ::2])
+    x32 = eo.tensor(x.astype(np.float32), requires_grad=True)
+    w32 = eo.tensor(w.astype(np.float32), requires_grad=True)
+    y32 = eo.conv2d(x32, w32, eo.tensor(b.astype(np.float32)), stride=2, padding="same")
+    y32.backward(g[:, ::2, ::2].astype(np.float32))
+    assert y16.dtype == "float16" and x16.grad.dtype == np.float16 and w16.grad.dtype == np.float16
+    # float16 inputs, float32 products and sums (bias included), one rounding at the end
+    np.testing.assert_array_equal(y16.data, y32.data.astype(np.float16))
+    np.testing.assert_array_equal(x16.grad, x32.grad.astype(np.float16))
+    np.testing.assert_array_equal(w16.grad, w32.grad.astype(np.float16))

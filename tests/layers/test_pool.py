@@ -138,3 +138,18 @@ def test_the_pool_ops_take_the_layers_argument_forms(rng, name, cls):
     with pytest.raises(eo.EveryOError, match=rf"{name}: padding 2 resolves to .* smaller than "
                                              r"the pool size \(2, 2\)"):
         op(x, pool_size=2, padding=2)
+
+
+@pytest.mark.parametrize("pool_size,stride", [(2, 2), (3, 2)])
+def test_float16_max_pool_gradient_is_the_float32_one_exactly(pool_size, stride):
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((2, 7, 7, 3)).astype(np.float16)
+    out_side = (7 - pool_size) // stride + 1
+    g = rng.standard_normal((2, out_side, out_side, 3)).astype(np.float16)
+    grads = []
+    for dtype in (np.float16, np.float32):
+        t = eo.tensor(x.astype(dtype), requires_grad=True)
+        eo.max_pool2d(t, pool_size=pool_size, stride=stride).backward(g.astype(dtype))
+        grads.append(t.grad)
+    assert grads[0].dtype == np.float16
+    np.testing.assert_array_equal(grads[0], grads[1].astype(np.float16))

@@ -10,6 +10,7 @@ from everyo.ops.linalg import blas_matmul
 from everyo_layers.checks import check_float, pair
 from everyo_layers.linear import fan_in_bound, uniform_parameter
 from everyo_layers.padding import output_size, resolve_padding
+from everyo_layers.precision import accumulation_dtype
 
 _F16 = np.dtype(np.float16)
 
@@ -99,14 +100,32 @@ class Conv2DOp(Op):
                               f"input {x.shape} with padding {padding}")
         self.stride, self.dilation, self.pads = stride, dilation, padding
         self.x_shape, self.out_hw, self.w_shape = x.shape, out_hw, weight.shape
-        xp = pad_hw(x, padding)
-        cols = window_view(xp, (kh, kw), stride, dilation, out_hw).reshape(-1, kh * kw * cin)
         w2 = weight.reshape(kh * kw * cin, cout)
-        # NOTE: the bias joins the product before float16's single rounding, as in matmul.
-        out = blas_matmul(cols, w2, bias)
         needs = self.needs_input_grad
-        self.saved = (cols if needs[1] else None, w2 if needs[0] else None)
+        out_dtype = np.result_type(x, weight) if bias is None else np.result_type(x, weight, bias)
+        if out_dtype == _F16:
+            # NOTE: float16 has no BLAS: convert the input to float32 *before* gathering the
+            # windows (kh*kw times fewer elements to convert than the window matrix), keep the
+            # small float16 input rather than the window matrix for backward (which regathers
+            # it), and round the product, bias included, once.
+            cols = self._columns(x.astype(np.float32))
+            out = np.matmul(cols, w2.astype(np.float32))
+            if bias is not None:
+                out += bias
+            out = out.astype(_F16)
+            self.saved = (x if needs[1] else None, w2 if needs[0] else None)
+        else:
+            cols = self._columns(x)
+            out = blas_matmul(cols, w2, bias)
+            self.saved = (cols if needs[1] else None, w2 if needs[0] else None)
         return out.reshape(n, out_hw[0], out_hw[1], cout)
+
+    def _columns(self, x: np.ndarray) -> np.ndarray:
+        """The ``(N*Ho*Wo, kh*kw*in)`` window matrix of ``x`` (one gathering copy)."""
+        kh, kw, cin, _ = self.w_shape
+        views = window_view(pad_hw(x, self.pads), (kh, kw), self.stride, self.dilation,
+                            self.out_hw)
+        return views.reshape(-1, kh * kw * cin)
 
     def backward(self, g):
         cols, w2 = self.saved
@@ -114,7 +133,11 @@ class Conv2DOp(Op):
         g2 = g.reshape(-1, g.shape[-1])
         gx = gw = gb = None
         if needs[1]:
-            gw = blas_matmul(cols.T, g2).reshape(self.w_shape)
+            if g.dtype == _F16:  # cols holds the float16 input: regather it in float32
+                gw = np.matmul(self._columns(cols.astype(np.float32)).T,
+                               g2.astype(np.float32)).astype(_F16).reshape(self.w_shape)
+            else:
+                gw = blas_matmul(cols.T, g2).reshape(self.w_shape)
         if len(needs) > 2 and needs[2]:
             gb = _sum_rows(g2)
         if needs[0]:
@@ -133,13 +156,19 @@ class Conv2DOp(Op):
         (top, bottom), (left, right) = self.pads
         ho, wo = self.out_hw
         # (kh*kw, out, in), contiguous so that NumPy hands each product to BLAS
-        per_position = np.ascontiguousarray(w2.reshape(kh * kw, c, cout).transpose(0, 2, 1))
-        blocks = blas_matmul(g2, per_position).reshape(kh, kw, n, ho, wo, c)
-        gxp = np.zeros((n, h + top + bottom, w + left + right, c), dtype=blocks.dtype)
+        # NOTE: float16 blocks are multiplied and summed in float32 and rounded once at the
+        # end: one rounding instead of kh*kw, and no slow float16 additions.
+        accumulate = accumulation_dtype(np.result_type(g2, w2))
+        per_position = np.ascontiguousarray(
+            w2.reshape(kh * kw, c, cout).transpose(0, 2, 1), dtype=accumulate)
+        blocks = np.matmul(g2.astype(accumulate, copy=False), per_position)
+        blocks = blocks.reshape(kh, kw, n, ho, wo, c)
+        gxp = np.zeros((n, h + top + bottom, w + left + right, c), dtype=accumulate)
         for i in range(kh):
             for j in range(kw):
                 gxp[window_slices((i, j), self.stride, self.dilation, self.out_hw)] += blocks[i, j]
-        return gxp[:, top:top + h, left:left + w, :]
+        out_dtype = np.result_type(g2, w2)
+        return gxp[:, top:top + h, left:left + w, :].astype(out_dtype, copy=False)
 
 
 class Conv2D(Module):

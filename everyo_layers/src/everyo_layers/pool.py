@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from everyo import EveryOError, Module, Op, dispatch
+from everyo.ops.unary import keep_where
 from everyo_layers.checks import check_float, pair
 from everyo_layers.conv import pad_hw, window_arguments, window_slices
 from everyo_layers.padding import output_size, resolve_padding
@@ -91,12 +92,13 @@ class MaxPool2DOp(Op):
         if windows.tiled:  # the views cover the input exactly once: write, no zero-fill
             grad = np.empty(self.x_shape, dtype=g.dtype)
             for position, target in enumerate(windows.views(grad)):
-                np.multiply(g, winner == position, out=target)
+                keep_where(winner == position, g, out=target)
             return (grad,)
-        grad = np.zeros(windows.padded_shape(self.x_shape), dtype=g.dtype)
+        accumulate = accumulation_dtype(g.dtype)  # overlapping windows add up: float16 in float32
+        grad = np.zeros(windows.padded_shape(self.x_shape), dtype=accumulate)
         for position, target in enumerate(windows.views(grad)):
-            target += g * (winner == position)
-        return (windows.crop(grad, self.x_shape),)
+            target += keep_where(winner == position, g)
+        return (windows.crop(grad, self.x_shape).astype(g.dtype, copy=False),)
 
 
 class AvgPool2DOp(Op):

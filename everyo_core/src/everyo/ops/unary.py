@@ -99,6 +99,33 @@ _F16_INF_BITS = 0x7C00
 _F16_NEG_INF_BITS = -1024  # 0xFC00 as int16: -0.0, negatives and -inf are all <= it
 
 
+_SAME_SIZE_INT = {2: np.int16, 4: np.int32, 8: np.int64}
+
+
+def keep_where(mask: np.ndarray, values: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """``values`` where ``mask`` holds, else +0.0, bit for bit: the gradient of a selection.
+
+    NOTE: multiplying the floats' bits (an integer view) by the 0/1 mask is exact, and for
+    float16, whose NumPy arithmetic is ~30x slower than float32, it is much faster than
+    ``np.where`` or a float multiply.
+
+    Example:
+        >>> keep_where(np.array([True, False]), np.array([1.5, -2.0], np.float16))
+        array([1.5, 0. ], dtype=float16)
+    """
+    ints = _SAME_SIZE_INT.get(values.dtype.itemsize) if values.dtype.kind == "f" else None
+    if ints is None:
+        result = np.where(mask, values, values.dtype.type(0))
+        if out is None:
+            return result
+        out[...] = result
+        return out
+    if out is None:
+        return (values.view(ints) * mask).view(values.dtype)
+    np.multiply(values.view(ints), mask, out=out.view(ints))
+    return out
+
+
 class ReLU(Op):
     def forward(self, x):
         if x.dtype == _F16:
@@ -113,7 +140,7 @@ class ReLU(Op):
         return np.maximum(x, 0)
 
     def backward(self, g):
-        return (np.where(self.saved, g, g.dtype.type(0)),)
+        return (keep_where(self.saved, g),)
 
 
 class Cast(Op):

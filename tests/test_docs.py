@@ -57,3 +57,36 @@ def test_docstring_examples(package):
             if test.examples and test.name.startswith(name):
                 runner.run(test, out=failures.append)
     assert not failures, "".join(failures)
+
+
+SHELL_BLOCK = re.compile(r"^```bash\n(.*?)^```", re.S | re.M)
+SCRIPTS = {"everyo", "everyo-run", "mpiexec"}
+
+
+def shell_commands() -> list[tuple[str, str]]:
+    commands = []
+    for path in DOC_FILES:
+        for block in SHELL_BLOCK.findall(path.read_text()):
+            for line in block.splitlines():
+                line = line.split("#", 1)[0].strip().rstrip("\\").strip()
+                if line:
+                    commands.append((path.name, line))
+    return commands
+
+
+@pytest.mark.parametrize("doc,command", shell_commands(), ids=lambda v: v[:40])
+def test_shell_commands_name_things_that_exist(doc, command):
+    """Shell blocks are not run (they install packages or need two machines; the tests that
+    exercise them are the example, launcher and network-namespace tests), but every script,
+    make target and console script they name must exist, so they cannot rot silently."""
+    words = [w for w in command.split() if "=" not in w or w.startswith("-")]
+    makefile = (ROOT / "Makefile").read_text()
+    bin_dir = Path(sys.executable).parent
+    for i, word in enumerate(words):
+        if word.endswith(".py") and "/" in word:
+            assert (ROOT / word).exists(), f"{doc}: `{command}` names a missing {word}"
+        if word == "make" and i + 1 < len(words):
+            assert re.search(rf"^{re.escape(words[i + 1])}:", makefile, re.M), \
+                f"{doc}: `{command}` names a missing make target"
+    if words and words[0] in SCRIPTS:
+        assert (bin_dir / words[0]).exists(), f"{doc}: `{command}` needs {words[0]} installed"

@@ -143,3 +143,13 @@ def test_shm_processes_started_elsewhere_meet_through_init(clean_shm):
     outputs = [process.communicate(timeout=60)[0].split() for process in ranks]
     assert all(process.returncode == 0 for process in ranks)
     assert sorted(outputs) == [["shm", "0", "2", "3.0"], ["shm", "1", "2", "3.0"]]
+
+
+def test_shm_refuses_cpus_whose_store_ordering_it_does_not_cover():
+    from everyo_dist.errors import DistributedError
+    from everyo_dist.shm import check_store_ordering
+
+    check_store_ordering(4, machine="x86_64")
+    check_store_ordering(1, machine="aarch64")  # one rank shares nothing
+    with pytest.raises(DistributedError, match="'aarch64'.*backend='tcp'"):
+        check_store_ordering(2, machine="aarch64")

@@ -180,3 +180,17 @@ def test_result_buffers_are_recycled_only_when_nobody_holds_them():
             np.testing.assert_array_equal(view, 1.0)
             np.testing.assert_array_equal(again, 3.0)
             assert again.ctypes.data == dropped_address  # the unreferenced one came back
+
+
+def test_spawn_over_tcp_trains_to_the_same_bits_as_shm():
+    from dist_workers import train_worker
+
+    inputs, targets = make_data()
+    over_tcp = dist.spawn(train_worker, world_size=2, args=(inputs, targets), backend="tcp",
+                          timeout=60)
+    over_shm = dist.spawn(train_worker, world_size=2, args=(inputs, targets), timeout=60)
+    reference = train_single_process(inputs, targets)
+    for rank in range(2):
+        for ours, shm, single in zip(over_tcp[rank], over_shm[0], reference):
+            np.testing.assert_array_equal(ours, shm)  # two ranks: the same rank-order sum
+            np.testing.assert_allclose(ours, single, atol=1e-5)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import platform
 import time
 
 import numpy as np
@@ -75,7 +76,25 @@ def create_shm_group(rank: int, world_size: int, segment: str | None = None,
     Returns:
         A :class:`ShmGroup`.
     """
+    check_store_ordering(world_size)
     return ShmGroup(rank, world_size, segment=segment, timeout=timeout)
+
+
+# NOTE: the protocol publishes data by storing a counter after it, which is only safe where the
+# CPU keeps stores (and loads) in order, as x86-64 does. NumPy gives Python no memory fence, so
+# on weakly ordered CPUs (aarch64, ...) a peer could read a slot before the data lands: refuse
+# there, loudly, rather than risk silently wrong gradients.
+TOTAL_STORE_ORDER_MACHINES = ("x86_64", "amd64", "AMD64", "i686", "i386")
+
+
+def check_store_ordering(world_size: int, machine: str | None = None) -> None:
+    """Refuse a multi-rank shm group on a CPU whose memory model the protocol does not cover."""
+    machine = machine or platform.machine()
+    if world_size > 1 and machine not in TOTAL_STORE_ORDER_MACHINES:
+        raise DistributedError(
+            f"the shm backend needs x86-64 store ordering and this machine is {machine!r}; "
+            f"use backend='tcp' on 127.0.0.1 (spawn(..., backend='tcp')) instead"
+        )
 
 
 class ShmGroup(ProcessGroup):

@@ -116,7 +116,8 @@ def spawn(fn, world_size: int, args: tuple = (), backend: str = "shm",
         fn: the worker function, called as ``fn(group, *args)``.
         world_size: number of workers (see ``available_workers()``).
         args: extra arguments, pickled to every worker.
-        backend: the process-group backend (``"shm"``: shared memory on this machine).
+        backend: the process-group backend: ``"shm"`` (shared memory on this machine) or
+            ``"tcp"`` (spawn hosts a loopback rendezvous with a fresh token for the workers).
         timeout: seconds any collective (and start-up) may wait for the peers before raising
             ``CollectiveTimeoutError`` (default ``DEFAULT_TIMEOUT``). Not a limit on the job.
         backend_options: extra keyword arguments for the backend's factory.
@@ -143,7 +144,7 @@ def spawn(fn, world_size: int, args: tuple = (), backend: str = "shm",
     sweep_stale_segments()
     job = new_job_id()
     options = dict(backend_options or {})
-    control = None
+    control = rendezvous = None
     workers: list[_Worker] = []
     try:
         if backend == "shm":
@@ -152,6 +153,16 @@ def spawn(fn, world_size: int, args: tuple = (), backend: str = "shm",
             name = segment_name(job, "ctl")
             control = Segment(name, world_size * BLOCK, create=True)
             options["segment"] = name
+        elif backend == "tcp" and "master_port" not in options:
+            # NOTE: the ranks of one machine meet at a loopback rendezvous this process hosts,
+            # with a fresh token, so that spawn(..., backend="tcp") works like "shm" does.
+            import secrets
+
+            from everyo_dist.tcp import TCPRendezvousServer
+
+            token = options.setdefault("token", secrets.token_hex(32))
+            rendezvous = TCPRendezvousServer("127.0.0.1", 0, world_size=world_size, token=token)
+            options.update(master_addr="127.0.0.1", master_port=rendezvous.port)
         env = worker_environment()
         for rank in range(world_size):
             read_fd, write_fd = os.pipe()
@@ -178,6 +189,8 @@ def spawn(fn, world_size: int, args: tuple = (), backend: str = "shm",
         _stop(workers)
         if control is not None:
             control.close()
+        if rendezvous is not None:
+            rendezvous.close()
         remove_job_segments(job)
 
 

@@ -55,4 +55,4 @@ def test_quota_caps_affinity_rounding_up(monkeypatch):
 
 @pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="no CPU affinity API")
 def test_this_machine_respects_affinity():
-    assert 1 <= available_workers() <= len(os.sched_getaffinity(0))
+    assert len(os.sched_getaffinity(0)) >= available_workers() >= 1

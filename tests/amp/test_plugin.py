@@ -10,6 +10,13 @@ import everyo as eo
 import everyo_amp
 
 
+def run_without_autoload(code: str) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh interpreter with plugin autoloading switched off."""
+    env = {**os.environ, "EVERYO_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env, timeout=60)
+
+
 def test_public_names_are_the_plugins():
     assert eo.autocast is everyo_amp.autocast
     assert eo.GradScaler is everyo_amp.GradScaler
@@ -25,9 +32,7 @@ def test_without_the_plugin_the_error_says_what_to_do():
         "    print(type(exc).__name__, exc)\n"
         "print(hasattr(eo, 'GradScaler'))\n"
     )
-    env = {**os.environ, "EVERYO_DISABLE_PLUGIN_AUTOLOAD": "1"}
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            env=env, timeout=60)
+    result = run_without_autoload(code)
     assert result.returncode == 0, result.stderr
     assert "MissingDistributionError" in result.stdout
     assert "everyo-amp" in result.stdout
@@ -41,8 +46,6 @@ def test_registering_the_plugin_explicitly_provides_the_names():
         "with eo.autocast():\n"
         "    print((eo.ones(1, 2) @ eo.ones(2, 1)).dtype)\n"
     )
-    env = {**os.environ, "EVERYO_DISABLE_PLUGIN_AUTOLOAD": "1"}
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            env=env, timeout=60)
+    result = run_without_autoload(code)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "float16"

@@ -23,6 +23,15 @@ def _loss(w):
     return ((w * w * w).sum() + (w * 2.0).sum())
 
 
+def _train(w, optimizer, steps):
+    """``steps`` optimizer steps on ``_loss``; returns ``w``."""
+    for _ in range(steps):
+        optimizer.zero_grad()
+        _loss(w).backward()
+        optimizer.step()
+    return w
+
+
 @pytest.mark.parametrize("name,options", CONFIGS, ids=[f"{n}-{i}" for i, (n, _) in enumerate(CONFIGS)])
 def test_matches_pytorch(name, options, torch):
     start = np.random.default_rng(0).standard_normal((3, 4))
@@ -44,25 +53,19 @@ def test_matches_pytorch(name, options, torch):
 def test_state_dict_resumes_exactly(name, options, tmp_path):
     start = np.random.default_rng(1).standard_normal(5)
 
-    def run(steps, opt=None, w=None):
-        if w is None:
-            w = eo.Parameter(start)
-            opt = getattr(eo, name)([w], **options)
-        for _ in range(steps):
-            opt.zero_grad()
-            _loss(w).backward()
-            opt.step()
-        return w, opt
+    def fresh():
+        w = eo.Parameter(start)
+        return w, getattr(eo, name)([w], **options)
 
-    straight, _ = run(6)
-    w, opt = run(3)
+    straight = _train(*fresh(), steps=6)
+    w, opt = fresh()
+    _train(w, opt, steps=3)
     eo.save({"model": {"w": w.data}, "optimizer": opt.state_dict()}, tmp_path / "ckpt.npz")
     checkpoint = eo.load(tmp_path / "ckpt.npz")
     w2 = eo.Parameter(checkpoint["model"]["w"])
     opt2 = getattr(eo, name)([w2], **options)
     opt2.load_state_dict(checkpoint["optimizer"])
-    resumed, _ = run(3, opt2, w2)
-    np.testing.assert_array_equal(resumed.data, straight.data)
+    np.testing.assert_array_equal(_train(w2, opt2, steps=3).data, straight.data)
 
 
 def test_load_state_dict_refuses_a_foreign_state():
@@ -113,21 +116,15 @@ def test_adam_bias_correction_counts_each_parameters_own_steps(name, torch):
 
 def test_adam_resumes_from_a_checkpoint_without_per_parameter_steps():
     # Checkpoints written before Adam counted steps per parameter carry only step_count.
-    def run(steps, opt=None, w=None):
-        if w is None:
-            w = eo.Parameter(np.linspace(-1.0, 1.0, 4))
-            opt = eo.Adam([w], lr=0.05)
-        for _ in range(steps):
-            opt.zero_grad()
-            _loss(w).backward()
-            opt.step()
-        return w, opt
+    def fresh():
+        w = eo.Parameter(np.linspace(-1.0, 1.0, 4))
+        return w, eo.Adam([w], lr=0.05)
 
-    straight, _ = run(5)
-    w, opt = run(2)
+    straight = _train(*fresh(), steps=5)
+    w, opt = fresh()
+    _train(w, opt, steps=2)
     state = opt.state_dict()
     for buffers in state["state"]:
         del buffers["step"]
     opt.load_state_dict(state)
-    resumed, _ = run(3, opt, w)
-    np.testing.assert_array_equal(resumed.data, straight.data)
+    np.testing.assert_array_equal(_train(w, opt, steps=3).data, straight.data)

@@ -20,6 +20,17 @@ def _to_torch_layout(x):
     return np.moveaxis(x, -1, 1)
 
 
+def _forward_backward_both(torch, ours, ref, x, g):
+    """Run ``x`` forward and ``g`` backward through our layer and PyTorch's (NCHW) twin."""
+    xt = eo.tensor(x, requires_grad=True)
+    out = ours(xt)
+    out.backward(g)
+    tx = torch.tensor(_to_torch_layout(x), requires_grad=True)
+    ref_out = ref(tx)
+    ref_out.backward(torch.from_numpy(_to_torch_layout(g)))
+    return xt, out, tx, ref_out
+
+
 BATCHNORM_CASES = [("1d", (16, 5)), ("1d", (4, 6, 5)), ("2d", (4, 3, 6, 5))]
 
 
@@ -36,12 +47,7 @@ def test_batchnorm_matches_torch_in_train_and_eval(torch, rng, kind, shape, mome
     for _ in range(3):  # a few training steps: the running statistics must follow
         x = rng.standard_normal(shape) * 3 + 1
         g = rng.standard_normal(shape)
-        xt = eo.tensor(x, requires_grad=True)
-        out = ours(xt)
-        out.backward(g)
-        tx = torch.tensor(_to_torch_layout(x), requires_grad=True)
-        ref_out = ref(tx)
-        ref_out.backward(torch.from_numpy(_to_torch_layout(g)))
+        xt, out, tx, ref_out = _forward_backward_both(torch, ours, ref, x, g)
         np.testing.assert_allclose(_to_torch_layout(out.data), ref_out.detach().numpy(),
                                    rtol=1e-10, atol=1e-10)
         np.testing.assert_allclose(_to_torch_layout(xt.grad), tx.grad.numpy(), rtol=1e-9,
@@ -58,12 +64,7 @@ def test_batchnorm_matches_torch_in_train_and_eval(torch, rng, kind, shape, mome
     ref.eval()
     x = rng.standard_normal(shape)
     g = rng.standard_normal(shape)
-    xt = eo.tensor(x, requires_grad=True)
-    out = ours(xt)
-    out.backward(g)
-    tx = torch.tensor(_to_torch_layout(x), requires_grad=True)
-    ref_out = ref(tx)
-    ref_out.backward(torch.from_numpy(_to_torch_layout(g)))
+    xt, out, tx, ref_out = _forward_backward_both(torch, ours, ref, x, g)
     np.testing.assert_allclose(_to_torch_layout(out.data), ref_out.detach().numpy(), rtol=1e-10)
     np.testing.assert_allclose(_to_torch_layout(xt.grad), tx.grad.numpy(), rtol=1e-10)
     np.testing.assert_allclose(ours.weight.grad, ref.weight.grad.numpy(), rtol=1e-10)

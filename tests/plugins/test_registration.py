@@ -8,8 +8,18 @@ import numpy as np
 import pytest
 
 import everyo as eo
+from everyo.plugins import host
 
 _names = (f"test-plugin-{i}" for i in itertools.count())
+
+
+@pytest.fixture(autouse=True)
+def _unregister_what_the_test_registered():
+    before = {info.name for info in host.plugins}
+    yield
+    for info in list(host.plugins):
+        if info.name not in before:
+            eo.unregister_plugin(info.name)
 
 
 class Cube(eo.Op):
@@ -80,3 +90,42 @@ def test_an_override_wins_whichever_plugin_loads_first():
     assert eo.early_test() == "override"
     assert eo.registry("api").owners["early_test"] == overrider
     assert eo.other_test() == "kept"
+
+
+def test_unregistering_gives_back_what_an_override_replaced():
+    owner, overrider = next(_names), next(_names)
+    eo.register_plugin(plugin_with("everyo_register_api", ("swap_test", lambda: "mine")), owner)
+    eo.register_plugin(plugin_with("everyo_register_api", ("swap_test", lambda: "theirs"),
+                                   override=True), overrider)
+    assert eo.swap_test() == "theirs"
+    eo.unregister_plugin(overrider)
+    assert eo.swap_test() == "mine" and eo.registry("api").owners["swap_test"] == owner
+    eo.unregister_plugin(owner)
+    assert "swap_test" not in eo.registry("api")
+    with pytest.raises(eo.PluginError, match="no plugin named"):
+        eo.unregister_plugin(owner)
+
+
+def test_a_declared_value_outside_the_documented_ones_is_refused_at_registration():
+    class Misdeclared(Cube):
+        precision = "float16"  # the precision classes are "lower" and "float32"
+
+    with pytest.raises(eo.PluginError, match="declares precision = 'float16'.*'lower', 'float32'"):
+        eo.register_plugin(plugin_with("everyo_register_ops", ("misdeclared_test", Misdeclared)),
+                           next(_names))
+    assert "misdeclared_test" not in eo.registry("ops")
+
+
+def test_declarations_are_read_back_from_the_registry():
+    class Kept(Cube):
+        precision = "float32"
+
+    class Refused(eo.Module):
+        onnx_export = "refused"
+
+    eo.register_plugin(plugin_with("everyo_register_ops", ("kept_test", Kept)), next(_names))
+    eo.register_plugin(plugin_with("everyo_register_layers", ("RefusedTest", Refused)),
+                       next(_names))
+    assert eo.registry("ops").declared("precision")["kept_test"] == "float32"
+    assert "cube_test" not in eo.registry("ops").declared("precision")
+    assert eo.registry("layers").declared("onnx_export")["RefusedTest"] == "refused"

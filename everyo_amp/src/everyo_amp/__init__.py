@@ -11,15 +11,14 @@ import everyo  # noqa: F401, I001
 
 from everyo_amp.autocast_mode import active_policy, autocast, is_autocast_enabled, make_interceptor
 from everyo_amp.grad_scaler import GradScaler
-from everyo_amp.policy import DEFAULT_POLICY, FLOAT32_OPS, LOWER_PRECISION_OPS, AutocastPolicy
+from everyo_amp.policy import DEFAULT_POLICY, AutocastPolicy, DeclaredPolicy
 from everyo_amp.underflow import ZeroCount, flushed_to_zero
 
 __all__ = [
     "AutocastPolicy",
     "DEFAULT_POLICY",
-    "FLOAT32_OPS",
+    "DeclaredPolicy",
     "GradScaler",
-    "LOWER_PRECISION_OPS",
     "ZeroCount",
     "active_policy",
     "autocast",

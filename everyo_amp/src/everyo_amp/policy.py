@@ -2,7 +2,10 @@
 
 A policy is data, not code: ``autocast`` turns it into a dispatch interceptor. The default
 policy is registered by this distribution's plugin through ``everyo_register_autocast_policies``
-exactly as a third-party policy would be.
+exactly as a third-party policy would be. It keeps no list of op names: each op declares its
+precision class where it is defined (``precision = "lower"`` or ``"float32"`` on the ``Op``
+class, see ``everyo.hookspecs.DECLARATIONS``), and the default policy reads those declarations
+from the op registry.
 """
 
 from __future__ import annotations
@@ -11,23 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from everyo import EveryOError
-
-#: Ops whose float32 operands are cast down: the two BLAS-shaped ops, where 16 bits are safe
-#: (products accumulate in float32) and where the memory of saved activations is.
-LOWER_PRECISION_OPS = frozenset({"matmul", "conv2d"})
-
-#: Ops that must see float32 even when an operand is a float16 activation: sums over many
-#: values, exponentials and logarithms, normalisation statistics and losses, where float16's
-#: range (max 65504, smallest subnormal 6e-8) runs out. Names an installed plugin does not
-#: register are harmless: they simply never match.
-FLOAT32_OPS = frozenset({
-    # core reductions and transcendental functions
-    "sum", "mean", "var", "exp", "log", "pow", "softmax", "log_softmax",
-    # everyo-layers' losses, normalisation statistics and attention's softmax
-    "mse_loss", "l1_loss", "cross_entropy", "nll_loss", "bce_with_logits", "layer_norm",
-    "batch_norm", "attention_weights",
-})
+from everyo import EveryOError, registry
 
 
 @dataclass(frozen=True)
@@ -95,4 +82,46 @@ def floating_dtype(dtype, what: str) -> str:
     return resolved.name
 
 
-DEFAULT_POLICY = AutocastPolicy(ops=LOWER_PRECISION_OPS, dtype="float16", upcast=FLOAT32_OPS)
+class DeclaredPolicy:
+    """The policy the registered ops declare: ``precision = "lower"`` ops run in float16,
+    ``precision = "float32"`` ops are kept in float32, every other op is left alone.
+
+    Read from the op registry each time (cached until the registry changes), so an op any
+    plugin registers, in any loading order, is covered by its own declaration.
+
+    Example:
+        >>> from everyo_amp import DEFAULT_POLICY
+        >>> "matmul" in DEFAULT_POLICY.ops, "sum" in DEFAULT_POLICY.upcast
+        (True, True)
+    """
+
+    dtype = "float16"
+    upcast_dtype = "float32"
+
+    def __init__(self) -> None:
+        self._cache: tuple = (None, frozenset(), frozenset())
+
+    def _classes(self) -> tuple:
+        ops = registry("ops")
+        if self._cache[0] != ops.version:
+            declared = ops.declared("precision")
+            self._cache = (ops.version,
+                           frozenset(n for n, p in declared.items() if p == "lower"),
+                           frozenset(n for n, p in declared.items() if p == "float32"))
+        return self._cache
+
+    @property
+    def ops(self) -> frozenset:
+        """Names of the ops declaring ``precision = "lower"``."""
+        return self._classes()[1]
+
+    @property
+    def upcast(self) -> frozenset:
+        """Names of the ops declaring ``precision = "float32"``."""
+        return self._classes()[2]
+
+    def __repr__(self) -> str:
+        return f"DeclaredPolicy(ops={sorted(self.ops)}, upcast={sorted(self.upcast)})"
+
+
+DEFAULT_POLICY = DeclaredPolicy()

@@ -57,7 +57,7 @@ from everyo.gradcheck import GradcheckError, gradcheck
 from everyo.hookspecs import hookimpl
 from everyo.module import Module, Parameter, Sequential
 from everyo.optim import SGD, Adam, AdamW, Optimizer
-from everyo.plugins import register_plugin, registry
+from everyo.plugins import register_plugin, registry, unregister_plugin
 from everyo.serialization import load, save
 from everyo.tensor import (
     Tensor,

@@ -93,4 +93,30 @@ HOOK_KINDS: dict[str, str] = {
     "backends": "everyo_register_backends",
 }
 
-__all__ = ["hookimpl", "hookspec", "HOOK_KINDS", "Any"]
+#: What a registered class may declare about itself, by kind: a class attribute name and the
+#: values it may take. Leaving the attribute out (or ``None``) means "nothing declared". The host
+#: checks every declared value when the class is registered (a typo in a value is a
+#: ``PluginError`` naming the class), and tools read the declarations back from the registry
+#: with ``registry(kind).declared(attribute)`` instead of keeping lists of names themselves.
+#:
+#: - ``Op.precision``: ``"lower"`` runs the op in autocast's lower precision (BLAS-shaped ops:
+#:   ``matmul``, ``conv2d``); ``"float32"`` keeps it in float32 under autocast (sums,
+#:   exponentials, logarithms, normalisation statistics, losses). Undeclared ops run in the
+#:   precision of their inputs. The default autocast policy is built from these declarations.
+#: - ``Module.onnx_export``: ``"refused"`` marks a layer the layer-by-layer ONNX exporter refuses
+#:   by design; the exporter names such layers in its refusal message. A layer that can be
+#:   exported says so by registering a converter (``everyo_register_onnx_converters``).
+#:
+#: Example::
+#:
+#:     class HuberLossOp(eo.Op):
+#:         precision = "float32"   # a loss: keep it in float32 under eo.autocast
+#:
+#:     class MyLSTM(eo.Module):
+#:         onnx_export = "refused"
+DECLARATIONS: dict[str, dict[str, tuple[str, ...]]] = {
+    "ops": {"precision": ("lower", "float32")},
+    "layers": {"onnx_export": ("refused",)},
+}
+
+__all__ = ["hookimpl", "hookspec", "HOOK_KINDS", "DECLARATIONS", "Any"]

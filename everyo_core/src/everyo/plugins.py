@@ -40,6 +40,8 @@ class Registry:
         self.items: dict = items if items is not None else {}
         self.owners: dict = {}
         self.overridden: set = set()  # keys whose current owner replaced them on purpose
+        self.version = 0  # bumped on every change, so readers can cache what they derive
+        self.shadowed: dict = {}  # key -> [(thing, owner), ...] replaced by an override
 
     def add(self, key, thing, *, owner: str, override: bool = False) -> None:
         if key in self.items and not override:
@@ -48,10 +50,47 @@ class Registry:
                 f"{self.owners[key]!r} and again by plugin {owner!r} (pass override=True to "
                 f"replace it on purpose)"
             )
+        if key in self.items and self.owners[key] != owner:
+            self.shadowed.setdefault(key, []).append((self.items[key], self.owners[key]))
         self.items[key] = thing
         self.owners[key] = owner
+        self.version += 1
         if override:
             self.overridden.add(key)
+
+    def remove_owner(self, owner: str) -> None:
+        """Forget everything ``owner`` registered, giving back what it had overridden."""
+        for key in [k for k, o in self.owners.items() if o == owner]:
+            shadowed = self.shadowed.get(key)
+            if shadowed:
+                self.items[key], self.owners[key] = shadowed.pop()
+                if not shadowed:
+                    del self.shadowed[key]
+            else:
+                del self.items[key], self.owners[key]
+            self.overridden.discard(key)
+        for key, stack in list(self.shadowed.items()):
+            stack[:] = [(thing, o) for thing, o in stack if o != owner]
+            if not stack:
+                del self.shadowed[key]
+        self.version += 1
+
+    def declared(self, attribute: str) -> dict:
+        """``{name: value}`` for every registered thing that declares ``attribute``.
+
+        The declarations a kind supports are listed in ``everyo.hookspecs.DECLARATIONS``.
+
+        Example:
+            >>> import everyo as eo
+            >>> eo.registry("ops").declared("precision")["matmul"]
+            'lower'
+        """
+        found = {}
+        for key, thing in self.items.items():
+            value = getattr(thing, attribute, None)
+            if value is not None:
+                found[key] = value
+        return found
 
     def owned_by(self, owner: str) -> list[str]:
         return [_key_name(k) for k, o in self.owners.items() if o == owner]
@@ -81,6 +120,11 @@ def _validate(kind: str, key, thing) -> None:
     if kind == "onnx_converters" and not (isinstance(key, type) and callable(thing)):
         raise PluginError(f"an ONNX converter is registered as (layer_class, function), "
                           f"got ({key!r}, {thing!r})")
+    for attribute, allowed in hookspecs.DECLARATIONS.get(kind, {}).items():
+        value = getattr(thing, attribute, None)
+        if value is not None and value not in allowed:
+            raise PluginError(f"{_SINGULAR[kind]} {key!r} declares {attribute} = {value!r}; "
+                              f"the declared values are {', '.join(map(repr, allowed))}")
 
 
 @dataclass
@@ -136,6 +180,15 @@ class PluginHost:
                            if items})
         self.plugins.append(info)
         return info
+
+    def unregister_plugin(self, name: str) -> None:
+        """Remove plugin ``name`` and everything it registered (what it overrode comes back)."""
+        if not self.manager.has_plugin(name):
+            raise PluginError(f"no plugin named {name!r} is registered")
+        self.manager.unregister(name=name)
+        for registry in self.registries.values():
+            registry.remove_owner(name)
+        self.plugins = [info for info in self.plugins if info.name != name]
 
     def _collect(self, plugin, name: str) -> dict:
         """Call ``plugin``'s registration hooks, staging what it registers."""
@@ -221,6 +274,28 @@ def register_plugin(plugin, name: str | None = None) -> PluginInfo:
         3
     """
     return host.register_plugin(plugin, name=name)
+
+
+def unregister_plugin(name: str) -> None:
+    """Remove a plugin registered under ``name`` and everything it registered.
+
+    What the plugin replaced with ``override=True`` is given back to its previous owner. Tests
+    use this to leave the process as they found it.
+
+    Example:
+        >>> import everyo as eo
+        >>> class Mine:
+        ...     @eo.hookimpl
+        ...     def everyo_register_api(self, register):
+        ...         register("answer_doc", lambda: 42)
+        >>> _ = eo.register_plugin(Mine(), name="mine-unregister-doc")
+        >>> eo.answer_doc()
+        42
+        >>> eo.unregister_plugin("mine-unregister-doc")
+        >>> hasattr(eo, "answer_doc")
+        False
+    """
+    host.unregister_plugin(name)
 
 
 def registry(kind: str) -> Registry:

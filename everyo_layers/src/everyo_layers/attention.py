@@ -25,6 +25,7 @@ class AttentionWeightsOp(Op):
     hidden, or None). Returns ``(..., Tq, Tk)``.
     """
 
+    precision = "float32"
     __slots__ = ("scale",)
 
     def forward(self, q, k, scale=1.0, mask=None):
@@ -94,6 +95,8 @@ class MultiHeadAttention(Module):
         >>> mha(x).shape, mha(x, need_weights=True)[1].shape
         ((3, 5, 8), (3, 5, 5))
     """
+
+    onnx_export = "refused"
 
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, seed=None):
         super().__init__()

@@ -79,6 +79,7 @@ class Conv2DOp(Op):
     ``matmul`` does.
     """
 
+    precision = "lower"  # BLAS-shaped: float16 is safe, products accumulate in float32
     __slots__ = ("stride", "dilation", "pads", "x_shape", "out_hw", "w_shape")
 
     def forward(self, x, weight, bias=None, stride=(1, 1), padding=((0, 0), (0, 0)),

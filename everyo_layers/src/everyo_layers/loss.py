@@ -36,6 +36,7 @@ def _upstream(g: np.ndarray, reduction: str, count, shape: tuple) -> np.ndarray:
 
 
 class _LossOp(Op):
+    precision = "float32"  # losses sum many values: float16 would overflow
     __slots__ = ("reduction", "count", "shape")
 
     def spread(self, g: np.ndarray) -> np.ndarray:

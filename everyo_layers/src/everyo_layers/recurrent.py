@@ -20,6 +20,8 @@ from everyo_layers.recurrent_ops import OPS as _RECURRENT_OPS
 class _Recurrent(Module):
     """A stack of ``num_layers`` recurrent layers of one kind (set by the subclass)."""
 
+    onnx_export = "refused"
+
     op_name = ""
     gates = 1
     has_cell = False

@@ -59,6 +59,8 @@ class PositionalEncoding(Module):
         [0.8415, 0.5403, 0.01, 1.0]
     """
 
+    onnx_export = "refused"
+
     def __init__(self, d_model: int, max_len: int = 5000):
         super().__init__()
         if d_model <= 0 or max_len <= 0:
@@ -96,6 +98,8 @@ def _activation(name):
 
 class _TransformerLayer(Module):
     """What encoder and decoder layers share: arguments, feed-forward block, seeding."""
+
+    onnx_export = "refused"
 
     def __init__(self, d_model, num_heads, dim_feedforward, dropout, norm_first, activation,
                  layer_norm_eps, seed, attention_blocks: int):
@@ -229,6 +233,8 @@ class TransformerEncoder(Module):
         >>> encoder(eo.randn(2, 5, 8, seed=1)).shape, len(encoder.layers)
         ((2, 5, 8), 2)
     """
+
+    onnx_export = "refused"
 
     def __init__(self, encoder_layer: Module, num_layers: int, norm: Module | None = None):
         super().__init__()

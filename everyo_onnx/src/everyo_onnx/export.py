@@ -24,10 +24,6 @@ from everyo_onnx.runtime import import_onnx, inference_session, run_session
 DEFAULT_OPSET = 17
 MIN_OPSET = 17
 
-REFUSED_BY_DESIGN = ("RNN", "LSTM", "GRU", "Embedding", "MultiHeadAttention",
-                     "PositionalEncoding", "TransformerEncoderLayer", "TransformerDecoderLayer",
-                     "TransformerEncoder")
-
 # Parity bound of verify=True: float32 rounding from a different order of operations.
 VERIFY_RTOL = 1e-4
 VERIFY_ATOL = 1e-5
@@ -118,10 +114,16 @@ def _subclass_note(layer, converters: dict) -> str:
     return f" (a subclass of {base.__name__}; register a converter for it)" if base else ""
 
 
+def refused_by_design() -> list[str]:
+    """Names of the registered layers that declare ``onnx_export = "refused"``."""
+    declared = registry("layers").declared("onnx_export")
+    return [name for name, status in declared.items() if status == "refused"]
+
+
 def refusal_message(labels: list[str]) -> str:
     noun = "layer has" if len(labels) == 1 else f"{len(labels)} layers have"
     return (f"cannot export to ONNX: {noun} no converter: {', '.join(labels)}. The layer-by-layer "
-            f"exporter refuses {', '.join(REFUSED_BY_DESIGN)} (they need a tracing exporter); "
+            f"exporter refuses {', '.join(refused_by_design())} (they need a tracing exporter); "
             f"a custom layer can get a converter through the everyo_register_onnx_converters "
             f"hook. Nothing was written.")
 

@@ -64,6 +64,8 @@ class Div(Op):
 
 
 class Pow(Op):
+    precision = "float32"
+
     def forward(self, a, b):
         out = a ** b
         self.saved = (a, b, out)

@@ -31,6 +31,7 @@ def _expand(g: np.ndarray, axes: tuple, keepdims: bool) -> np.ndarray:
 
 
 class Sum(Op):
+    precision = "float32"
     __slots__ = ("shape", "axes", "keepdims")
 
     def forward(self, x, axis=None, keepdims=False):
@@ -42,6 +43,7 @@ class Sum(Op):
 
 
 class Mean(Op):
+    precision = "float32"
     __slots__ = ("shape", "axes", "keepdims")
 
     def forward(self, x, axis=None, keepdims=False):
@@ -85,6 +87,7 @@ class Min(_Extremum):
 class Var(Op):
     """Variance with NumPy's ``ddof`` (default 0, the population variance)."""
 
+    precision = "float32"
     __slots__ = ("axes", "keepdims", "denominator")
 
     def forward(self, x, axis=None, keepdims=False, ddof=0):
@@ -103,6 +106,7 @@ class Var(Op):
 
 
 class Softmax(Op):
+    precision = "float32"
     __slots__ = ("axis",)
 
     def forward(self, x, axis=-1):
@@ -125,6 +129,7 @@ def log_softmax_array(x: np.ndarray, axis: int = -1) -> np.ndarray:
 
 
 class LogSoftmax(Op):
+    precision = "float32"
     __slots__ = ("axis",)
 
     def forward(self, x, axis=-1):

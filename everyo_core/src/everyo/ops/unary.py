@@ -33,6 +33,8 @@ class Abs(Op):
 
 
 class Exp(Op):
+    precision = "float32"
+
     def forward(self, x):
         x = floating(x)
         out = np.exp(x)
@@ -44,6 +46,8 @@ class Exp(Op):
 
 
 class Log(Op):
+    precision = "float32"
+
     def forward(self, x):
         x = floating(x)
         self.saved = x

@@ -79,29 +79,34 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name: str):
-    """``eo.<name>`` for what plugins registered (layers, API names, ops) or an install hint."""
-    from everyo.first_party import DISTRIBUTION_OF, missing
+    """``eo.<name>`` for what plugins registered (layers, API names, modules, ops) or a hint."""
+    from everyo.first_party import missing
     from everyo.plugins import host
 
-    if name in _FORWARDING_MODULES:  # eo.distributed without `import everyo.distributed`
-        import importlib
-
-        try:
-            return importlib.import_module(f"everyo.{name}")
-        except MissingDistributionModuleError as exc:
-            raise MissingDistributionError(str(exc)) from None
     for kind in ("layers", "api"):
         found = host.registries[kind].get(name)
         if found is not None:
             return found
+    if name in host.registries["modules"]:
+        return _public_module(name)
     if name in host.registries["ops"]:
         return _op_function(name)
-    if name in DISTRIBUTION_OF:
-        raise missing(name, DISTRIBUTION_OF[name])
+    error = missing(name)
+    if error is not None:
+        raise error
     raise AttributeError(f"module 'everyo' has no attribute {name!r}")
 
 
-_FORWARDING_MODULES = ("distributed", "distributed_tcp")
+def _public_module(name: str):
+    """``everyo.<name>`` where the core has that import path, else the registered module."""
+    import importlib
+    import importlib.util
+
+    from everyo.first_party import public_module
+
+    if importlib.util.find_spec(f"everyo.{name}") is not None:
+        return importlib.import_module(f"everyo.{name}")
+    return public_module(name)
 
 
 def _op_function(name: str):
@@ -117,7 +122,7 @@ def __dir__():
     from everyo.plugins import host
 
     return sorted(set(globals()) | set(host.registries["layers"].items)
-                  | set(host.registries["api"].items))
+                  | set(host.registries["api"].items) | set(host.registries["modules"].items))
 
 
 def _load_plugins() -> None:

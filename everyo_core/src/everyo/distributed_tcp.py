@@ -1,11 +1,12 @@
-"""Multi-machine process groups over authenticated TCP, provided by everyo-dist.
+"""Multi-machine process groups: ``from everyo.distributed_tcp import TCPRendezvousServer``.
 
-Forwards to ``everyo_dist.tcp``: ``from everyo.distributed_tcp import TCPRendezvousServer``.
+The names are those of the module a plugin registers as ``"distributed_tcp"`` through
+``everyo_register_modules`` (everyo-dist does). Without one, importing this module raises an
+``ImportError`` saying what to install.
 """
 
-from everyo.first_party import require
+from everyo.first_party import public_module
 
-require("everyo_dist", "everyo-dist", "distributed_tcp")
-
-from everyo_dist.tcp import *  # noqa: E402,F401,F403
-from everyo_dist.tcp import __all__  # noqa: E402,F401
+_provider = public_module("distributed_tcp")
+__all__ = list(_provider.__all__)
+globals().update({name: getattr(_provider, name) for name in __all__})

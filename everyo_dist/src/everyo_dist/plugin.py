@@ -36,3 +36,9 @@ def lazy_factory(name: str, target: str):
 def everyo_register_backends(register):
     for name, target in BACKENDS.items():
         register(name, lazy_factory(name, target))
+
+
+@hookimpl
+def everyo_register_modules(register):
+    register("distributed", "everyo_dist.api")
+    register("distributed_tcp", "everyo_dist.tcp")

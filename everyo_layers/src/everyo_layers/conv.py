@@ -6,7 +6,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from everyo import EveryOError, Module, Op, dispatch
-from everyo.ops.linalg import blas_matmul
+from everyo.kernels import blas_matmul
 from everyo_layers.checks import check_float, pair
 from everyo_layers.linear import fan_in_bound, uniform_parameter
 from everyo_layers.padding import output_size, resolve_padding

@@ -10,8 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from everyo import EveryOError, Module, Op, dispatch
-from everyo.ops.reduction import log_softmax_array
-from everyo.ops.unary import stable_sigmoid
+from everyo.kernels import log_softmax_array, stable_sigmoid
 from everyo_layers.checks import array_of, check_float
 from everyo_layers.precision import accumulation_dtype
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from everyo import EveryOError, Module, Op, dispatch
-from everyo.ops.unary import keep_where
+from everyo.kernels import keep_where
 from everyo_layers.checks import check_float, pair
 from everyo_layers.conv import pad_hw, window_arguments, window_slices
 from everyo_layers.padding import output_size, resolve_padding

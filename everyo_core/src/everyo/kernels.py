@@ -1,0 +1,24 @@
+"""NumPy kernels for writing ops: the array-level building blocks the core's own ops use.
+
+An op's ``forward`` and ``backward`` work on NumPy arrays; these functions are the pieces worth
+sharing between ops, with the dtype care that is easy to get wrong (float16 through float32
+BLAS, exact gradient selection, overflow-free sigmoid and log-softmax). They are public and
+stable: a plugin imports them from here, never from ``everyo.ops.*`` (which is the core's
+private layout and may move).
+
+Example:
+    >>> import numpy as np
+    >>> from everyo.kernels import blas_matmul, keep_where, log_softmax_array, stable_sigmoid
+    >>> blas_matmul(np.ones((2, 3), np.float16), np.ones((3, 1), np.float16)).dtype
+    dtype('float16')
+    >>> stable_sigmoid(np.array([-1000.0, 0.0, 1000.0])).tolist()
+    [0.0, 0.5, 1.0]
+"""
+
+from __future__ import annotations
+
+from everyo.ops.linalg import blas_matmul
+from everyo.ops.reduction import log_softmax_array
+from everyo.ops.unary import keep_where, stable_sigmoid
+
+__all__ = ["blas_matmul", "keep_where", "log_softmax_array", "stable_sigmoid"]

@@ -19,7 +19,7 @@ def mlp(seed=0):
 
 # -- where a block starts and ends ---------------------------------------------------------------
 
-def test_specification_example_dtypes():
+def test_an_mlp_under_autocast_has_the_documented_dtypes():
     model = mlp()
     with eo.autocast():
         output = model(eo.ones(3, 8))

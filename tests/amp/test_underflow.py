@@ -1,4 +1,4 @@
-"""The specification's underflow experiment, as a test: float16 gradients of a loss scaled into
+"""The underflow experiment, as a test: float16 gradients of a loss scaled into
 float16's underflow range flush to zero; GradScaler rescues them and training matches float32.
 
 Independent of examples/mixed_precision.py (other data, seeds and length), so the story is not

@@ -7,7 +7,7 @@ exponentials, normalisation and losses in float32) and the public names ``eo.aut
 
 # NOTE: import the core first. Importing it loads every plugin, this one included, whose hooks
 # import the modules below; doing that while one of them is half-imported would be circular.
-import everyo  # noqa: F401, I001
+import everyo  # noqa: I001
 
 from everyo_amp.autocast_mode import active_policy, autocast, is_autocast_enabled, make_interceptor
 from everyo_amp.grad_scaler import GradScaler

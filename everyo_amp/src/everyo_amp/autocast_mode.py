@@ -159,7 +159,7 @@ def is_autocast_enabled() -> bool:
     return active_policy() is not None
 
 
-class autocast:  # noqa: N801 - a context manager named like PyTorch's
+class autocast:  # lowercase, like PyTorch's context manager
     """Context manager and decorator: ops in the policy's allowlist run in float16.
 
     Args:

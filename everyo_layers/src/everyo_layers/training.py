@@ -132,7 +132,7 @@ class CosineAnnealingLR(LRScheduler):
         0.5
     """
 
-    def __init__(self, optimizer, T_max: int, eta_min: float = 0.0,  # noqa: N803 (torch's name)
+    def __init__(self, optimizer, T_max: int, eta_min: float = 0.0,  # T_max: PyTorch's name
                  last_epoch: int = -1):
         if T_max <= 0:
             raise EveryOError(f"CosineAnnealingLR: T_max must be positive, got {T_max}")

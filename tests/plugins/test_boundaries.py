@@ -1,0 +1,50 @@
+"""The seams between distributions: plugins use only the core's public modules, and the core
+imports no plugin distribution (it names first-party plugin modules only in its table)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import everyo.kernels
+
+ROOT = Path(__file__).resolve().parents[2]
+PLUGIN_PACKAGES = ("everyo_layers", "everyo_amp", "everyo_onnx", "everyo_dist")
+# The core's public modules: the package itself, the kernels and the interceptor API.
+PUBLIC_CORE = {"everyo", "everyo.kernels", "everyo.dispatch", "everyo.errors",
+               "everyo.distributed", "everyo.distributed_tcp"}
+
+
+def imported_modules(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+    return found
+
+
+@pytest.mark.parametrize("package", PLUGIN_PACKAGES)
+def test_plugins_import_only_public_core_modules(package):
+    source = ROOT / package / "src" / package
+    private = {f"{path.relative_to(ROOT)}: {module}"
+               for path in source.rglob("*.py") for module in imported_modules(path)
+               if module.split(".")[0] == "everyo" and module not in PUBLIC_CORE}
+    assert not private, sorted(private)
+
+
+def test_the_core_imports_no_plugin_distribution():
+    core = ROOT / "everyo_core" / "src" / "everyo"
+    imports = {f"{path.name}: {module}" for path in core.rglob("*.py")
+               for module in imported_modules(path) if module.split(".")[0] in PLUGIN_PACKAGES}
+    assert not imports, sorted(imports)
+
+
+def test_the_kernel_module_publishes_what_it_lists():
+    assert {"blas_matmul", "keep_where", "log_softmax_array", "stable_sigmoid"} <= set(
+        everyo.kernels.__all__)
+    for name in everyo.kernels.__all__:
+        assert callable(getattr(everyo.kernels, name)) and getattr(everyo.kernels, name).__doc__

@@ -35,7 +35,8 @@ def everyo_register_ops(register: Register) -> None:
 
     ``name`` is what ``everyo.dispatch(name, ...)`` and ``eo.<name>(...)`` use, and what an
     autocast policy names in its allowlist. ``op_class`` subclasses ``everyo.Op`` and implements
-    ``forward`` and ``backward`` on NumPy arrays.
+    ``forward`` and ``backward`` on NumPy arrays. It may declare ``precision`` (see
+    ``DECLARATIONS``).
     """
 
 
@@ -45,7 +46,8 @@ def everyo_register_layers(register: Register) -> None:
 
     ``obj`` is an ``everyo.Module`` subclass (a layer or a loss) or a plain callable (a
     functional form such as ``cross_entropy``, a scheduler, ``clip_grad_norm_``). Every name
-    becomes reachable as ``eo.<name>`` after ``import everyo``.
+    becomes reachable as ``eo.<name>`` after ``import everyo``. A layer class may declare
+    ``onnx_export`` (see ``DECLARATIONS``).
     """
 
 

@@ -12,6 +12,7 @@ from everyo import functional as _functional
 from everyo.autograd import Op, unbroadcast
 from everyo.data import DataLoader, TensorDataset
 from everyo.dispatch import dispatch
+from everyo.engine import grad
 from everyo.errors import (
     EveryOError,
     EveryOIndexError,
@@ -74,6 +75,7 @@ from everyo.tensor import (
     zeros,
     zeros_like,
 )
+from everyo.versioning import bump_version
 
 __version__ = "0.1.0"
 

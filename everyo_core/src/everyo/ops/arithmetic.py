@@ -36,6 +36,8 @@ class Sub(Op):
 
 
 class Mul(Op):
+    __slots__ = ()
+
     def forward(self, a, b):
         self.saved = (a, b)
         return a * b
@@ -48,6 +50,8 @@ class Mul(Op):
 
 
 class Div(Op):
+    __slots__ = ()
+
     def forward(self, a, b):
         if a.dtype.kind not in "fc" and b.dtype.kind not in "fc":
             a, b = floating(a), floating(b)  # true division of integers: float32, as PyTorch
@@ -64,6 +68,8 @@ class Div(Op):
 
 
 class Pow(Op):
+    __slots__ = ()
+
     def forward(self, a, b):
         out = a ** b
         self.saved = (a, b, out)
@@ -90,6 +96,8 @@ def _tie_aware(select_a: np.ndarray, ties: np.ndarray, g: np.ndarray):
 
 
 class Maximum(Op):
+    __slots__ = ()
+
     def forward(self, a, b):
         self.saved = (a, b)
         return np.maximum(a, b)
@@ -101,6 +109,8 @@ class Maximum(Op):
 
 
 class Minimum(Op):
+    __slots__ = ()
+
     def forward(self, a, b):
         self.saved = (a, b)
         return np.minimum(a, b)
@@ -113,6 +123,8 @@ class Minimum(Op):
 
 class Where(Op):
     """``where(condition, a, b)``; the condition is not differentiable."""
+
+    __slots__ = ()
 
     def forward(self, condition, a, b):
         condition = condition.astype(bool, copy=False)
@@ -130,6 +142,8 @@ class Where(Op):
 
 class Clip(Op):
     """``clip(x, min=None, max=None)``; the gradient passes where min <= x <= max."""
+
+    __slots__ = ()
 
     def forward(self, x, min=None, max=None):
         self.saved = (x, min, max)

@@ -16,6 +16,8 @@ def floating(x: np.ndarray) -> np.ndarray:
 
 
 class Neg(Op):
+    __slots__ = ()
+
     def forward(self, x):
         return -x
 
@@ -24,6 +26,8 @@ class Neg(Op):
 
 
 class Abs(Op):
+    __slots__ = ()
+
     def forward(self, x):
         self.saved = x
         return np.abs(x)
@@ -33,6 +37,8 @@ class Abs(Op):
 
 
 class Exp(Op):
+    __slots__ = ()
+
     def forward(self, x):
         x = floating(x)
         out = np.exp(x)
@@ -44,6 +50,8 @@ class Exp(Op):
 
 
 class Log(Op):
+    __slots__ = ()
+
     def forward(self, x):
         x = floating(x)
         self.saved = x
@@ -54,6 +62,8 @@ class Log(Op):
 
 
 class Sqrt(Op):
+    __slots__ = ()
+
     def forward(self, x):
         x = floating(x)
         out = np.sqrt(x)
@@ -65,6 +75,8 @@ class Sqrt(Op):
 
 
 class Tanh(Op):
+    __slots__ = ()
+
     def forward(self, x):
         x = floating(x)
         out = np.tanh(x)
@@ -83,6 +95,8 @@ def stable_sigmoid(x: np.ndarray) -> np.ndarray:
 
 
 class Sigmoid(Op):
+    __slots__ = ()
+
     def forward(self, x):
         x = floating(x)
         out = stable_sigmoid(x)
@@ -127,6 +141,8 @@ def keep_where(mask: np.ndarray, values: np.ndarray, out: np.ndarray | None = No
 
 
 class ReLU(Op):
+    __slots__ = ()
+
     def forward(self, x):
         if x.dtype == _F16:
             # NOTE: NumPy's float16 arithmetic is ~30x slower than float32, so ReLU works on

@@ -11,6 +11,8 @@ from everyo.ops.unary import floating
 
 class Add(Op):
     __slots__ = ("shapes",)
+    saved_inputs = ()
+    saves_output = False
 
     def forward(self, a, b):
         self.shapes = (a.shape, b.shape)
@@ -24,6 +26,8 @@ class Add(Op):
 
 class Sub(Op):
     __slots__ = ("shapes",)
+    saved_inputs = ()
+    saves_output = False
 
     def forward(self, a, b):
         self.shapes = (a.shape, b.shape)
@@ -37,6 +41,8 @@ class Sub(Op):
 
 class Mul(Op):
     __slots__ = ()
+    saved_inputs = (0, 1)
+    saves_output = False
 
     def forward(self, a, b):
         self.saved = (a, b)
@@ -51,6 +57,8 @@ class Mul(Op):
 
 class Div(Op):
     __slots__ = ()
+    saved_inputs = (0, 1)
+    saves_output = True
 
     def forward(self, a, b):
         if a.dtype.kind not in "fc" and b.dtype.kind not in "fc":
@@ -69,6 +77,8 @@ class Div(Op):
 
 class Pow(Op):
     __slots__ = ()
+    saved_inputs = (0, 1)
+    saves_output = True
 
     def forward(self, a, b):
         out = a ** b
@@ -97,6 +107,8 @@ def _tie_aware(select_a: np.ndarray, ties: np.ndarray, g: np.ndarray):
 
 class Maximum(Op):
     __slots__ = ()
+    saved_inputs = (0, 1)
+    saves_output = False
 
     def forward(self, a, b):
         self.saved = (a, b)
@@ -110,6 +122,8 @@ class Maximum(Op):
 
 class Minimum(Op):
     __slots__ = ()
+    saved_inputs = (0, 1)
+    saves_output = False
 
     def forward(self, a, b):
         self.saved = (a, b)
@@ -125,6 +139,8 @@ class Where(Op):
     """``where(condition, a, b)``; the condition is not differentiable."""
 
     __slots__ = ()
+    saved_inputs = (0,)
+    saves_output = False
 
     def forward(self, condition, a, b):
         condition = condition.astype(bool, copy=False)
@@ -144,6 +160,8 @@ class Clip(Op):
     """``clip(x, min=None, max=None)``; the gradient passes where min <= x <= max."""
 
     __slots__ = ()
+    saved_inputs = (0,)
+    saves_output = False
 
     def forward(self, x, min=None, max=None):
         self.saved = (x, min, max)

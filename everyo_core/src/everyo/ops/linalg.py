@@ -43,6 +43,8 @@ class MatMul(Op):
     casting matmul's operands sees the bias too."""
 
     __slots__ = ("bias_shape",)
+    saved_inputs = (0, 1)
+    saves_output = False
 
     def forward(self, a, b, bias=None):
         _check_shapes(a, b)

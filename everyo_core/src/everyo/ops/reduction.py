@@ -32,6 +32,8 @@ def _expand(g: np.ndarray, axes: tuple, keepdims: bool) -> np.ndarray:
 
 class Sum(Op):
     __slots__ = ("shape", "axes", "keepdims")
+    saved_inputs = ()
+    saves_output = False
 
     def forward(self, x, axis=None, keepdims=False):
         self.shape, self.axes, self.keepdims = x.shape, _axes(axis, x.shape, self.name), keepdims
@@ -43,6 +45,8 @@ class Sum(Op):
 
 class Mean(Op):
     __slots__ = ("shape", "axes", "keepdims")
+    saved_inputs = ()
+    saves_output = False
 
     def forward(self, x, axis=None, keepdims=False):
         self.shape, self.axes, self.keepdims = x.shape, _axes(axis, x.shape, self.name), keepdims
@@ -56,6 +60,8 @@ class Mean(Op):
 
 class _Extremum(Op):
     __slots__ = ("axes", "keepdims")
+    saved_inputs = (0,)
+    saves_output = True
     reducer = staticmethod(np.max)
 
     def forward(self, x, axis=None, keepdims=False):
@@ -86,6 +92,8 @@ class Var(Op):
     """Variance with NumPy's ``ddof`` (default 0, the population variance)."""
 
     __slots__ = ("axes", "keepdims", "denominator")
+    saved_inputs = ()
+    saves_output = False
 
     def forward(self, x, axis=None, keepdims=False, ddof=0):
         self.axes, self.keepdims = _axes(axis, x.shape, self.name), keepdims
@@ -104,6 +112,8 @@ class Var(Op):
 
 class Softmax(Op):
     __slots__ = ("axis",)
+    saved_inputs = ()
+    saves_output = True
 
     def forward(self, x, axis=-1):
         self.axis = axis
@@ -126,6 +136,8 @@ def log_softmax_array(x: np.ndarray, axis: int = -1) -> np.ndarray:
 
 class LogSoftmax(Op):
     __slots__ = ("axis",)
+    saved_inputs = ()
+    saves_output = True
 
     def forward(self, x, axis=-1):
         self.axis = axis

@@ -11,6 +11,8 @@ from everyo.errors import EveryOError, EveryOIndexError
 
 class Reshape(Op):
     __slots__ = ("shape",)
+    saved_inputs = ()
+    saves_output = False
 
     def forward(self, x, shape):
         self.shape = x.shape
@@ -26,6 +28,8 @@ class Reshape(Op):
 
 class Transpose(Op):
     __slots__ = ("axes",)
+    saved_inputs = ()
+    saves_output = False
 
     def forward(self, x, axes=None):
         self.axes = tuple(range(x.ndim))[::-1] if axes is None else tuple(axes)
@@ -60,6 +64,8 @@ class GetItem(Op):
     """Basic and integer-array indexing; the gradient is scattered back (added on repeats)."""
 
     __slots__ = ("shape", "index")
+    saved_inputs = ()
+    saves_output = False
 
     def forward(self, x, index):
         self.shape, self.index = x.shape, _plain_index(index)
@@ -80,6 +86,8 @@ class GetItem(Op):
 
 class Concatenate(Op):
     __slots__ = ("axis", "splits")
+    saved_inputs = ()
+    saves_output = False
 
     def forward(self, *xs, axis=0):
         self.axis = axis
@@ -97,6 +105,8 @@ class Concatenate(Op):
 
 class Stack(Op):
     __slots__ = ("axis",)
+    saved_inputs = ()
+    saves_output = False
 
     def forward(self, *xs, axis=0):
         self.axis = axis
@@ -114,6 +124,8 @@ class Pad(Op):
     """Constant padding, ``pad_width`` as in ``np.pad``."""
 
     __slots__ = ("region",)
+    saved_inputs = ()
+    saves_output = False
 
     def forward(self, x, pad_width, value=0.0):
         widths = np.broadcast_to(np.asarray(pad_width, int), (x.ndim, 2))

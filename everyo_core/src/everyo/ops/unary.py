@@ -17,6 +17,8 @@ def floating(x: np.ndarray) -> np.ndarray:
 
 class Neg(Op):
     __slots__ = ()
+    saved_inputs = ()
+    saves_output = False
 
     def forward(self, x):
         return -x
@@ -27,6 +29,8 @@ class Neg(Op):
 
 class Abs(Op):
     __slots__ = ()
+    saved_inputs = (0,)
+    saves_output = False
 
     def forward(self, x):
         self.saved = x
@@ -38,6 +42,8 @@ class Abs(Op):
 
 class Exp(Op):
     __slots__ = ()
+    saved_inputs = ()
+    saves_output = True
 
     def forward(self, x):
         x = floating(x)
@@ -51,6 +57,8 @@ class Exp(Op):
 
 class Log(Op):
     __slots__ = ()
+    saved_inputs = (0,)
+    saves_output = False
 
     def forward(self, x):
         x = floating(x)
@@ -63,6 +71,8 @@ class Log(Op):
 
 class Sqrt(Op):
     __slots__ = ()
+    saved_inputs = ()
+    saves_output = True
 
     def forward(self, x):
         x = floating(x)
@@ -76,6 +86,8 @@ class Sqrt(Op):
 
 class Tanh(Op):
     __slots__ = ()
+    saved_inputs = ()
+    saves_output = True
 
     def forward(self, x):
         x = floating(x)
@@ -96,6 +108,8 @@ def stable_sigmoid(x: np.ndarray) -> np.ndarray:
 
 class Sigmoid(Op):
     __slots__ = ()
+    saved_inputs = ()
+    saves_output = True
 
     def forward(self, x):
         x = floating(x)
@@ -142,6 +156,8 @@ def keep_where(mask: np.ndarray, values: np.ndarray, out: np.ndarray | None = No
 
 class ReLU(Op):
     __slots__ = ()
+    saved_inputs = ()
+    saves_output = False
 
     def forward(self, x):
         if x.dtype == _F16:
@@ -163,6 +179,8 @@ class Cast(Op):
     """Differentiable dtype conversion; the gradient goes back in the operand's dtype."""
 
     __slots__ = ("source",)
+    saved_inputs = ()
+    saves_output = False
 
     def forward(self, x, dtype):
         self.source = x.dtype

@@ -55,7 +55,7 @@ from everyo.functional import (
     where,
 )
 from everyo.grad_mode import enable_grad, is_grad_enabled, no_grad
-from everyo.gradcheck import GradcheckError, gradcheck
+from everyo.gradcheck import GradcheckError, gradcheck, gradgradcheck
 from everyo.hookspecs import hookimpl
 from everyo.module import Module, Parameter, Sequential
 from everyo.optim import SGD, Adam, AdamW, Optimizer

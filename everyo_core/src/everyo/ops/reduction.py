@@ -5,7 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from everyo.autograd import Op
+from everyo.dispatch import dispatch
 from everyo.errors import EveryOError
+from everyo.ops.graph_math import expand_reduced
 from everyo.ops.unary import floating
 
 
@@ -42,6 +44,9 @@ class Sum(Op):
     def backward(self, g):
         return (np.broadcast_to(_expand(g, self.axes, self.keepdims), self.shape),)
 
+    def backward_graph(self, g, out):
+        return (expand_reduced(g, self.axes, self.keepdims, self.shape),)
+
 
 class Mean(Op):
     __slots__ = ("shape", "axes", "keepdims")
@@ -56,6 +61,10 @@ class Mean(Op):
         count = int(np.prod([self.shape[a] for a in self.axes])) if self.axes else 1
         g = _expand(g, self.axes, self.keepdims) / np.asarray(count, g.dtype)
         return (np.broadcast_to(g, self.shape),)
+
+    def backward_graph(self, g, out):
+        count = int(np.prod([self.shape[a] for a in self.axes])) if self.axes else 1
+        return (expand_reduced(g / float(count), self.axes, self.keepdims, self.shape),)
 
 
 class _Extremum(Op):
@@ -76,6 +85,12 @@ class _Extremum(Op):
         hits = x == out
         share = hits / hits.sum(axis=self.axes, keepdims=True)
         return (_expand(g, self.axes, self.keepdims) * share.astype(g.dtype, copy=False),)
+
+    def backward_graph(self, g, out):
+        x, top = self.saved
+        hits = x == top
+        share = (hits / hits.sum(axis=self.axes, keepdims=True)).astype(g.data.dtype, copy=False)
+        return (expand_reduced(g, self.axes, self.keepdims, x.shape) * share,)
 
 
 class Max(_Extremum):
@@ -109,6 +124,12 @@ class Var(Op):
         scale = np.asarray(2 / self.denominator, g.dtype)
         return (_expand(g, self.axes, self.keepdims) * centered * scale,)
 
+    def backward_graph(self, g, out):
+        (x,) = self.parents
+        centered = x - dispatch("mean", x, axis=self.axes, keepdims=True)
+        g = expand_reduced(g, self.axes, self.keepdims, x.shape)
+        return (g * centered * (2.0 / self.denominator),)
+
 
 class Softmax(Op):
     __slots__ = ("axis",)
@@ -126,6 +147,10 @@ class Softmax(Op):
     def backward(self, g):
         y = self.saved
         return (y * (g - (g * y).sum(axis=self.axis, keepdims=True)),)
+
+    def backward_graph(self, g, out):
+        dot = dispatch("sum", g * out, axis=self.axis, keepdims=True)
+        return (out * (g - dot),)
 
 
 def log_softmax_array(x: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -147,6 +172,10 @@ class LogSoftmax(Op):
 
     def backward(self, g):
         return (g - np.exp(self.saved) * g.sum(axis=self.axis, keepdims=True),)
+
+    def backward_graph(self, g, out):
+        total = dispatch("sum", g, axis=self.axis, keepdims=True)
+        return (g - dispatch("exp", out) * total,)
 
 
 OPS = {"sum": Sum, "mean": Mean, "max": Max, "min": Min, "var": Var, "softmax": Softmax,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from everyo.autograd import Op
+from everyo.dispatch import dispatch
 from everyo.tensor import DEFAULT_FLOAT
 
 
@@ -26,6 +27,9 @@ class Neg(Op):
     def backward(self, g):
         return (-g,)
 
+    def backward_graph(self, g, out):
+        return (-g,)
+
 
 class Abs(Op):
     __slots__ = ()
@@ -38,6 +42,9 @@ class Abs(Op):
 
     def backward(self, g):
         return (g * np.sign(self.saved),)
+
+    def backward_graph(self, g, out):
+        return (g * np.sign(self.parents[0].data),)
 
 
 class Exp(Op):
@@ -54,6 +61,9 @@ class Exp(Op):
     def backward(self, g):
         return (g * self.saved,)
 
+    def backward_graph(self, g, out):
+        return (g * out,)
+
 
 class Log(Op):
     __slots__ = ()
@@ -67,6 +77,9 @@ class Log(Op):
 
     def backward(self, g):
         return (g / self.saved,)
+
+    def backward_graph(self, g, out):
+        return (g / self.parents[0],)
 
 
 class Sqrt(Op):
@@ -83,6 +96,9 @@ class Sqrt(Op):
     def backward(self, g):
         return (g / (2 * self.saved),)
 
+    def backward_graph(self, g, out):
+        return (g / (out * 2.0),)
+
 
 class Tanh(Op):
     __slots__ = ()
@@ -98,6 +114,9 @@ class Tanh(Op):
     def backward(self, g):
         y = self.saved
         return (g * (1 - y * y),)
+
+    def backward_graph(self, g, out):
+        return (g * (1.0 - out * out),)
 
 
 def stable_sigmoid(x: np.ndarray) -> np.ndarray:
@@ -120,6 +139,9 @@ class Sigmoid(Op):
     def backward(self, g):
         y = self.saved
         return (g * y * (1 - y),)
+
+    def backward_graph(self, g, out):
+        return (g * out * (1.0 - out),)
 
 
 _F16 = np.dtype(np.float16)
@@ -174,6 +196,9 @@ class ReLU(Op):
     def backward(self, g):
         return (keep_where(self.saved, g),)
 
+    def backward_graph(self, g, out):
+        return (g * self.saved.astype(g.data.dtype),)
+
 
 class Cast(Op):
     """Differentiable dtype conversion; the gradient goes back in the operand's dtype."""
@@ -188,6 +213,9 @@ class Cast(Op):
 
     def backward(self, g):
         return (g.astype(self.source, copy=False),)
+
+    def backward_graph(self, g, out):
+        return (dispatch("cast", g, dtype=self.source),)
 
 
 OPS = {"neg": Neg, "abs": Abs, "exp": Exp, "log": Log, "sqrt": Sqrt, "tanh": Tanh,

@@ -23,6 +23,8 @@ def _unregister_what_the_test_registered():
 
 
 class Cube(eo.Op):
+    __slots__ = ()
+
     def forward(self, x):
         self.saved = x
         return x ** 3

@@ -190,6 +190,7 @@ def test_the_default_policy_is_what_the_ops_declare():
 def test_an_op_registered_later_is_covered_by_its_own_declaration():
     class HalfSquare(eo.Op):
         precision = "float32"
+        __slots__ = ()
 
         def forward(self, x):
             return x * x / 2

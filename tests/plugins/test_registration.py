@@ -111,6 +111,7 @@ def test_unregistering_gives_back_what_an_override_replaced():
 def test_a_declared_value_outside_the_documented_ones_is_refused_at_registration():
     class Misdeclared(Cube):
         precision = "float16"  # the precision classes are "lower" and "float32"
+        __slots__ = ()
 
     with pytest.raises(eo.PluginError, match="declares precision = 'float16'.*'lower', 'float32'"):
         eo.register_plugin(plugin_with("everyo_register_ops", ("misdeclared_test", Misdeclared)),
@@ -121,6 +122,7 @@ def test_a_declared_value_outside_the_documented_ones_is_refused_at_registration
 def test_declarations_are_read_back_from_the_registry():
     class Kept(Cube):
         precision = "float32"
+        __slots__ = ()
 
     class Refused(eo.Module):
         onnx_export = "refused"
@@ -177,7 +179,7 @@ def test_a_layer_may_not_hide_behind_a_core_name():
 
 def test_overriding_an_op_keeps_its_functional_form():
     class LoudCrossEntropy(eo.registry("ops")["cross_entropy"]):
-        pass
+        __slots__ = ()
 
     eo.register_plugin(plugin_with("everyo_register_ops", ("cross_entropy", LoudCrossEntropy),
                                    override=True), next(_names))

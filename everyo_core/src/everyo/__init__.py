@@ -9,7 +9,7 @@ everyo-layers, ``eo.autocast`` from everyo-amp, ``eo.export_onnx`` from everyo-o
 from __future__ import annotations
 
 from everyo import functional as _functional
-from everyo import inplace as _inplace  # noqa: F401  (adds add_, copy_, t[i] = v, ... to Tensor)
+from everyo import inplace as _inplace  # adds add_, copy_, t[i] = v, ... to Tensor
 from everyo.autograd import Op, unbroadcast
 from everyo.data import DataLoader, TensorDataset
 from everyo.dispatch import dispatch

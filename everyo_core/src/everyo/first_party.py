@@ -22,19 +22,21 @@ from everyo.errors import MissingDistributionError, MissingDistributionModuleErr
 
 
 class FirstParty(NamedTuple):
-    """A first-party distribution: the module holding its hooks, and what to ``pip install``."""
+    """A first-party distribution: the module holding its hooks, and how to install it."""
 
     plugin: str
     install: str
 
 
-#: Distribution -> its plugin module and install command argument, in loading order.
+#: Distribution -> its plugin module and install command, in loading order.
 FIRST_PARTY: dict[str, FirstParty] = {
-    "everyo-layers": FirstParty("everyo_layers.plugin", "everyo-layers"),
-    "everyo-amp": FirstParty("everyo_amp.plugin", "everyo-amp"),
-    # NOTE: run_onnx needs onnxruntime, which the [runtime] extra adds.
-    "everyo-onnx": FirstParty("everyo_onnx.plugin", "'everyo-onnx[runtime]'"),
-    "everyo-dist": FirstParty("everyo_dist.plugin", "everyo-dist"),
+    "everyo-layers": FirstParty("everyo_layers.plugin", "pip install everyo-layers"),
+    "everyo-amp": FirstParty("everyo_amp.plugin", "pip install everyo-amp"),
+    # NOTE: exporting needs only onnx; running a model (run_onnx, verify=True) needs onnxruntime,
+    # which the [runtime] extra adds.
+    "everyo-onnx": FirstParty("everyo_onnx.plugin", "pip install everyo-onnx; to run models "
+                              "too: pip install 'everyo-onnx[runtime]'"),
+    "everyo-dist": FirstParty("everyo_dist.plugin", "pip install everyo-dist"),
 }
 
 _PUBLIC_KINDS = ("layers", "api", "modules", "ops")
@@ -100,8 +102,8 @@ def missing(name: str, error=MissingDistributionError):
     if len(not_installed) == 1:
         dist = not_installed[0]
         return error(f"everyo.{name} is not provided by any installed plugin; it may come from "
-                     f"{dist}, which is not installed: pip install {FIRST_PARTY[dist].install}")
-    listed = ", ".join(f"{dist} (pip install {FIRST_PARTY[dist].install})" for dist in not_installed)
+                     f"{dist}, which is not installed: {FIRST_PARTY[dist].install}")
+    listed = ", ".join(f"{dist} ({FIRST_PARTY[dist].install})" for dist in not_installed)
     return error(f"everyo.{name} is not provided by any installed plugin; it may come from one "
                  f"of the first-party distributions that are not installed: {listed}")
 

@@ -171,6 +171,7 @@ def markdown_table() -> str:
 #:
 #:     class HuberLossOp(eo.Op):
 #:         precision = "float32"   # a loss: keep it in float32 under eo.autocast
+#:         __slots__ = ()
 #:
 #:     class MyLSTM(eo.Module):
 #:         onnx_export = "refused"

@@ -183,9 +183,7 @@ class PluginHost:
                     continue
                 if kind == "ops":
                     thing.name = key
-                self.registries[kind].add(key, thing, owner=owner, override=True)
-                if not override:
-                    self.registries[kind].overridden.discard(key)
+                self.registries[kind].add(key, thing, owner=owner, override=override)
 
     def _check_public_names(self, staged: dict, owner: str) -> None:
         """One meaning per ``eo.<name>``.

@@ -296,12 +296,16 @@ def test_third_party_policy_through_the_hook():
             register("add_in_half", type("P", (), {"ops": {"add"}, "dtype": "float16"})())
 
     eo.register_plugin(AddInHalf(), name="test-amp-add-in-half")
-    x = eo.ones(2)
-    with eo.autocast(policy="add_in_half"):
-        assert (x + x).dtype == "float16"
-        assert (eo.ones(1, 2) @ eo.ones(2, 1)).dtype == "float32"
-    with pytest.raises(eo.EveryOError, match="no autocast policy named 'nope'.*default"):
-        eo.autocast(policy="nope")
+    try:
+        x = eo.ones(2)
+        with eo.autocast(policy="add_in_half"):
+            assert (x + x).dtype == "float16"
+            assert (eo.ones(1, 2) @ eo.ones(2, 1)).dtype == "float32"
+        with pytest.raises(eo.EveryOError, match="no autocast policy named 'nope'.*default"):
+            eo.autocast(policy="nope")
+    finally:
+        eo.unregister_plugin("test-amp-add-in-half")
+    assert "add_in_half" not in eo.registry("autocast_policies")
 
 
 def test_policy_refuses_an_op_in_both_lists():

@@ -14,6 +14,7 @@ Like pytest's list of default plugins, the core names each first-party distribut
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 from typing import NamedTuple
@@ -46,14 +47,20 @@ def _package(plugin_module: str) -> str:
     return plugin_module.partition(".")[0]
 
 
-def _provides(plugin_module: str, name: str) -> bool:
+@functools.lru_cache(maxsize=None)
+def _public_names(plugin_module: str) -> frozenset:
+    """Every public name ``plugin_module`` would register (asked once per process)."""
     from everyo.plugins import registrations
 
     try:
         found = registrations(importlib.import_module(plugin_module))
     except Exception:  # a broken plugin cannot tell; the caller falls back to the rule
-        return False
-    return any(name in found.get(kind, ()) for kind in _PUBLIC_KINDS)
+        return frozenset()
+    return frozenset(name for kind in _PUBLIC_KINDS for name in found.get(kind, ()))
+
+
+def _provides(plugin_module: str, name: str) -> bool:
+    return name in _public_names(plugin_module)
 
 
 def _why_not_loaded(dist: str, plugin_module: str) -> str:

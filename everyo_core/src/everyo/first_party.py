@@ -132,3 +132,24 @@ def public_module(name: str):
         raise (missing(name, MissingDistributionModuleError)
                or MissingDistributionModuleError(f"no plugin registers the module {name!r}"))
     return importlib.import_module(target)
+
+
+def fill_from_public_module(name: str, namespace: dict) -> list[str]:
+    """Copy the public names of the module registered as ``name`` into ``namespace``.
+
+    It is what the core's import paths (``everyo/distributed.py``) do with their globals, so
+    ``from everyo.distributed import spawn`` works whichever plugin provides the module.
+
+    Returns:
+        The names copied (the provider's ``__all__``), for the caller's ``__all__``.
+
+    Example:
+        >>> namespace = {}
+        >>> "spawn" in fill_from_public_module("distributed", namespace), "spawn" in namespace
+        (True, True)
+    """
+    provider = public_module(name)
+    names = list(provider.__all__)
+    namespace.update({attribute: getattr(provider, attribute) for attribute in names})
+    return names
+

@@ -124,7 +124,7 @@ def test_adam_resumes_from_a_checkpoint_without_per_parameter_steps():
     w, opt = fresh()
     _train(w, opt, steps=2)
     state = opt.state_dict()
-    for buffers in state["state"]:
+    for buffers in state["state"].values():
         del buffers["step"]
     opt.load_state_dict(state)
     np.testing.assert_array_equal(_train(w, opt, steps=3).data, straight.data)

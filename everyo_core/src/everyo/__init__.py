@@ -10,6 +10,23 @@ from __future__ import annotations
 
 from everyo import functional as _functional
 from everyo.autograd import Op, unbroadcast
+from everyo.conveniences import (
+    argmax,
+    argmin,
+    chunk,
+    cumsum,
+    einsum,
+    expand,
+    gather,
+    masked_fill,
+    permute,
+    split,
+    swapaxes,
+    tril,
+    triu,
+    unsqueeze,
+    view,
+)
 from everyo.data import DataLoader, TensorDataset
 from everyo.dispatch import dispatch
 from everyo.errors import (

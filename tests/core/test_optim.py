@@ -81,7 +81,7 @@ def test_bad_arguments():
         eo.SGD([eo.Parameter([1.0])], lr=-1)
     with pytest.raises(eo.EveryOError, match="nesterov"):
         eo.SGD([eo.Parameter([1.0])], nesterov=True)
-    with pytest.raises(eo.EveryOError, match="require grad"):
+    with pytest.raises(eo.EveryOError, match="requires grad"):
         eo.SGD([eo.tensor([1.0])])
 
 

@@ -49,6 +49,10 @@ CONVENIENCE_CASES = [
      lambda a: _torch().gather(a, 1, _torch().tensor(GATHER_INDEX)), [normal(4, 5)]),
     ("gather_axis0", lambda a: a.gather(0, GATHER_INDEX.T % 4),
      lambda a: a.gather(0, _torch().tensor(GATHER_INDEX.T % 4)), [normal(4, 5)]),
+    ("scatter_add", lambda a: eo.dispatch("scatter_add", a, axis=1, index=GATHER_INDEX,
+                                          shape=(3, 6)),
+     lambda a: _torch().zeros(3, 6, dtype=a.dtype).scatter_add(
+         1, _torch().tensor(GATHER_INDEX), a), [normal(3, 2)]),
     ("cumsum", lambda a: a.cumsum(1), lambda a: a.cumsum(1), [normal(3, 4)]),
     ("cumsum_last", lambda a: eo.cumsum(a, -1), lambda a: a.cumsum(-1), [normal(2, 3, 4)]),
     ("einsum_bmm", lambda a, b: eo.einsum("bij,bjk->bik", a, b),

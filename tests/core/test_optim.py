@@ -161,7 +161,7 @@ def test_parameter_groups_match_pytorch_over_20_steps(name, defaults, groups, to
                      **defaults)
 
     opt, torch_opt = build(ours, getattr(eo, name)), build(theirs, getattr(torch.optim, name))
-    for step in range(20):
+    for _ in range(20):
         for params, optimizer in ((ours, opt), (theirs, torch_opt)):
             optimizer.zero_grad()
             sum(_bowl(p) for p in params).backward()

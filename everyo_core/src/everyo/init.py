@@ -25,6 +25,7 @@ import numpy as np
 from everyo.errors import EveryOError
 from everyo.random import resolve_generator
 from everyo.tensor import Tensor
+from everyo.versioning import bump_version
 
 _LINEAR = ("linear", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
            "conv_transpose3d", "sigmoid")
@@ -93,9 +94,7 @@ def _fill(tensor, values, name: str):
     """Write ``values`` into ``tensor`` in place (its dtype kept) and return the tensor."""
     target = _array(tensor, name)
     target[...] = values
-    bump = getattr(tensor, "_bump_version", None)
-    if bump is not None:
-        bump()
+    bump_version(tensor)
     return tensor
 
 

@@ -12,6 +12,7 @@ import numpy as np
 
 from everyo.errors import EveryOError
 from everyo.tensor import Tensor
+from everyo.versioning import bump_version
 
 
 class Optimizer:
@@ -128,7 +129,8 @@ class Optimizer:
             for p in group["params"]:
                 if p.grad is not None:
                     self._update(p.data, p.grad, self.state.setdefault(p, {}), group)
-                    _bump_version(p)
+                    # NOTE: a graph that saved p before this step must not run backward
+                    bump_version(p)
 
     def _update(self, w: np.ndarray, g: np.ndarray, state: dict,
                 group: dict) -> None:  # pragma: no cover - interface
@@ -212,13 +214,6 @@ def _from_single_group_layout(state: dict) -> dict:
     group["params"] = list(range(len(buffers)))
     return {"type": state["type"], "step_count": state.get("step_count", 0),
             "state": {i: s for i, s in enumerate(buffers) if s}, "param_groups": [group]}
-
-
-def _bump_version(p) -> None:
-    """Tell autograd that ``p``'s values changed in place (when it counts versions)."""
-    bump = getattr(p, "_bump_version", None)
-    if bump is not None:
-        bump()
 
 
 class SGD(Optimizer):

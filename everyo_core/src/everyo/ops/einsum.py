@@ -67,6 +67,7 @@ class Einsum(Op):
     """``np.einsum(equation, *operands)`` with a gradient for every operand."""
 
     __slots__ = ("terms", "output", "shapes", "equation")
+    saves_output = False  # every operand is read (saved_inputs None)
 
     def forward(self, *xs, equation):
         self.shapes = [x.shape for x in xs]
@@ -106,9 +107,6 @@ class Einsum(Op):
                 continue
             equation, produced, missing, unique = operand_grad_plan(
                 i, self.terms, self.output, self.shapes)
-            if len(unique) != len(self.terms[i]):
-                raise EveryOError("einsum: second derivatives through a repeated subscript "
-                                  f"(a diagonal, {self.equation!r}) are not supported")
             others = [x for j, x in enumerate(self.parents) if j != i]
             grad = dispatch("einsum", g, *others, equation=equation)
             own = dict(zip(self.terms[i], self.shapes[i]))
@@ -119,8 +117,28 @@ class Einsum(Op):
             summed = tuple(a for a, (c, n) in enumerate(zip(unique, grad.shape)) if own[c] != n)
             if summed:
                 grad = dispatch("sum", grad, axis=summed, keepdims=True)
+            if len(unique) != len(self.terms[i]):
+                equation, eyes = diagonal_plan(self.terms[i], unique, own, grad.data.dtype)
+                grad = dispatch("einsum", grad, *eyes, equation=equation)
             grads.append(grad)
         return tuple(grads)
+
+
+def diagonal_plan(term: str, unique: str, sizes: dict, dtype) -> tuple:
+    """An einsum equation and identity matrices that put a gradient over ``unique`` letters
+    back onto the diagonals of an operand whose subscripts ``term`` repeat a letter."""
+    free = iter(c for c in string.ascii_letters if c not in term)
+    spread, deltas, eyes, seen = [], [], [], set()
+    for c in term:
+        if c in seen:
+            fresh = next(free)
+            spread.append(fresh)
+            deltas.append(c + fresh)
+            eyes.append(np.eye(sizes[c], dtype=dtype))
+        else:
+            seen.add(c)
+            spread.append(c)
+    return ",".join([unique] + deltas) + "->" + "".join(spread), eyes
 
 
 def _fit(grad: np.ndarray, unique: str, term: str, shape: tuple) -> np.ndarray:
@@ -130,12 +148,10 @@ def _fit(grad: np.ndarray, unique: str, term: str, shape: tuple) -> np.ndarray:
     if summed:
         grad = grad.sum(axis=summed, keepdims=True)
     if len(unique) == len(term):
-        return np.ascontiguousarray(grad)
-    full = np.zeros(shape, grad.dtype)
-    # NOTE: einsum with repeated input letters and no summation returns a writable view of
-    # the diagonal; writing through it places the gradient there.
-    np.einsum(f"{term}->{unique}", full)[...] = grad
-    return full
+        # NOTE: a copy of a broadcast view (np.ascontiguousarray would turn a 0-d grad 1-d)
+        return grad if grad.flags.c_contiguous and grad.flags.writeable else grad.copy()
+    equation, eyes = diagonal_plan(term, unique, own, grad.dtype)
+    return np.einsum(equation, grad, *eyes)
 
 
 OPS = {"einsum": Einsum}

@@ -38,6 +38,7 @@ class Gather(Op):
     """``out[..., j, ...] = x[..., index[..., j, ...], ...]`` along ``axis``."""
 
     __slots__ = ("shape", "axis", "index")
+    saved_inputs, saves_output = (), False
 
     def forward(self, x, axis, index):
         self.shape, self.axis = x.shape, axis
@@ -57,6 +58,7 @@ class ScatterAdd(Op):
     """Zeros of ``shape`` into which ``src`` is added at ``index`` along ``axis``."""
 
     __slots__ = ("axis", "index")
+    saved_inputs, saves_output = (), False
 
     def forward(self, src, axis, index, shape):
         self.axis, self.index = axis, np.asarray(index)

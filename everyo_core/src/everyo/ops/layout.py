@@ -21,6 +21,7 @@ class Expand(Op):
     """``x`` broadcast to ``shape`` (NumPy's broadcasting rules); the gradient is summed back."""
 
     __slots__ = ("in_shape",)
+    saved_inputs, saves_output = (), False
 
     def forward(self, x, shape):
         self.in_shape = x.shape
@@ -46,6 +47,7 @@ class _Triangle(Op):
     """Keep one triangle of the last two axes (``k`` shifts the diagonal), zero the rest."""
 
     __slots__ = ("k",)
+    saved_inputs, saves_output = (), False
     keep = staticmethod(np.tril)
 
     def forward(self, x, k=0):
@@ -79,6 +81,7 @@ class CumSum(Op):
     """Running sum along ``axis``; the gradient is the running sum of ``g`` from the end."""
 
     __slots__ = ("axis",)
+    saved_inputs, saves_output = (), False
 
     def forward(self, x, axis):
         if not -x.ndim <= axis < max(x.ndim, 1):

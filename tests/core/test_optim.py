@@ -235,20 +235,15 @@ def test_load_state_dict_refuses_mismatched_groups():
         one.load_state_dict(two.state_dict())
 
 
-@pytest.mark.parametrize("write", ["step", "init", "load_state_dict"])
+@pytest.mark.parametrize("write", ["step", "init"])
 def test_in_place_writes_bump_the_version_counter(write):
     # A graph that saved w before an in-place write must refuse to run backward.
     w = eo.Parameter(np.array([1.0, 2.0]))
     loss = (w * w).sum()
-    opt = eo.Adam([w], lr=0.1)
     if write == "step":
         w.grad = np.ones(2)
-        opt.step()
-    elif write == "init":
-        eo.init.normal_(w, generator=np.random.default_rng(0))
+        eo.Adam([w], lr=0.1).step()
     else:
-        opt.load_state_dict(opt.state_dict())
-        w.grad = np.ones(2)
-        opt.step()
+        eo.init.normal_(w, generator=np.random.default_rng(0))
     with pytest.raises(eo.EveryOError, match="modified in place"):
         loss.backward()

@@ -20,7 +20,7 @@ class OneCycleLR(LRScheduler):
         >>> import everyo as eo
         >>> opt = eo.SGD([eo.Parameter([1.0])], lr=0.1, momentum=0.9)
         >>> sched = eo.OneCycleLR(opt, max_lr=1.0, total_steps=10)
-        >>> opt.lr, opt.momentum
+        >>> round(opt.lr, 6), opt.momentum  # starts at max_lr / 25, momentum at its top
         (0.04, 0.95)
     """
 

@@ -188,10 +188,14 @@ class Optimizer:
                     raise EveryOError(f"{name}.load_state_dict: buffer {key!r} of parameter "
                                       f"{i} has shape {np.shape(value)}, the parameter "
                                       f"{p.shape}")
+        updated = []
         for saved, group in zip(saved_groups, self.param_groups):
-            for key, value in saved.items():
-                if key != "params":
-                    group[key] = tuple(value) if isinstance(value, list) else value
+            new = dict(group)
+            new.update({key: _plain(value) for key, value in saved.items() if key != "params"})
+            self._check_options(new)
+            updated.append(new)
+        for group, new in zip(self.param_groups, updated):
+            group.update(new)
         self.step_count = int(state.get("step_count", 0))
         self.state = {}
         for i, s in buffers.items():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 import warnings
 
 import numpy as np
@@ -120,8 +121,10 @@ def test_layer_errors_name_the_layers_path():
 
 def test_pooling_error_names_the_layer():
     model = eo.Sequential(eo.Conv2D(2, 3, 3, seed=0), eo.ReLU(), eo.MaxPool2D(4))
-    with pytest.raises(eo.EveryOError, match=r"^2 \(MaxPool2D\): pooling: a 4x4 window"):
+    with pytest.raises(eo.EveryOError, match=r"^2 \(MaxPool2D\): pooling: a 4x4 window") as info:
         model(eo.ones(1, 3, 3, 2))
+    # the error still crosses process boundaries (pickle), message included
+    assert str(pickle.loads(pickle.dumps(info.value))) == str(info.value)
 
 
 def test_conv2d_takes_a_positional_none_bias():

@@ -225,24 +225,25 @@ def name_failing_layer(exc: EveryOError, module: Module) -> None:
     ``module`` (e.g. ``features.3 (MaxPool2D): ...``).
 
     Called by every ``Module.__call__`` the error passes through, innermost first: each call
-    adds its module to the chain kept on the exception and rewrites the message, so the
-    outermost call leaves the full path.
+    finds the previous module among its children, adds that name to the path kept on the
+    exception and rewrites the message, so the outermost call leaves the full path. Only
+    plain values are kept on the exception, so it still pickles (e.g. from a worker process).
     """
-    chain = getattr(exc, "_everyo_layers", None)
-    if chain is None:
-        chain = []
-        try:
-            exc._everyo_layers = chain
-            exc._everyo_message = str(exc.args[0]) if exc.args else str(exc)
-        except AttributeError:  # an exception class with __slots__: leave it as it is
-            return
-    chain.append(module)
-    names = []
-    for parent, child in zip(chain[:0:-1], chain[-2::-1]):
-        names.append(next((n for n, c in parent.named_children() if c is child), "?"))
-    label = type(chain[0]).__name__
-    label = f"{'.'.join(names)} ({label})" if names else label
-    exc.args = (f"{label}: {exc._everyo_message}",) + tuple(exc.args[1:])
+    state = getattr(exc, "_everyo_layer_path", None)
+    if state is None:
+        message = str(exc.args[0]) if exc.args else str(exc)
+        state = {"names": [], "layer": type(module).__name__, "message": message}
+    else:
+        child = state["module_id"]
+        state["names"].insert(0, next((n for n, c in module.named_children() if id(c) == child),
+                                      "?"))
+    state["module_id"] = id(module)
+    try:
+        exc._everyo_layer_path = state
+    except AttributeError:  # an exception class with __slots__: leave it as it is
+        return
+    label = f"{'.'.join(state['names'])} ({state['layer']})" if state["names"] else state["layer"]
+    exc.args = (f"{label}: {state['message']}",) + tuple(exc.args[1:])
 
 
 _warned_containers: set = set()

@@ -70,6 +70,11 @@ CONVENIENCE_CASES = [
     ("einsum_three", lambda a, b, c: eo.einsum("ij,jk,kl->il", a, b, c),
      lambda a, b, c: _torch().einsum("ij,jk,kl->il", a, b, c),
      [normal(2, 3), normal(3, 4), normal(4, 2)]),
+    ("einsum_sum_only_in_operands", lambda a, b: eo.einsum("bij,jk->i", a, b),
+     lambda a, b: _torch().einsum("bij,jk->i", a, b), [normal(2, 3, 4), normal(4, 5)]),
+    ("einsum_broadcast_ellipsis", lambda a, b: eo.einsum("...ij,...jk->...ik", a, b),
+     lambda a, b: _torch().einsum("...ij,...jk->...ik", a, b),
+     [normal(2, 1, 3, 4), normal(5, 4, 2)]),
     ("einsum_implicit", lambda a, b: eo.einsum("ij,jk", a, b),
      lambda a, b: _torch().einsum("ij,jk", a, b), [normal(2, 3), normal(3, 4)]),
 ]

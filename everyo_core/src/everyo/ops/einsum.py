@@ -111,9 +111,11 @@ class Einsum(Op):
             grad = dispatch("einsum", g, *others, equation=equation)
             own = dict(zip(self.terms[i], self.shapes[i]))
             if missing:
-                shape = tuple(own[c] if c in produced else 1 for c in unique)
+                sizes = iter(grad.shape)
+                shape = tuple(next(sizes) if c in produced else 1 for c in unique)
                 grad = dispatch("reshape", grad, shape=shape)
-                grad = dispatch("expand", grad, shape=tuple(own[c] for c in unique))
+                grad = dispatch("expand", grad, shape=tuple(
+                    n if c in produced else own[c] for c, n in zip(unique, shape)))
             summed = tuple(a for a, (c, n) in enumerate(zip(unique, grad.shape)) if own[c] != n)
             if summed:
                 grad = dispatch("sum", grad, axis=summed, keepdims=True)

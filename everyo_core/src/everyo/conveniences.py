@@ -110,8 +110,8 @@ def triu(x, k: int = 0) -> Tensor:
 
 def unsqueeze(x, axis: int) -> Tensor:
     """``x`` with a new axis of length 1 at ``axis``."""
-    _axis(axis, x.ndim + 1, "unsqueeze")
-    return dispatch("reshape", x, shape=np.expand_dims(np.empty(x.shape, bool), axis).shape)
+    at = _axis(axis, x.ndim + 1, "unsqueeze")
+    return dispatch("reshape", x, shape=x.shape[:at] + (1,) + x.shape[at:])
 
 
 def permute(x, *axes) -> Tensor:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from everyo.dtypes import HALF_DTYPES, is_floating
 from everyo.errors import EveryOError
 from everyo.grad_mode import _grad_enabled
 from everyo.tensor import DEFAULT_FLOAT, Tensor
@@ -74,7 +75,7 @@ def _as_tensors(operands) -> tuple:
     like = None
     for o in operands:
         if isinstance(o, Tensor):
-            if o.data.dtype.kind == "f":
+            if is_floating(o.data.dtype):
                 like = o.data.dtype
                 break
             if like is None:
@@ -100,7 +101,7 @@ def _constant(value, like: np.dtype | None) -> np.ndarray:
     if like is not None and array.ndim == 0:
         # NOTE: PyTorch's rule: a Python scalar never widens a tensor (float16 * 2.5 stays
         # float16); an int tensor meeting a float scalar becomes the default float.
-        if like.kind == "f" or (like.kind in "iu" and array.dtype.kind in "iub"):
+        if is_floating(like) or (like.kind in "iu" and array.dtype.kind in "iub"):
             return array.astype(like)
         if array.dtype.kind == "f":
             return array.astype(DEFAULT_FLOAT)
@@ -118,9 +119,9 @@ def unbroadcast(grad: np.ndarray, shape: tuple) -> np.ndarray:
         i + extra for i, n in enumerate(shape) if n == 1 and grad.shape[i + extra] != 1
     )
     if axes:
-        # NOTE: float16 gradients are summed in float32 and rounded once, as tensor cores do.
-        if grad.dtype == np.float16:
-            grad = grad.sum(axis=axes, keepdims=True, dtype=np.float32).astype(np.float16)
+        # NOTE: 16-bit gradients are summed in float32 and rounded once, as tensor cores do.
+        if grad.dtype in HALF_DTYPES:
+            grad = grad.sum(axis=axes, keepdims=True, dtype=np.float32).astype(grad.dtype)
         else:
             grad = grad.sum(axis=axes, keepdims=True)
     return grad.reshape(shape)

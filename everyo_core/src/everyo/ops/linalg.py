@@ -5,26 +5,25 @@ from __future__ import annotations
 import numpy as np
 
 from everyo.autograd import Op, unbroadcast
+from everyo.dtypes import HALF_DTYPES, widen
 from everyo.errors import EveryOError
-
-_F16 = np.dtype(np.float16)
-_F32 = np.dtype(np.float32)
 
 
 def blas_matmul(a: np.ndarray, b: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
-    """``a @ b (+ bias)``; float16 operands multiply through float32 BLAS and round once.
+    """``a @ b (+ bias)``; 16-bit operands multiply through float32 BLAS and round once.
 
-    NOTE: NumPy has no float16 BLAS path (its float16 matmul is a slow scalar loop). Rounding
-    the inputs to float16, accumulating in float32 (bias included) and rounding the result once
-    is what GPU tensor cores do, and is at least as accurate as accumulating in float16.
+    NOTE: NumPy has no float16 or bfloat16 BLAS path (its float16 matmul is a slow scalar
+    loop). Rounding the inputs to 16 bits, accumulating in float32 (bias included) and rounding
+    the result once is what GPU tensor cores do, and is at least as accurate as accumulating in
+    16 bits.
     """
-    if a.dtype == _F16 or b.dtype == _F16:
+    if a.dtype in HALF_DTYPES or b.dtype in HALF_DTYPES:
         out_dtype = np.result_type(a, b) if bias is None else np.result_type(a, b, bias)
-        if out_dtype == _F16:
-            out = np.matmul(a.astype(_F32), b.astype(_F32))
-            if bias is not None:
-                out += bias
-            return out.astype(_F16)
+        out = np.matmul(widen(a), widen(b))
+        if bias is not None:
+            bias = widen(bias)
+            out = out + bias if bias.dtype.itemsize > out.dtype.itemsize else np.add(out, bias, out=out)
+        return out.astype(out_dtype, copy=False)
     out = np.matmul(a, b)
     return out if bias is None else out + bias
 

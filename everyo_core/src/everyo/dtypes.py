@@ -1,0 +1,73 @@
+"""The dtypes a tensor may hold: NumPy's, plus ``bfloat16`` from ``ml_dtypes``.
+
+NumPy has no bfloat16; ``ml_dtypes`` (JAX's package) adds one as a NumPy dtype with casts,
+promotion rules and ufunc loops. Importing it registers the name, so ``np.dtype("bfloat16")``
+works everywhere afterwards. NumPy reports the new dtype with ``kind == "V"`` (a user-defined
+type), so "is this a float?" must be asked through :func:`is_floating`, never ``dtype.kind``.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+from everyo.errors import EveryOError
+
+FLOAT16 = np.dtype(np.float16)
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+FLOAT32 = np.dtype(np.float32)
+
+#: The 16-bit floating dtypes: stored in 16 bits, computed with through float32.
+HALF_DTYPES = frozenset({FLOAT16, BFLOAT16})
+
+
+def resolve_dtype(dtype, what: str = "dtype") -> np.dtype:
+    """``dtype`` (a name, a NumPy dtype or type) as a NumPy dtype, else a clear ``EveryOError``.
+
+    Args:
+        dtype: e.g. ``"float32"``, ``"bfloat16"``, ``np.float16``.
+        what: what the dtype is for, named in the error.
+
+    Returns:
+        The ``np.dtype``.
+
+    Example:
+        >>> resolve_dtype("bfloat16").name
+        'bfloat16'
+    """
+    if isinstance(dtype, np.dtype):
+        return dtype
+    try:
+        return np.dtype(dtype)
+    except TypeError:
+        raise EveryOError(f"{what}: unknown dtype {dtype!r}") from None
+
+
+def is_floating(dtype) -> bool:
+    """True for float16, bfloat16, float32, float64 (and complex): dtypes that carry gradients.
+
+    Example:
+        >>> is_floating(BFLOAT16), is_floating(np.dtype("int32"))
+        (True, False)
+    """
+    return dtype.kind in "fc" or dtype == BFLOAT16
+
+
+def accumulation_dtype(dtype) -> np.dtype:
+    """The dtype sums of ``dtype`` values are formed in: float32 for 16-bit floats, else itself.
+
+    Example:
+        >>> accumulation_dtype(BFLOAT16).name, accumulation_dtype(np.dtype("float64")).name
+        ('float32', 'float64')
+    """
+    return FLOAT32 if dtype in HALF_DTYPES else dtype
+
+
+def widen(x: np.ndarray) -> np.ndarray:
+    """A 16-bit float array in float32 (exact); any other array as it is.
+
+    Example:
+        >>> widen(np.array([1.5], BFLOAT16)).dtype.name
+        'float32'
+    """
+    return x.astype(FLOAT32) if x.dtype in HALF_DTYPES else x

@@ -22,6 +22,7 @@ import numpy as np
 
 from everyo.dtypes import HALF_DTYPES, is_floating
 from everyo.errors import EveryOError
+from everyo.half_precision import narrow, widen
 from everyo.grad_mode import _grad_enabled
 from everyo.tensor import DEFAULT_FLOAT, Tensor
 
@@ -121,7 +122,7 @@ def unbroadcast(grad: np.ndarray, shape: tuple) -> np.ndarray:
     if axes:
         # NOTE: 16-bit gradients are summed in float32 and rounded once, as tensor cores do.
         if grad.dtype in HALF_DTYPES:
-            grad = grad.sum(axis=axes, keepdims=True, dtype=np.float32).astype(grad.dtype)
+            grad = narrow(widen(grad).sum(axis=axes, keepdims=True), grad.dtype)
         else:
             grad = grad.sum(axis=axes, keepdims=True)
     return grad.reshape(shape)
@@ -194,7 +195,7 @@ def run_backward(root: Tensor, grad=None, retain_graph: bool = False) -> None:
             if gi.dtype != t.data.dtype:
                 # NOTE: a gradient arriving at a tensor takes that tensor's dtype: float16
                 # activations get float16 gradients, float32 master weights float32 ones.
-                gi = gi.astype(t.data.dtype)
+                gi = narrow(gi, t.data.dtype)
             if gi.shape != t.data.shape:
                 raise EveryOError(
                     f"op {type(op).__name__}: backward returned a gradient of shape {gi.shape} "

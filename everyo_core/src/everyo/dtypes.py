@@ -35,12 +35,16 @@ def resolve_dtype(dtype, what: str = "dtype") -> np.dtype:
         >>> resolve_dtype("bfloat16").name
         'bfloat16'
     """
-    if isinstance(dtype, np.dtype):
-        return dtype
-    try:
-        return np.dtype(dtype)
-    except TypeError:
-        raise EveryOError(f"{what}: unknown dtype {dtype!r}") from None
+    if not isinstance(dtype, np.dtype):
+        try:
+            dtype = np.dtype(dtype)
+        except TypeError:
+            raise EveryOError(f"{what}: unknown dtype {dtype!r}") from None
+    if dtype.kind == "V" and dtype != BFLOAT16:
+        # NOTE: ml_dtypes also registers float8/int4 types; no EveryO op computes with them.
+        raise EveryOError(f"{what}: dtype {dtype.name} is not supported; the 16-bit floats are "
+                          f"'float16' and 'bfloat16'")
+    return dtype
 
 
 def is_floating(dtype) -> bool:
@@ -62,12 +66,3 @@ def accumulation_dtype(dtype) -> np.dtype:
     """
     return FLOAT32 if dtype in HALF_DTYPES else dtype
 
-
-def widen(x: np.ndarray) -> np.ndarray:
-    """A 16-bit float array in float32 (exact); any other array as it is.
-
-    Example:
-        >>> widen(np.array([1.5], BFLOAT16)).dtype.name
-        'float32'
-    """
-    return x.astype(FLOAT32) if x.dtype in HALF_DTYPES else x

@@ -6,7 +6,8 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from everyo import EveryOError, Module, Op, dispatch
-from everyo.dtypes import HALF_DTYPES, widen
+from everyo.dtypes import HALF_DTYPES
+from everyo.half_precision import narrow, widen
 from everyo.ops.linalg import blas_matmul
 from everyo_layers.checks import check_float, pair
 from everyo_layers.linear import fan_in_bound, uniform_parameter
@@ -64,7 +65,7 @@ def window_arguments(op: str, x: np.ndarray, kernel, stride, padding, dilation=(
 
 def _sum_rows(g2: np.ndarray) -> np.ndarray:
     if g2.dtype in HALF_DTYPES:
-        return g2.sum(axis=0, dtype=np.float32).astype(g2.dtype)
+        return narrow(widen(g2).sum(axis=0), g2.dtype)
     return g2.sum(axis=0)
 
 
@@ -111,7 +112,7 @@ class Conv2DOp(Op):
             out = np.matmul(cols, widen(w2))
             if bias is not None:
                 out += widen(bias)
-            out = out.astype(out_dtype)
+            out = narrow(out, out_dtype)
             self.saved = (x if needs[1] else None, w2 if needs[0] else None)
         else:
             cols = self._columns(x)
@@ -133,8 +134,8 @@ class Conv2DOp(Op):
         gx = gw = gb = None
         if needs[1]:
             if g.dtype in HALF_DTYPES:  # cols holds the 16-bit input: regather it in float32
-                gw = np.matmul(self._columns(widen(cols)).T,
-                               widen(g2)).astype(g.dtype).reshape(self.w_shape)
+                gw = narrow(np.matmul(self._columns(widen(cols)).T, widen(g2)),
+                            g.dtype).reshape(self.w_shape)
             else:
                 gw = blas_matmul(cols.T, g2).reshape(self.w_shape)
         if len(needs) > 2 and needs[2]:
@@ -167,7 +168,7 @@ class Conv2DOp(Op):
             for j in range(kw):
                 gxp[window_slices((i, j), self.stride, self.dilation, self.out_hw)] += blocks[i, j]
         out_dtype = np.result_type(g2, w2)
-        return gxp[:, top:top + h, left:left + w, :].astype(out_dtype, copy=False)
+        return narrow(gxp[:, top:top + h, left:left + w, :], out_dtype)
 
 
 class Conv2D(Module):

@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from everyo.autograd import Op, unbroadcast
-from everyo.dtypes import HALF_DTYPES, widen
+from everyo.dtypes import HALF_DTYPES
 from everyo.errors import EveryOError
+from everyo.half_precision import narrow, widen
 
 
 def blas_matmul(a: np.ndarray, b: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
@@ -23,7 +24,7 @@ def blas_matmul(a: np.ndarray, b: np.ndarray, bias: np.ndarray | None = None) ->
         if bias is not None:
             bias = widen(bias)
             out = out + bias if bias.dtype.itemsize > out.dtype.itemsize else np.add(out, bias, out=out)
-        return out.astype(out_dtype, copy=False)
+        return narrow(out, out_dtype)
     out = np.matmul(a, b)
     return out if bias is None else out + bias
 

@@ -6,6 +6,7 @@ import numpy as np
 
 from everyo.autograd import Op
 from everyo.dtypes import BFLOAT16, FLOAT16, is_floating
+from everyo.half_precision import narrow
 from everyo.tensor import DEFAULT_FLOAT
 
 
@@ -153,10 +154,10 @@ class Cast(Op):
 
     def forward(self, x, dtype):
         self.source = x.dtype
-        return x.astype(dtype, copy=False)
+        return narrow(x, dtype)
 
     def backward(self, g):
-        return (g.astype(self.source, copy=False),)
+        return (narrow(g, self.source),)
 
 
 OPS = {"neg": Neg, "abs": Abs, "exp": Exp, "log": Log, "sqrt": Sqrt, "tanh": Tanh,

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import everyo as eo
-from everyo.dtypes import BFLOAT16, FLOAT16, HALF_DTYPES
+from everyo.dtypes import FLOAT16, HALF_DTYPES
 from everyo.half_precision import BLOCK, narrow, widen
 from everyo.ops.linalg import blas_matmul
 

@@ -22,8 +22,8 @@ import numpy as np
 
 from everyo.dtypes import HALF_DTYPES, is_floating
 from everyo.errors import EveryOError
-from everyo.half_precision import narrow, widen
 from everyo.grad_mode import _grad_enabled
+from everyo.half_precision import narrow, widen
 from everyo.tensor import DEFAULT_FLOAT, Tensor
 
 _released = object()

@@ -5,9 +5,11 @@ from __future__ import annotations
 import numpy as np
 
 from everyo.autograd import Op, unbroadcast
+from everyo.dispatch import dispatch
 from everyo.dtypes import HALF_DTYPES
 from everyo.errors import EveryOError
 from everyo.half_precision import narrow, widen
+from everyo.ops.graph_math import swap_last, unbroadcast_tensor
 
 
 def blas_matmul(a: np.ndarray, b: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
@@ -23,7 +25,8 @@ def blas_matmul(a: np.ndarray, b: np.ndarray, bias: np.ndarray | None = None) ->
         out = np.matmul(widen(a), widen(b))
         if bias is not None:
             bias = widen(bias)
-            out = out + bias if bias.dtype.itemsize > out.dtype.itemsize else np.add(out, bias, out=out)
+            wider = bias.dtype.itemsize > out.dtype.itemsize  # a float64 bias widens the result
+            out = out + bias if wider else np.add(out, bias, out=out)
         return narrow(out, out_dtype)
     out = np.matmul(a, b)
     return out if bias is None else out + bias
@@ -43,6 +46,8 @@ class MatMul(Op):
     casting matmul's operands sees the bias too."""
 
     __slots__ = ("bias_shape",)
+    saved_inputs = (0, 1)
+    saves_output = False
 
     def forward(self, a, b, bias=None):
         _check_shapes(a, b)
@@ -87,6 +92,27 @@ class MatMul(Op):
                 gb = gb.reshape(b.shape)  # would copy again before storing it in a leaf's .grad
         if len(self.needs_input_grad) > 2 and self.needs_input_grad[2]:
             gbias = unbroadcast(g, self.bias_shape)
+        return ga, gb, gbias
+
+    def backward_graph(self, g, out):
+        a, b = self.parents[:2]
+        na, nb = self.needs_input_grad[:2]
+        ga = gb = gbias = None
+        a2 = a.reshape((1,) + a.shape) if a.ndim == 1 else a
+        b2 = b.reshape(b.shape + (1,)) if b.ndim == 1 else b
+        g2 = g
+        if b.ndim == 1:
+            g2 = g2.reshape(g2.shape + (1,))
+        if a.ndim == 1:
+            g2 = g2.reshape(g2.shape[:-1] + (1,) + g2.shape[-1:])
+        if na:
+            ga = unbroadcast_tensor(dispatch("matmul", g2, swap_last(b2)), a2.shape)
+            ga = ga.reshape(a.shape)
+        if nb:
+            gb = unbroadcast_tensor(dispatch("matmul", swap_last(a2), g2), b2.shape)
+            gb = gb.reshape(b.shape)
+        if len(self.needs_input_grad) > 2 and self.needs_input_grad[2]:
+            gbias = unbroadcast_tensor(g, self.bias_shape)
         return ga, gb, gbias
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from everyo.autograd import Op
+from everyo.dispatch import dispatch
 from everyo.dtypes import BFLOAT16, FLOAT16, is_floating
 from everyo.half_precision import narrow
 from everyo.tensor import DEFAULT_FLOAT
@@ -18,14 +19,25 @@ def floating(x: np.ndarray) -> np.ndarray:
 
 
 class Neg(Op):
+    __slots__ = ()
+    saved_inputs = ()
+    saves_output = False
+
     def forward(self, x):
         return -x
 
     def backward(self, g):
         return (-g,)
 
+    def backward_graph(self, g, out):
+        return (-g,)
+
 
 class Abs(Op):
+    __slots__ = ()
+    saved_inputs = (0,)
+    saves_output = False
+
     def forward(self, x):
         self.saved = x
         return np.abs(x)
@@ -33,8 +45,15 @@ class Abs(Op):
     def backward(self, g):
         return (g * np.sign(self.saved),)
 
+    def backward_graph(self, g, out):
+        return (g * np.sign(self.parents[0].data),)
+
 
 class Exp(Op):
+    __slots__ = ()
+    saved_inputs = ()
+    saves_output = True
+
     def forward(self, x):
         x = floating(x)
         out = np.exp(x)
@@ -44,8 +63,15 @@ class Exp(Op):
     def backward(self, g):
         return (g * self.saved,)
 
+    def backward_graph(self, g, out):
+        return (g * out,)
+
 
 class Log(Op):
+    __slots__ = ()
+    saved_inputs = (0,)
+    saves_output = False
+
     def forward(self, x):
         x = floating(x)
         self.saved = x
@@ -54,8 +80,15 @@ class Log(Op):
     def backward(self, g):
         return (g / self.saved,)
 
+    def backward_graph(self, g, out):
+        return (g / self.parents[0],)
+
 
 class Sqrt(Op):
+    __slots__ = ()
+    saved_inputs = ()
+    saves_output = True
+
     def forward(self, x):
         x = floating(x)
         out = np.sqrt(x)
@@ -65,8 +98,15 @@ class Sqrt(Op):
     def backward(self, g):
         return (g / (2 * self.saved),)
 
+    def backward_graph(self, g, out):
+        return (g / (out * 2.0),)
+
 
 class Tanh(Op):
+    __slots__ = ()
+    saved_inputs = ()
+    saves_output = True
+
     def forward(self, x):
         x = floating(x)
         out = np.tanh(x)
@@ -77,6 +117,9 @@ class Tanh(Op):
         y = self.saved
         return (g * (1 - y * y),)
 
+    def backward_graph(self, g, out):
+        return (g * (1.0 - out * out),)
+
 
 def stable_sigmoid(x: np.ndarray) -> np.ndarray:
     """1 / (1 + exp(-x)) without overflow for large |x|."""
@@ -85,6 +128,10 @@ def stable_sigmoid(x: np.ndarray) -> np.ndarray:
 
 
 class Sigmoid(Op):
+    __slots__ = ()
+    saved_inputs = ()
+    saves_output = True
+
     def forward(self, x):
         x = floating(x)
         out = stable_sigmoid(x)
@@ -94,6 +141,9 @@ class Sigmoid(Op):
     def backward(self, g):
         y = self.saved
         return (g * y * (1 - y),)
+
+    def backward_graph(self, g, out):
+        return (g * out * (1.0 - out),)
 
 
 #: dtype -> (bits of +inf, bits of -inf as int16) of the 16-bit floats: -0.0, negatives and
@@ -129,6 +179,10 @@ def keep_where(mask: np.ndarray, values: np.ndarray, out: np.ndarray | None = No
 
 
 class ReLU(Op):
+    __slots__ = ()
+    saved_inputs = ()
+    saves_output = False
+
     def forward(self, x):
         limits = _HALF_INF_BITS.get(x.dtype)
         if limits is not None:
@@ -146,11 +200,16 @@ class ReLU(Op):
     def backward(self, g):
         return (keep_where(self.saved, g),)
 
+    def backward_graph(self, g, out):
+        return (g * self.saved.astype(g.data.dtype),)
+
 
 class Cast(Op):
     """Differentiable dtype conversion; the gradient goes back in the operand's dtype."""
 
     __slots__ = ("source",)
+    saved_inputs = ()
+    saves_output = False
 
     def forward(self, x, dtype):
         self.source = x.dtype
@@ -158,6 +217,9 @@ class Cast(Op):
 
     def backward(self, g):
         return (narrow(g, self.source),)
+
+    def backward_graph(self, g, out):
+        return (dispatch("cast", g, dtype=self.source),)
 
 
 OPS = {"neg": Neg, "abs": Abs, "exp": Exp, "log": Log, "sqrt": Sqrt, "tanh": Tanh,

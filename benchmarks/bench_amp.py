@@ -10,7 +10,8 @@ forward under ``eo.autocast()`` and goes through ``eo.GradScaler`` (as a user wo
 bfloat16 step runs it under ``eo.autocast(dtype="bfloat16")`` without a scaler (bfloat16 has
 float32's range, so it needs none). Each figure is the median of several steps after a warm-up,
 as wall-clock and as process CPU time; the reference (the float32 step) is measured in the same
-run, and the ratio printed. Targets: step ratio <= 1.6 (float16) and <= 1.3 (bfloat16),
+run, its steps interleaved with the others' (so load drift hits all alike), and the ratio
+printed. Targets: step ratio <= 1.6 (float16) and <= 1.3 (bfloat16),
 activation memory <= 0.6 for both.
 
 Memory is measured two ways:
@@ -87,6 +88,27 @@ def make_step(model, x, y, precision: str):
             scaler.update()
 
     return step
+
+
+def interleaved_median_times(fns: dict, repeats: int) -> dict:
+    """``median_times`` of several functions, their calls taken in turn (a, b, c, a, b, c...).
+
+    NOTE: on a shared machine the load drifts over a run; interleaving exposes every variant
+    to the same drift, so their ratios stay meaningful when the absolute times do not.
+    """
+    for fn in fns.values():
+        fn()  # warm-up
+    walls: dict = {name: [] for name in fns}
+    cpus: dict = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            gc.collect()
+            wall, cpu = time.perf_counter(), time.process_time()
+            fn()
+            cpus[name].append(time.process_time() - cpu)
+            walls[name].append(time.perf_counter() - wall)
+    return {name: (statistics.median(walls[name]), statistics.median(cpus[name]))
+            for name in fns}
 
 
 def median_times(fn, repeats: int) -> tuple[float, float]:
@@ -186,7 +208,9 @@ def run(name: str, repeats: int) -> None:
     # NOTE: memory first, on a fresh process state, so that the timing loops' leftovers
     # (allocator caches, the last graph) do not shift the traced peak.
     mem = {p: memory(model, x, y, p) for p in PRECISIONS}
-    times = {p: median_times(make_step(model, x, y, p), repeats) for p in PRECISIONS}
+    # NOTE: one model per precision, so that each step sees the weights its own loop trains.
+    steps = {p: make_step(*MODELS[name](), p) for p in PRECISIONS}
+    times = interleaved_median_times(steps, repeats)
     mb = 2.0**20
     (wall32, cpu32), act32 = times["float32"], mem["float32"]["activations"]
     peak32 = mem["float32"]["tracemalloc peak"]

@@ -89,3 +89,13 @@ def test_other_ml_dtypes_types_are_refused_by_name():
         eo.zeros(2, dtype="float8_e4m3fn")
     with pytest.raises(eo.EveryOError, match="unknown dtype 'bfloat17'"):
         eo.ones(2).to("bfloat17")
+
+
+def test_float16_meeting_bfloat16_computes_in_float32_or_is_refused_by_name():
+    b, h = eo.ones(2, 2, dtype="bfloat16"), eo.ones(2, 2, dtype="float16")
+    assert (b + h).dtype == "float32" and (b @ h).dtype == "float32"  # PyTorch's promotion
+    np.testing.assert_array_equal((b @ h).data, np.full((2, 2), 2.0, np.float32))
+    # NumPy has no common type for the pair where an op needs one up front
+    with pytest.raises(eo.EveryOError, match=r"'concatenate' cannot combine dtypes "
+                                             r"\['bfloat16', 'float16'\]"):
+        eo.concatenate([b, h])

@@ -84,12 +84,21 @@ class Op:
         record = True in needs and _grad_enabled.get()
         op.needs_input_grad = needs
         op.saved = None
-        out = op.forward(*[t.data for t in tensors], **attrs)
+        try:
+            out = op.forward(*[t.data for t in tensors], **attrs)
+        except np.exceptions.DTypePromotionError:
+            raise EveryOError(_no_common_dtype(cls.name, tensors)) from None
         if record:
             op.parents = tensors
             op.epoch = clock[0]
             return Tensor._make(out, True, op)
         return Tensor._make(out, False, None)
+
+
+def _no_common_dtype(name: str, tensors: tuple) -> str:
+    dtypes = sorted({t.data.dtype.name for t in tensors})
+    return (f"op {name!r} cannot combine dtypes {dtypes}: NumPy has no common type for them "
+            f"(float16 with bfloat16 has none); convert one first, e.g. x.to('float32')")
 
 
 def _as_tensors(operands) -> tuple:

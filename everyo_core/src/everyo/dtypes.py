@@ -57,12 +57,20 @@ def is_floating(dtype) -> bool:
     return dtype.kind in "fc" or dtype == BFLOAT16
 
 
-def accumulation_dtype(dtype) -> np.dtype:
-    """The dtype sums of ``dtype`` values are formed in: float32 for 16-bit floats, else itself.
+
+def result_dtype(*arrays) -> np.dtype:
+    """``np.result_type`` of ``arrays``, where float16 meeting bfloat16 gives float32.
+
+    NOTE: NumPy knows no common type for the two 16-bit floats (ml_dtypes' ufunc loops compute
+    such a pair in float32, ``np.result_type`` refuses it); float32 is also PyTorch's answer.
 
     Example:
-        >>> accumulation_dtype(BFLOAT16).name, accumulation_dtype(np.dtype("float64")).name
-        ('float32', 'float64')
+        >>> result_dtype(np.ones(1, BFLOAT16), np.ones(1, FLOAT16)).name
+        'float32'
     """
-    return FLOAT32 if dtype in HALF_DTYPES else dtype
-
+    try:
+        return np.result_type(*arrays)
+    except np.exceptions.DTypePromotionError:
+        if {a.dtype for a in arrays} <= HALF_DTYPES | {FLOAT32}:
+            return FLOAT32
+        raise

@@ -6,7 +6,7 @@ import numpy as np
 
 from everyo.autograd import Op, unbroadcast
 from everyo.dispatch import dispatch
-from everyo.dtypes import HALF_DTYPES
+from everyo.dtypes import HALF_DTYPES, result_dtype
 from everyo.errors import EveryOError
 from everyo.half_precision import narrow, widen
 from everyo.ops.graph_math import swap_last, unbroadcast_tensor
@@ -21,7 +21,7 @@ def blas_matmul(a: np.ndarray, b: np.ndarray, bias: np.ndarray | None = None) ->
     16 bits.
     """
     if a.dtype in HALF_DTYPES or b.dtype in HALF_DTYPES:
-        out_dtype = np.result_type(a, b) if bias is None else np.result_type(a, b, bias)
+        out_dtype = result_dtype(a, b) if bias is None else result_dtype(a, b, bias)
         out = np.matmul(widen(a), widen(b))
         if bias is not None:
             bias = widen(bias)

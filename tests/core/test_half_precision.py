@@ -85,6 +85,15 @@ def test_narrow_keeps_shape_and_handles_non_contiguous_input(half):
         np.testing.assert_array_equal(bits_of(narrow(grid, half)), bits_of(grid.astype(half)))
 
 
+@pytest.mark.parametrize("half", HALVES, ids=lambda d: d.name)
+def test_widen_of_transposed_and_strided_views(half):
+    grid = np.tile(ALL_16_BIT, 4).view(half).reshape(512, 512)
+    for view in (grid.T, grid[::3, 1::2], grid.T[::2]):  # F-ordered, strided, both
+        got = widen(view)
+        assert got.shape == view.shape
+        np.testing.assert_array_equal(bits_of(got), bits_of(view.astype(np.float32)))
+
+
 def test_narrow_returns_the_array_itself_when_no_conversion_is_needed():
     big = np.zeros(4 * BLOCK, np.float32)
     assert narrow(big, np.dtype(np.float32)) is big

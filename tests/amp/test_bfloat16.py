@@ -230,3 +230,13 @@ def test_a_model_trained_under_autocast_exports_float32_weights(tmp_path):
     assert graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
     np.testing.assert_allclose(eo.run_onnx(str(path), x.data), model(x).data, rtol=1e-5,
                                atol=1e-6)
+
+
+def test_layers_take_bfloat16_where_they_ask_for_a_float():
+    scores = eo.randn(4, 3, seed=0).to("bfloat16")
+    targets = eo.softmax(eo.randn(4, 3, seed=1)).to("bfloat16")  # probabilities, not indices
+    expected = eo.cross_entropy(scores.to("float32"), targets.to("float32"))
+    assert eo.cross_entropy(scores, targets).item() == pytest.approx(expected.item(), rel=1e-6)
+    weight = eo.Parameter(np.zeros((3, 4), BFLOAT16))
+    eo.init.normal_(weight)
+    assert weight.dtype == "bfloat16" and np.any(weight.data.astype(np.float32))

@@ -1,0 +1,320 @@
+"""Trace one forward pass of a model into an ONNX graph.
+
+The tracer is a dispatch interceptor plus a wrapper around every sub-module's ``forward``:
+
+* a module whose class has a *layer converter* is run as usual (untraced) and emitted whole by
+  its converter;
+* a module refused by name (see ``everyo_onnx.refusals``) is recorded as a refusal;
+* any other module is entered: its forward runs, and every op it dispatches is emitted by the
+  *op converter* registered for that op's class. An op without one is recorded as a refusal
+  naming the module it ran in (or, when the op defines ``composite``, decomposed into the ops
+  its composite uses).
+
+Refusals are collected, not raised, so one export names every one of them. Every dispatched op
+and every converted module is an *event*; the exporter traces the same model at two input sizes
+and compares the events' output shapes to learn which axes follow the input's size.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from contextvars import ContextVar
+
+import numpy as np
+
+from everyo import EveryOSerializationError, Module, Tensor
+from everyo.autograd import Op, _as_tensors
+from everyo.dispatch import OPS, intercepting
+from everyo_onnx.graph import ConversionRefused, GraphContext, onnx_dtype
+from everyo_onnx.refusals import module_label, refusal_reason
+from everyo_onnx.symbolic import SymInt
+
+_active: ContextVar = ContextVar("everyo_onnx_tracer", default=None)
+
+
+class TraceAborted(Exception):
+    """A refused module could not even run on the sample; the trace stops with what it has."""
+
+
+class Tracer:
+    """One trace: the graph context, the value names of traced tensors and the refusals.
+
+    Args:
+        model: the Module being exported.
+        converters: the ``onnx_converters`` registry (layer classes and op classes as keys).
+        opset: the ONNX opset to write.
+        reference_shapes: per event, the output shapes at another input size; when given, axes
+            whose size differs are symbolic (``SymInt`` shapes, computed reshape sizes).
+    """
+
+    def __init__(self, model: Module, converters: dict, opset: int, reference_shapes=None):
+        self.model = model
+        self.layer_converters = {k: v for k, v in converters.items() if not issubclass(k, Op)}
+        self.op_converters = {k: v for k, v in converters.items() if issubclass(k, Op)}
+        self.ctx = GraphContext(opset, self)
+        self.reference_shapes = reference_shapes
+        self.event_shapes: list[tuple] = []
+        self.event_labels: list[str] = []
+        self.output_names: list[str] = []
+        self.problems: list[str] = []
+        self.paths = {id(m): p for p, m in reversed(list(model.named_modules()))}
+        self.parameter_names = {id(p): n for n, p in model.named_parameters()}
+        self._names: dict[int, str] = {}
+        self._alive: list = []  # traced tensors stay alive so that their ids stay unique
+        self._constants: dict[int, str] = {}
+        self._path: list[str] = []
+        self._suspended = 0
+
+    # -- entry point -----------------------------------------------------------------------------
+    def run(self, inputs: list[tuple[str, np.ndarray, frozenset]]):
+        """Trace ``model(*inputs)``; returns the forward's outputs (a list of Tensors)."""
+        tensors = []
+        for name, sample, dynamic in inputs:
+            tensor = Tensor(sample)
+            self.ctx.add_input(name, sample, dynamic)
+            self._bind(tensor, name)
+            tensors.append(tensor)
+        token = _active.set(self)
+        try:
+            with self._wrapped_modules(), intercepting(self._on_op), symbolic_shapes():
+                try:
+                    outputs = self.model(*tensors)
+                except TraceAborted:
+                    return None
+        finally:
+            _active.reset(token)
+        outputs = list(outputs) if isinstance(outputs, (tuple, list)) else [outputs]
+        for position, output in enumerate(outputs):
+            if not isinstance(output, Tensor) or id(output) not in self._names:
+                raise EveryOSerializationError(
+                    f"export_onnx: output {position} of the model is "
+                    f"{type(output).__name__ if not isinstance(output, Tensor) else 'a Tensor'} "
+                    f"not computed from the inputs; the forward must return tensors computed "
+                    f"from its inputs (one, or a tuple/list of them)")
+        return outputs
+
+    def name_of(self, tensor) -> str:
+        return self._names[id(tensor)]
+
+    def scope(self) -> str:
+        return "/" + self._path[-1] if self._path and self._path[-1] else ""
+
+    # -- ops ---------------------------------------------------------------------------------------
+    def _on_op(self, name: str, operands: tuple, attrs: dict, proceed):
+        if self._suspended:
+            return proceed(operands, attrs)
+        op_class = OPS.get(name)
+        converter = self.op_converters.get(op_class)
+        if converter is None and op_class is not None and hasattr(op_class, "composite"):
+            return self._decompose(op_class, name, operands, attrs)
+        with self._suspend():
+            result = proceed(operands, attrs)
+        dynamic = self._event(name, result)
+        if converter is None:
+            self._refuse(f"{self._label()}: op {name!r} has no ONNX converter")
+            return self._bind(result, self.ctx.fresh(f"{self.scope()}/{name}_unconverted"), dynamic)
+        inputs = [self._value(o, t) for o, t in zip(operands, _as_tensors(operands))]
+        self.ctx.result, self.ctx.result_dynamic = result.data, dynamic
+        try:
+            output = converter(self.ctx, *inputs, **attrs)
+        except ConversionRefused as refusal:
+            self._refuse(f"{self._label()}: op {name!r}: {refusal}")
+            output = self.ctx.fresh(f"{self.scope()}/{name}_refused")
+        except EveryOSerializationError:
+            raise
+        except Exception as exc:
+            raise EveryOSerializationError(f"export_onnx: the ONNX converter of op {name!r} "
+                                           f"failed in {self._label()}: {exc!r}") from exc
+        return self._bind(result, output, dynamic)
+
+    def _decompose(self, op_class, name, operands, attrs):
+        """Trace the op's ``composite`` (its forward written with other ops) instead."""
+        tensors = _as_tensors(operands)
+        op = object.__new__(op_class)
+        op.needs_input_grad = tuple(False for _ in tensors)
+        op.saved = None
+        with self._suspend():
+            op.forward(*[t.data for t in tensors], **attrs)  # composite may read what it stored
+        return op.composite(*tensors)
+
+    def _value(self, operand, tensor: Tensor) -> str:
+        """The graph name of an operand: a traced value, or a constant made from it."""
+        key = id(operand)
+        if key in self._names:
+            return self._names[key]
+        if key in self._constants:
+            return self._constants[key]
+        array = tensor.data
+        hint = self.parameter_names.get(key, "constant")
+        name = self.ctx.constant(array, hint, onnx_dtype(array.dtype))
+        if isinstance(operand, Tensor):
+            self._constants[key] = name
+            self._alive.append(operand)
+        return name
+
+    # -- modules -----------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _wrapped_modules(self):
+        """Route every sub-module's forward through :meth:`_call_module` for the trace."""
+        wrapped = []
+        for module in {id(m): m for m in self.model.modules()}.values():
+            own = module.__dict__.get("forward")
+            original = own if own is not None else functools.partial(type(module).forward, module)
+            object.__setattr__(module, "forward", functools.partial(
+                self._call_module, module, original))
+            wrapped.append((module, own))
+        try:
+            yield
+        finally:
+            for module, own in wrapped:
+                if own is None:
+                    del module.__dict__["forward"]
+                else:
+                    object.__setattr__(module, "forward", own)
+
+    def _call_module(self, module, original, *args, **kwargs):
+        if self._suspended or _active.get() is not self:
+            return original(*args, **kwargs)
+        path = self.paths.get(id(module), self._child_path(module))
+        reason = refusal_reason(module)
+        converter = self.layer_converters.get(type(module))
+        single = len(args) == 1 and not kwargs and isinstance(args[0], Tensor)
+        if reason is None and (converter is None or not single):
+            self._path.append(path)
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self._path.pop()
+        label = module_label(path, module)
+        try:
+            with self._suspend():
+                result = original(*args, **kwargs)
+        except Exception as exc:
+            if reason is not None:
+                self._refuse(module_label(path, module))
+                raise TraceAborted from exc  # already refused statically; nothing to trace on
+            result = None
+            failure = exc
+        if reason is not None:
+            self._refuse(module_label(path, module))
+            return self._bind_all(result, f"{path}/refused", type(module).__name__)
+        self._path.append(path)
+        try:
+            output = converter(module, self.ctx, self._value(args[0], args[0]))
+        except ConversionRefused as refusal:
+            self._refuse(f"{label}: {refusal}")
+            if result is None:
+                raise TraceAborted from None
+            output = self.ctx.fresh(f"{self.scope()}/refused")
+        except EveryOSerializationError:
+            raise
+        except Exception as exc:
+            raise EveryOSerializationError(
+                f"export_onnx: the ONNX converter for {label} failed: {exc!r}") from exc
+        finally:
+            self._path.pop()
+        if result is None:
+            raise EveryOSerializationError(f"export_onnx: {label} cannot run on an input of "
+                                           f"shape {args[0].shape}: {failure}") from failure
+        if not isinstance(output, str):
+            raise EveryOSerializationError(f"export_onnx: the ONNX converter for {label} must "
+                                           f"return the output's name, got {output!r}")
+        if not isinstance(result, Tensor):
+            raise EveryOSerializationError(f"export_onnx: {label} returned a "
+                                           f"{type(result).__name__}, not one Tensor")
+        return self._bind(result, output, self._event(type(module).__name__, result))
+
+    def convert_child(self, layer, input_name: str, position=None):
+        """``ctx.convert``: apply ``layer`` to the value ``input_name`` inside the trace."""
+        tensor = Tensor(self.ctx.sample(input_name))
+        self._bind(tensor, input_name, self.ctx.dynamic_axes(input_name))
+        if id(layer) not in self.paths:
+            base = self._path[-1] if self._path else ""
+            step = str(position) if position is not None else type(layer).__name__
+            self.paths[id(layer)] = f"{base}.{step}" if base else step
+        output = layer(tensor) if "forward" in layer.__dict__ else self._call_module(
+            layer, functools.partial(type(layer).forward, layer), tensor)
+        return self.name_of(output)
+
+    def _child_path(self, module) -> str:
+        base = self._path[-1] if self._path else ""
+        return f"{base}.{type(module).__name__}" if base else type(module).__name__
+
+    # -- bookkeeping -------------------------------------------------------------------------------
+    def _event(self, what: str, result) -> frozenset:
+        """Record an event's output shape; returns the axes that differ at the other size."""
+        shape = tuple(result.shape) if isinstance(result, Tensor) else ()
+        index = len(self.event_shapes)
+        self.event_shapes.append(shape)
+        self.event_labels.append(f"{self._label()}: {what}")
+        if self.reference_shapes is None or index >= len(self.reference_shapes):
+            return frozenset()
+        other = self.reference_shapes[index]
+        if len(other) != len(shape):
+            return frozenset()
+        return frozenset(axis for axis, (a, b) in enumerate(zip(shape, other)) if a != b)
+
+    def _bind(self, tensor: Tensor, name: str, dynamic: frozenset = frozenset()) -> Tensor:
+        self._names[id(tensor)] = name
+        self._alive.append(tensor)
+        self.ctx.samples.setdefault(name, tensor.data)
+        self.ctx.dynamic.setdefault(name, dynamic)
+        return tensor
+
+    def _bind_all(self, result, base: str, what: str):
+        for tensor in result if isinstance(result, (tuple, list)) else [result]:
+            if isinstance(tensor, Tensor):
+                self._bind(tensor, self.ctx.fresh(base), self._event(what, tensor))
+        return result
+
+    def _refuse(self, message: str) -> None:
+        if message not in self.problems:
+            self.problems.append(message)
+
+    def _label(self) -> str:
+        return self._path[-1] if self._path and self._path[-1] else \
+            f"{type(self.model).__name__} (the model's own forward)"
+
+    @contextlib.contextmanager
+    def _suspend(self):
+        self._suspended += 1
+        try:
+            yield
+        finally:
+            self._suspended -= 1
+
+    def symbolic_shape(self, tensor: Tensor):
+        """``tensor.shape`` with a ``SymInt`` for every axis that follows the input's size."""
+        shape = tensor.data.shape
+        if self._suspended or self.reference_shapes is None:
+            return shape
+        name = self._names.get(id(tensor))
+        dynamic = self.ctx.dynamic.get(name) if name is not None else None
+        if not dynamic:
+            return shape
+        return tuple(SymInt(size, ("dim", name, axis)) if axis in dynamic else size
+                     for axis, size in enumerate(shape))
+
+
+_plain_shape = Tensor.shape
+
+
+def _traced_shape(tensor: Tensor):
+    tracer = _active.get()
+    return tracer.symbolic_shape(tensor) if tracer is not None else tensor.data.shape
+
+
+@contextlib.contextmanager
+def symbolic_shapes():
+    """Make ``Tensor.shape`` hand out ``SymInt`` sizes while a tracer is active.
+
+    NOTE: a property cannot be overridden per instance (Tensor has __slots__) and ops build
+    their outputs as plain Tensors, so the class property is swapped for the trace; outside a
+    trace (other threads included: the tracer lives in a ContextVar) it answers as before.
+    """
+    Tensor.shape = property(_traced_shape, doc=_plain_shape.__doc__)
+    try:
+        yield
+    finally:
+        Tensor.shape = _plain_shape

@@ -24,8 +24,6 @@ from onnx import TensorProto, helper, numpy_helper
 from everyo import EveryOSerializationError
 from everyo_onnx.symbolic import ONNX_ARITHMETIC, SymInt
 
-INT64_MAX = np.iinfo(np.int64).max
-
 
 class ConversionRefused(EveryOSerializationError):
     """A converter declined what it was given (see ``GraphContext.refuse``)."""
@@ -149,12 +147,17 @@ class GraphContext:
         """The finished ``ModelProto``; ``outputs`` pairs each traced value with its graph
         output name, ``dim_names`` maps (value name, axis) to a symbolic dimension's name."""
         nodes = list(self.nodes)
+        producers = {out: node for node in nodes for out in node.output}
+        consumed = {name for node in nodes for name in node.input}
+        values = [value for value, _ in outputs]
         graph_outputs = []
         for value, output_name in outputs:
-            # NOTE: an Identity per output, so a value that is also consumed inside the graph,
-            # returned twice or is an input keeps its own name everywhere.
-            nodes.append(helper.make_node("Identity", [value], [output_name],
-                                          name=f"/{output_name}/Identity"))
+            producer = producers.get(value)
+            if producer is not None and value not in consumed and values.count(value) == 1:
+                producer.output[list(producer.output).index(value)] = output_name
+            else:  # an input, a constant, a value used inside the graph or returned twice
+                nodes.append(helper.make_node("Identity", [value], [output_name],
+                                              name=f"/{output_name}/Identity"))
             graph_outputs.append(self.value_info(output_name, self.sample(value),
                                                  dim_names.get(output_name, {})))
         graph_inputs = [self.value_info(name, self.samples[name], dim_names.get(name, {}))

@@ -7,10 +7,9 @@ from __future__ import annotations
 import numpy as np
 
 from everyo.ops import shape as shape_ops
-from everyo_onnx.graph import INT64_MAX
 from everyo_onnx.symbolic import SymInt
 
-INT64_MIN = np.iinfo(np.int64).min
+INT64_MIN, INT64_MAX = np.iinfo(np.int64).min, np.iinfo(np.int64).max  # open slice ends
 
 
 def convert_reshape(ctx, x, shape):

@@ -1,0 +1,103 @@
+"""Models with custom forwards, exported by tracing: parity with ONNX Runtime and onnx.reference
+at batch 1, 3 and 17, symbolic sequence length, several inputs and outputs, folded batch norm
+inside a custom module."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from support.onnx_models import (
+    CausalSelfAttention,
+    ConvStack,
+    ResidualCNN,
+    SkipConcatMLP,
+    TwoInputs,
+    assert_parity,
+    op_types,
+    with_trained_statistics,
+)
+
+import everyo as eo
+
+pytest.importorskip("onnx")
+pytest.importorskip("onnxruntime")
+
+
+def test_residual_cnn(tmp_path):
+    model = with_trained_statistics(ResidualCNN())
+    path = tmp_path / "resnet.onnx"
+    eo.export_onnx(model, path, input_shape=(1, 8, 8, 3), verify=True)
+    assert_parity(model, path, lambda n: [(n, 8, 8, 3)])
+    types = op_types(path)
+    assert types.count("Conv") == 5 and "BatchNormalization" not in types
+    assert "ReduceMean" in types  # the global average pool written with eo.mean
+
+
+def test_mlp_with_skip_and_concatenation(tmp_path):
+    model = SkipConcatMLP()
+    path = tmp_path / "mlp.onnx"
+    eo.export_onnx(model, path, input_shape=(2, 6), verify=True)
+    assert_parity(model, path, lambda n: [(n, 6)])
+    assert {"Concat", "LogSoftmax", "Add"} <= set(op_types(path))
+
+
+def test_causal_self_attention_runs_at_any_sequence_length(tmp_path, onnx):
+    model = CausalSelfAttention()
+    path = tmp_path / "attention.onnx"
+    eo.export_onnx(model, path, input_shape=(1, 5, 8), input_name="tokens",
+                   dynamic_axes={"tokens": {1: "sequence"}}, verify=True)
+    for length in (1, 5, 12, 32):
+        assert_parity(model, path, lambda n, t=length: [(n, t, 8)])
+    graph = onnx.load(str(path)).graph
+    for value in (graph.input[0], graph.output[0]):
+        dims = value.type.tensor_type.shape.dim
+        assert [d.dim_param or d.dim_value for d in dims] == ["batch", "sequence", 8]
+
+
+def test_a_model_with_two_inputs_and_two_outputs(tmp_path, onnx):
+    model = TwoInputs()
+    path = tmp_path / "two.onnx"
+    eo.export_onnx(model, path, input_shape=[(1, 6, 6, 2), (1, 5)],
+                   input_names=["image", "vector"], output_names=["logits", "features"],
+                   verify=True)
+    assert_parity(model, path, lambda n: [(n, 6, 6, 2), (n, 5)])
+    graph = onnx.load(str(path)).graph
+    assert [i.name for i in graph.input] == ["image", "vector"]
+    assert [o.name for o in graph.output] == ["logits", "features"]
+    logits, features = eo.run_onnx(path, {"image": np.ones((4, 6, 6, 2)),
+                                          "vector": np.ones((4, 5))})
+    assert logits.shape == (4, 2) and features.shape == (4, 40)
+
+
+def test_conv_bn_relu_inside_a_custom_module_keeps_batch_norm_folded(tmp_path):
+    model = with_trained_statistics(ConvStack(), seed=3)
+    path = tmp_path / "stack.onnx"
+    eo.export_onnx(model, path, input_shape=(1, 6, 6, 3), verify=True)
+    assert_parity(model, path, lambda n: [(n, 6, 6, 3)])
+    types = op_types(path)
+    # Per block: Transpose Conv Transpose, then the folded Mul + Add, then Relu.
+    assert types == ["Transpose", "Conv", "Transpose", "Mul", "Add", "Relu"] * 2
+
+
+def test_training_mode_and_parameters_are_left_alone(tmp_path):
+    model = with_trained_statistics(ResidualCNN()).train()
+    state = model.state_dict()
+    eo.export_onnx(model, tmp_path / "m.onnx", input_shape=(2, 8, 8, 3))
+    assert all(module.training for module in model.modules())
+    for key, value in model.state_dict().items():
+        np.testing.assert_array_equal(value, state[key], err_msg=key)
+    assert "forward" not in model.blocks.__dict__  # the tracer's wrappers are gone
+
+
+def test_output_axes_follow_the_input_axis_they_share(tmp_path, onnx):
+    class Pool(eo.Module):
+        def forward(self, x):
+            return x * 2.0, eo.mean(x, axis=1)
+
+    path = tmp_path / "pool.onnx"
+    eo.export_onnx(Pool(), path, input_shape=(2, 4, 3), dynamic_axes={
+        "input": {1: "time"}, "output_0": {1: "steps"}})
+    dims = [[d.dim_param or d.dim_value for d in o.type.tensor_type.shape.dim]
+            for o in onnx.load(str(path)).graph.output]
+    assert dims == [["batch", "steps", 3], ["batch", 3]]
+

@@ -69,15 +69,15 @@ def trace_model(model, converters: dict, opset: int, specs: list[InputSpec]) -> 
     """Trace ``model`` (see the module's docstring); raises on any refusal or dependence."""
     sizes = [spec.shape for spec in specs]
     others = other_sizes(specs)
-    first = _trace(model, converters, opset, specs, sizes, seed=0)
+    first = _trace(model, converters, opset, specs, sizes, flipped=False)
     problems = list(dict.fromkeys(refused_modules(model, first.layer_converters)
                                   + first.problems))
     if problems:
         raise EveryOSerializationError(refusal_message(problems))
-    second = _trace(model, converters, opset, specs, others, seed=1)
+    second = _trace(model, converters, opset, specs, others, flipped=True)
     _same_events(first, second, sizes, others)
-    kept = _trace(model, converters, opset, specs, sizes, seed=0, reference=second)
-    check = _trace(model, converters, opset, specs, others, seed=1, reference=first)
+    kept = _trace(model, converters, opset, specs, sizes, flipped=False, reference=second)
+    check = _trace(model, converters, opset, specs, others, flipped=True, reference=first)
     for tracer in (kept, check):
         if tracer.problems:
             raise EveryOSerializationError(refusal_message(tracer.problems))
@@ -85,9 +85,20 @@ def trace_model(model, converters: dict, opset: int, specs: list[InputSpec]) -> 
     return TracedModel(kept, check, kept.output_names)
 
 
-def _trace(model, converters, opset, specs, shapes, seed: int, reference=None) -> Tracer:
-    rng = np.random.default_rng(seed)
-    samples = [rng.standard_normal(shape).astype(np.float32) for shape in shapes]
+def sample_inputs(specs: list[InputSpec], shapes, flipped: bool) -> list[np.ndarray]:
+    """Random inputs of ``shapes``; ``flipped`` ones are the same draws negated and scaled by
+    1.5 (cropped or repeated to the shape), so a branch on a sign or a threshold of the
+    values (``if x.mean() > 0``) likely goes the other way and shows up as a different path."""
+    rng = np.random.default_rng(0)
+    samples = [rng.standard_normal(spec.shape).astype(np.float32) for spec in specs]
+    if not flipped:
+        return samples
+    return [(-1.5 * np.resize(sample, shape)).astype(np.float32)
+            for sample, shape in zip(samples, shapes)]
+
+
+def _trace(model, converters, opset, specs, shapes, flipped: bool, reference=None) -> Tracer:
+    samples = sample_inputs(specs, shapes, flipped)
     tracer = Tracer(model, converters, opset,
                     reference_shapes=None if reference is None else reference.event_shapes)
     inputs = [(spec.name, sample, frozenset(spec.dims) if reference is not None else frozenset())

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
+import everyo as eo
 from support.onnx_models import (
     CausalSelfAttention,
     ConvStack,
@@ -16,8 +18,6 @@ from support.onnx_models import (
     op_types,
     with_trained_statistics,
 )
-
-import everyo as eo
 
 pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")

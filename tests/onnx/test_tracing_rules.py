@@ -8,10 +8,10 @@ import os
 
 import numpy as np
 import pytest
-from support.onnx_models import assert_parity
 
 import everyo as eo
 from everyo.autograd import Op
+from support.onnx_models import assert_parity
 
 pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")

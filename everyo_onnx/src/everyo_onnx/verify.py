@@ -37,23 +37,27 @@ def verify_export(model, data: bytes, specs) -> float:
     feeds = feeds_for(inputs, arrays if len(arrays) > 1 else arrays[0])
     worst = 0.0
     for consumer, run in _consumers(data):
-        actual = run(feeds)
+        try:
+            actual = run(feeds)
+        except Exception as exc:  # each consumer raises its own exception types
+            raise EveryOSerializationError(
+                f"export_onnx(verify=True): {consumer} could not run the exported model: "
+                f"{type(exc).__name__}: {exc}. Nothing was written.") from exc
         for position, (got, want) in enumerate(zip(actual, expected)):
             worst = max(worst, _compare(consumer, position, np.asarray(got), want, shapes))
     return worst
 
 
 def _consumers(data: bytes):
-    session = inference_session(data)
-    yield "ONNX Runtime", lambda feeds: session.run(None, feeds)
+    yield "ONNX Runtime", lambda feeds: inference_session(data).run(None, feeds)
     try:
         from onnx.reference import ReferenceEvaluator
     except ImportError:  # older onnx: ONNX Runtime alone
         return
     import onnx
 
-    evaluator = ReferenceEvaluator(onnx.load_from_string(data))
-    yield "onnx.reference", lambda feeds: evaluator.run(None, feeds)
+    yield "onnx.reference", lambda feeds: ReferenceEvaluator(onnx.load_from_string(data)).run(
+        None, feeds)
 
 
 def _compare(consumer: str, position: int, actual, expected, shapes) -> float:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from everyo import EveryOSerializationError, Tensor, no_grad, tensor
+from everyo import EveryOError, EveryOSerializationError, Tensor, no_grad, tensor
 from everyo_onnx.arguments import other_sizes
 from everyo_onnx.runtime import feeds_for, inference_session
 
@@ -39,6 +39,8 @@ def verify_export(model, data: bytes, specs) -> float:
     for consumer, run in _consumers(data):
         try:
             actual = run(feeds)
+        except EveryOError:  # a missing package keeps its install hint
+            raise
         except Exception as exc:  # each consumer raises its own exception types
             raise EveryOSerializationError(
                 f"export_onnx(verify=True): {consumer} could not run the exported model: "

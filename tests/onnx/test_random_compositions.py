@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support.onnx_models import assert_parity
 
 import everyo as eo
+from support.onnx_models import assert_parity
 
 pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
@@ -25,34 +25,34 @@ def _reshape_round_trip(x):
 
 # kind -> (layers it owns, forward(x, layers))
 PIECES = {
-    "linear": (lambda s: [eo.Linear(FEATURES, FEATURES, seed=s)], lambda x, l: l[0](x)),
-    "relu_layer": (lambda s: [eo.ReLU()], lambda x, l: l[0](x)),
-    "gelu_layer": (lambda s: [eo.GELU()], lambda x, l: l[0](x)),
-    "layer_norm": (lambda s: [eo.LayerNorm(FEATURES)], lambda x, l: l[0](x)),
+    "linear": (lambda s: [eo.Linear(FEATURES, FEATURES, seed=s)], lambda x, ls: ls[0](x)),
+    "relu_layer": (lambda s: [eo.ReLU()], lambda x, ls: ls[0](x)),
+    "gelu_layer": (lambda s: [eo.GELU()], lambda x, ls: ls[0](x)),
+    "layer_norm": (lambda s: [eo.LayerNorm(FEATURES)], lambda x, ls: ls[0](x)),
     "skip": (lambda s: [eo.Linear(FEATURES, FEATURES, seed=s)],
-             lambda x, l: x + eo.tanh(l[0](x))),
+             lambda x, ls: x + eo.tanh(ls[0](x))),
     "concat": (lambda s: [eo.Linear(2 * FEATURES, FEATURES, seed=s)],
-               lambda x, l: l[0](eo.concatenate([x, -x * 0.5], axis=-1))),
-    "affine": (lambda s: [], lambda x, l: x * 1.5 - 0.25),
-    "softmax": (lambda s: [], lambda x, l: eo.softmax(x, axis=-1) * float(FEATURES)),
-    "log_softmax": (lambda s: [], lambda x, l: eo.log_softmax(x, axis=-1)),
-    "center": (lambda s: [], lambda x, l: x - eo.mean(x, axis=-1, keepdims=True)),
+               lambda x, ls: ls[0](eo.concatenate([x, -x * 0.5], axis=-1))),
+    "affine": (lambda s: [], lambda x, ls: x * 1.5 - 0.25),
+    "softmax": (lambda s: [], lambda x, ls: eo.softmax(x, axis=-1) * float(FEATURES)),
+    "log_softmax": (lambda s: [], lambda x, ls: eo.log_softmax(x, axis=-1)),
+    "center": (lambda s: [], lambda x, ls: x - eo.mean(x, axis=-1, keepdims=True)),
     "scale_by_max": (lambda s: [],
-                     lambda x, l: x / (eo.max(eo.abs(x), axis=-1, keepdims=True) + 1.0)),
-    "sum_feature": (lambda s: [], lambda x, l: x + eo.sum(x, axis=1, keepdims=True) * 0.1),
-    "reshape": (lambda s: [], lambda x, l: _reshape_round_trip(x)),
-    "slice_pad": (lambda s: [], lambda x, l: eo.pad(x[:, 2:], ((0, 0), (0, 2)))),
-    "index": (lambda s: [], lambda x, l: x + x[:, -1:] - x[:, 0].reshape(x.shape[0], 1)),
-    "stack": (lambda s: [], lambda x, l: eo.sum(eo.stack([x, x * 0.5], axis=1), axis=1)),
-    "clip": (lambda s: [], lambda x, l: eo.clip(x, -1.0, 1.0)),
-    "leaky": (lambda s: [], lambda x, l: eo.maximum(x, 0.1 * x)),
-    "bounded": (lambda s: [], lambda x, l: eo.minimum(eo.exp(-eo.abs(x)), 0.9)),
-    "log_sqrt": (lambda s: [], lambda x, l: eo.log(eo.sqrt(x * x + 1.0))),
-    "swish": (lambda s: [], lambda x, l: x * eo.sigmoid(x)),
-    "where": (lambda s: [], lambda x, l: eo.where(eo.tensor(MASK), x, -x)),
-    "power": (lambda s: [], lambda x, l: (x * x + 1.0) ** 0.5),
-    "variance": (lambda s: [], lambda x, l: x / eo.sqrt(eo.var(x, axis=-1, keepdims=True) + 1)),
-    "transpose_matmul": (lambda s: [], lambda x, l: eo.matmul(x, x.T) @ x * 0.01),
+                     lambda x, ls: x / (eo.max(eo.abs(x), axis=-1, keepdims=True) + 1.0)),
+    "sum_feature": (lambda s: [], lambda x, ls: x + eo.sum(x, axis=1, keepdims=True) * 0.1),
+    "reshape": (lambda s: [], lambda x, ls: _reshape_round_trip(x)),
+    "slice_pad": (lambda s: [], lambda x, ls: eo.pad(x[:, 2:], ((0, 0), (0, 2)))),
+    "index": (lambda s: [], lambda x, ls: x + x[:, -1:] - x[:, 0].reshape(x.shape[0], 1)),
+    "stack": (lambda s: [], lambda x, ls: eo.sum(eo.stack([x, x * 0.5], axis=1), axis=1)),
+    "clip": (lambda s: [], lambda x, ls: eo.clip(x, -1.0, 1.0)),
+    "leaky": (lambda s: [], lambda x, ls: eo.maximum(x, 0.1 * x)),
+    "bounded": (lambda s: [], lambda x, ls: eo.minimum(eo.exp(-eo.abs(x)), 0.9)),
+    "log_sqrt": (lambda s: [], lambda x, ls: eo.log(eo.sqrt(x * x + 1.0))),
+    "swish": (lambda s: [], lambda x, ls: x * eo.sigmoid(x)),
+    "where": (lambda s: [], lambda x, ls: eo.where(eo.tensor(MASK), x, -x)),
+    "power": (lambda s: [], lambda x, ls: (x * x + 1.0) ** 0.5),
+    "variance": (lambda s: [], lambda x, ls: x / eo.sqrt(eo.var(x, axis=-1, keepdims=True) + 1)),
+    "transpose_matmul": (lambda s: [], lambda x, ls: eo.matmul(x, x.T) @ x * 0.01),
 }
 
 

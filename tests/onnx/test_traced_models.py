@@ -4,6 +4,8 @@ inside a custom module."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -11,6 +13,7 @@ import everyo as eo
 from support.onnx_models import (
     CausalSelfAttention,
     ConvStack,
+    DeepResidual,
     ResidualCNN,
     SkipConcatMLP,
     TwoInputs,
@@ -101,3 +104,14 @@ def test_output_axes_follow_the_input_axis_they_share(tmp_path, onnx):
             for o in onnx.load(str(path)).graph.output]
     assert dims == [["batch", "steps", 3], ["batch", 3]]
 
+
+
+def test_a_50_layer_model_exports_in_under_two_seconds(tmp_path):
+    # The figure itself is measured in benchmarks/bench_onnx_export.py (about 0.06 s here);
+    # this bound only guards against a trace that became quadratic.
+    model = DeepResidual()
+    assert sum(1 for m in model.modules() if isinstance(m, (eo.Linear, eo.LayerNorm))) == 50
+    start = time.perf_counter()
+    eo.export_onnx(model, tmp_path / "deep.onnx", input_shape=(1, 64))
+    assert time.perf_counter() - start < 2.0
+    assert_parity(model, tmp_path / "deep.onnx", lambda n: [(n, 64)], sizes=(3,))

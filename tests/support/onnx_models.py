@@ -180,3 +180,24 @@ def with_trained_statistics(model, seed: int = 0):
             module.weight.data[...] = rng.uniform(0.5, 1.5, module.weight.shape)
             module.bias.data[...] = rng.normal(0, 0.3, module.bias.shape)
     return model
+
+
+class DeepResidual(eo.Module):
+    """``blocks`` residual blocks of LayerNorm and Linear (2 layers each) in custom forwards."""
+
+    def __init__(self, width: int = 64, blocks: int = 25):
+        super().__init__()
+        self.blocks = eo.Sequential(*[_NormLinearBlock(width, seed) for seed in range(blocks)])
+
+    def forward(self, x):
+        return self.blocks(x)
+
+
+class _NormLinearBlock(eo.Module):
+    def __init__(self, width: int, seed: int):
+        super().__init__()
+        self.norm = eo.LayerNorm(width)
+        self.fc = eo.Linear(width, width, seed=seed)
+
+    def forward(self, x):
+        return x + eo.relu(self.fc(self.norm(x)))

@@ -106,7 +106,7 @@ class Tracer:
             return proceed(operands, attrs)
         op_class = OPS.get(name)
         converter = self.op_converters.get(op_class)
-        if converter is None and op_class is not None and hasattr(op_class, "composite"):
+        if converter is None and getattr(op_class, "composite", None) is not None:
             return self._decompose(op_class, name, operands, attrs)
         with self._suspend():
             result = proceed(operands, attrs)
@@ -133,7 +133,7 @@ class Tracer:
         tensors = _as_tensors(operands)
         op = object.__new__(op_class)
         op.needs_input_grad = tuple(False for _ in tensors)
-        op.saved = None
+        op.saved, op.parents = None, tensors
         with self._suspend():
             op.forward(*[t.data for t in tensors], **attrs)  # composite may read what it stored
         return op.composite(*tensors)

@@ -27,7 +27,7 @@ class SymInt(int):
 
     Example:
         >>> t = SymInt(5, ("dim", "tokens", 1))
-        >>> t + 1, (t + 1).expr
+        >>> int(t + 1), (t + 1).expr
         (6, ('add', ('dim', 'tokens', 1), 1))
     """
 

@@ -115,3 +115,27 @@ def test_a_50_layer_model_exports_in_under_two_seconds(tmp_path):
     eo.export_onnx(model, tmp_path / "deep.onnx", input_shape=(1, 64))
     assert time.perf_counter() - start < 2.0
     assert_parity(model, tmp_path / "deep.onnx", lambda n: [(n, 64)], sizes=(3,))
+
+
+class ComparisonMasks(eo.Module):
+    """``mask == 0`` (nanoGPT's masked_fill idiom) and ``x > 0`` go into the graph as nodes."""
+
+    def __init__(self, max_len: int = 16):
+        super().__init__()
+        self.mask = eo.tensor(np.tril(np.ones((max_len, max_len), np.float32)))
+
+    def forward(self, x):
+        t = x.shape[1]
+        scores = eo.where(self.mask[:t, :t] == 0, -1e9, x @ x.transpose(0, 2, 1))
+        gate = eo.where(x > 0, x, 0.0) + eo.where(x != x, 1.0, 0.0) + (x <= 0.5) * 1.0
+        return eo.softmax(scores, axis=-1) @ x + gate
+
+
+def test_comparisons_become_graph_nodes(tmp_path):
+    model = ComparisonMasks()
+    path = tmp_path / "masks.onnx"
+    eo.export_onnx(model, path, input_shape=(1, 5, 3), dynamic_axes={"input": {1: "time"}},
+                   verify=True)
+    for length in (2, 9):
+        assert_parity(model, path, lambda n, t=length: [(n, t, 3)])
+    assert {"Equal", "Greater", "Not", "LessOrEqual"} <= set(op_types(path))

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from contextvars import ContextVar
 
 import numpy as np
 
@@ -29,8 +28,7 @@ from everyo.dispatch import OPS, intercepting
 from everyo_onnx.graph import ConversionRefused, GraphContext, onnx_dtype
 from everyo_onnx.refusals import module_label, refusal_reason
 from everyo_onnx.symbolic import SymInt
-
-_active: ContextVar = ContextVar("everyo_onnx_tracer", default=None)
+from everyo_onnx.traced_tensor import COMPARISONS, active_tracer, traced_tensor_methods
 
 
 class TraceAborted(Exception):
@@ -75,15 +73,15 @@ class Tracer:
             self.ctx.add_input(name, sample, dynamic)
             self._bind(tensor, name)
             tensors.append(tensor)
-        token = _active.set(self)
+        token = active_tracer.set(self)
         try:
-            with self._wrapped_modules(), intercepting(self._on_op), symbolic_shapes():
+            with self._wrapped_modules(), intercepting(self._on_op), traced_tensor_methods():
                 try:
                     outputs = self.model(*tensors)
                 except TraceAborted:
                     return None
         finally:
-            _active.reset(token)
+            active_tracer.reset(token)
         outputs = list(outputs) if isinstance(outputs, (tuple, list)) else [outputs]
         for position, output in enumerate(outputs):
             if not isinstance(output, Tensor) or id(output) not in self._names:
@@ -127,6 +125,21 @@ class Tracer:
             raise EveryOSerializationError(f"export_onnx: the ONNX converter of op {name!r} "
                                            f"failed in {self._label()}: {exc!r}") from exc
         return self._bind(result, output, dynamic)
+
+    def on_comparison(self, name: str, a, b, result: Tensor) -> Tensor:
+        """``a < b`` and friends: a Less/Greater/Equal node when an operand is traced."""
+        if self._suspended or not any(id(o) in self._names for o in (a, b)):
+            return result
+        dynamic = self._event(name, result)
+        tensors = _as_tensors((a, b))
+        common = np.result_type(*[t.data for t in tensors])
+        if common.kind == "b" and name not in ("eq", "ne"):
+            common = np.dtype(np.int64)  # ONNX orders numbers only
+        inputs = [self.ctx.cast(self._value(o, t), common) for o, t in zip((a, b), tensors)]
+        out = self.ctx.node(COMPARISONS[name], inputs)
+        if name == "ne":
+            out = self.ctx.node("Not", [out])
+        return self._bind(result, out, dynamic)
 
     def _decompose(self, op_class, name, operands, attrs):
         """Trace the op's ``composite`` (its forward written with other ops) instead."""
@@ -174,7 +187,7 @@ class Tracer:
                     object.__setattr__(module, "forward", own)
 
     def _call_module(self, module, original, *args, **kwargs):
-        if self._suspended or _active.get() is not self:
+        if self._suspended or active_tracer.get() is not self:
             return original(*args, **kwargs)
         path = self.paths.get(id(module), self._child_path(module))
         reason = refusal_reason(module)
@@ -295,26 +308,3 @@ class Tracer:
             return shape
         return tuple(SymInt(size, ("dim", name, axis)) if axis in dynamic else size
                      for axis, size in enumerate(shape))
-
-
-_plain_shape = Tensor.shape
-
-
-def _traced_shape(tensor: Tensor):
-    tracer = _active.get()
-    return tracer.symbolic_shape(tensor) if tracer is not None else tensor.data.shape
-
-
-@contextlib.contextmanager
-def symbolic_shapes():
-    """Make ``Tensor.shape`` hand out ``SymInt`` sizes while a tracer is active.
-
-    NOTE: a property cannot be overridden per instance (Tensor has __slots__) and ops build
-    their outputs as plain Tensors, so the class property is swapped for the trace; outside a
-    trace (other threads included: the tracer lives in a ContextVar) it answers as before.
-    """
-    Tensor.shape = property(_traced_shape, doc=_plain_shape.__doc__)
-    try:
-        yield
-    finally:
-        Tensor.shape = _plain_shape

@@ -143,8 +143,8 @@ def _depends(what: str, sizes, others):
         f"{_shapes(sizes)} and at {_shapes(others)} with other values, {what}. Something the "
         f"tracer cannot follow baked a size or a value into the graph: an `if` on a tensor's "
         f"value, a NumPy array or Python number computed from a size or a value (a mask built "
-        f"with np.tril(np.ones((t, t))), `x > 0` used as a mask), or a size the layer reads "
-        f"other than through `.shape`. Slice a tensor built once at full size instead "
+        f"with np.tril(np.ones((t, t))), a mask computed in NumPy from the input's values), or a "
+        f"size read other than through `.shape`. Slice a tensor built once at full size instead "
         f"(`self.mask[:t, :t]`). Nothing was written.")
 
 

@@ -103,7 +103,7 @@ class GraphContext:
     def ints(self, values, hint: str = "ints") -> str:
         """A 1-D int64 value holding ``values``; a ``SymInt`` among them is computed from the
         shape it was read from, so the graph follows the input's size."""
-        values = [v for v in values]
+        values = list(values)
         if not any(isinstance(v, SymInt) for v in values):
             return self.constant(np.asarray(values, np.int64).reshape(-1), hint, np.int64)
         pieces = [self._dim(v.expr) if isinstance(v, SymInt)

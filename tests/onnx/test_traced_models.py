@@ -139,3 +139,32 @@ def test_comparisons_become_graph_nodes(tmp_path):
     for length in (2, 9):
         assert_parity(model, path, lambda n, t=length: [(n, t, 3)])
     assert {"Equal", "Greater", "Not", "LessOrEqual"} <= set(op_types(path))
+
+
+class ShapeGymnastics(eo.Module):
+    """Reshape through -1, unsqueeze/squeeze/flatten (which read concrete sizes), int and
+    negative-step indexing, None/..., pad then slice, stack, a slice ending at ``t``."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = eo.Linear(4, 4, seed=0)
+        self.position = eo.tensor(np.random.default_rng(0).standard_normal((32, 4)).astype(
+            np.float32))
+
+    def forward(self, x):
+        b, t, c = x.shape
+        h = self.fc(x.reshape(-1, c)).reshape(b, t, c) + self.position[:t]
+        g = h.unsqueeze(1).squeeze(1).flatten(1).reshape(b, t, c)
+        padded = eo.pad(g, ((0, 0), (1, 0), (0, 0)))[:, :t]
+        both = eo.stack([g, g[:, ::-1]], axis=1).sum(axis=1)
+        return (both + g[:, -1].reshape(b, 1, c) + g[:, 0:1, :] + padded
+                + g[..., None][..., 0] + x[:, t - 1:t])
+
+
+def test_shape_methods_stay_symbolic(tmp_path):
+    model = ShapeGymnastics()
+    path = tmp_path / "shapes.onnx"
+    eo.export_onnx(model, path, input_shape=(2, 5, 4), dynamic_axes={"input": {1: "time"}},
+                   verify=True)
+    for length in (1, 2, 13):
+        assert_parity(model, path, lambda n, t=length: [(n, t, 4)])

@@ -94,7 +94,7 @@ class GraphContext:
 
     def constant(self, array, hint: str, dtype=np.float32) -> str:
         """Add ``array`` (cast to ``dtype``) as an initializer and return its name."""
-        value = np.ascontiguousarray(np.asarray(array, dtype=dtype))
+        value = np.array(array, dtype=dtype, order="C")  # NOTE: ascontiguousarray makes 0-d 1-d
         name = self.fresh(f"{self.tracer.scope()}/{hint}")
         self.initializers.append(numpy_helper.from_array(value, name=name))
         self.samples[name] = value

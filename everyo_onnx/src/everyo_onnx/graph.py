@@ -100,6 +100,11 @@ class GraphContext:
         self.samples[name] = value
         return name
 
+    def value(self, obj) -> str:
+        """The graph name of ``obj`` (a Tensor, array or number an op received as an
+        attribute): a traced value's own name, else a new constant."""
+        return self.tracer.value_of(obj)
+
     def ints(self, values, hint: str = "ints") -> str:
         """A 1-D int64 value holding ``values``; a ``SymInt`` among them is computed from the
         shape it was read from, so the graph follows the input's size."""

@@ -151,6 +151,10 @@ class Tracer:
             op.forward(*[t.data for t in tensors], **attrs)  # composite may read what it stored
         return op.composite(*tensors)
 
+    def value_of(self, obj) -> str:
+        """``ctx.value``: the name of a traced tensor, or a constant made from ``obj``."""
+        return self._value(obj, obj if isinstance(obj, Tensor) else _as_tensors((obj,))[0])
+
     def _value(self, operand, tensor: Tensor) -> str:
         """The graph name of an operand: a traced value, or a constant made from it."""
         key = id(operand)

@@ -168,3 +168,14 @@ def test_shape_methods_stay_symbolic(tmp_path):
                    verify=True)
     for length in (1, 2, 13):
         assert_parity(model, path, lambda n, t=length: [(n, t, 4)])
+
+
+@pytest.mark.parametrize("opset", [18, 20])
+def test_newer_opsets_take_reduction_axes_as_inputs(opset, tmp_path, onnx):
+    # From opset 18 ReduceMean/Max/Min read their axes from an input, not an attribute.
+    model = with_trained_statistics(ResidualCNN())
+    path = tmp_path / "resnet.onnx"
+    eo.export_onnx(model, path, input_shape=(1, 8, 8, 3), opset=opset, verify=True)
+    assert_parity(model, path, lambda n: [(n, 8, 8, 3)], sizes=(3,))
+    reduce_mean = next(n for n in onnx.load(str(path)).graph.node if n.op_type == "ReduceMean")
+    assert len(reduce_mean.input) == 2 and not any(a.name == "axes" for a in reduce_mean.attribute)

@@ -194,34 +194,44 @@ class Tracer:
         if self._suspended or active_tracer.get() is not self:
             return original(*args, **kwargs)
         path = self.paths.get(id(module), self._child_path(module))
-        reason = refusal_reason(module)
+        if refusal_reason(module) is not None:
+            return self._refused_module(module, path, original, args, kwargs)
         converter = self.layer_converters.get(type(module))
-        single = len(args) == 1 and not kwargs and isinstance(args[0], Tensor)
-        if reason is None and (converter is None or not single):
-            self._path.append(path)
-            try:
-                return original(*args, **kwargs)
-            finally:
-                self._path.pop()
-        label = module_label(path, module)
+        if converter is not None and len(args) == 1 and not kwargs \
+                and isinstance(args[0], Tensor):
+            return self._emit_whole(module, path, converter, original, args[0])
+        self._path.append(path)  # enter: its ops are emitted one by one
+        try:
+            return original(*args, **kwargs)
+        finally:
+            self._path.pop()
+
+    def _refused_module(self, module, path: str, original, args, kwargs):
+        """Record the refusal; run the module untraced so the trace can go on and find the
+        other refusals (or stop, when it cannot even run on the sample)."""
+        self._refuse(module_label(path, module))
         try:
             with self._suspend():
                 result = original(*args, **kwargs)
         except Exception as exc:
-            if reason is not None:
-                self._refuse(module_label(path, module))
-                raise TraceAborted from exc  # already refused statically; nothing to trace on
-            result = None
-            failure = exc
-        if reason is not None:
-            self._refuse(module_label(path, module))
-            return self._bind_all(result, f"{path}/refused", type(module).__name__)
+            raise TraceAborted from exc
+        return self._bind_all(result, f"{path}/refused", type(module).__name__)
+
+    def _emit_whole(self, module, path: str, converter, original, x: Tensor):
+        """Run the layer untraced for its output on the sample; its converter emits it."""
+        label = module_label(path, module)
+        failure = None
+        try:
+            with self._suspend():
+                result = original(x)
+        except Exception as exc:  # a refused configuration may not run either: ask first
+            result, failure = None, exc
         self._path.append(path)
         try:
-            output = converter(module, self.ctx, self._value(args[0], args[0]))
+            output = converter(module, self.ctx, self._value(x, x))
         except ConversionRefused as refusal:
             self._refuse(f"{label}: {refusal}")
-            if result is None:
+            if failure is not None:
                 raise TraceAborted from None
             output = self.ctx.fresh(f"{self.scope()}/refused")
         except EveryOSerializationError:
@@ -231,9 +241,9 @@ class Tracer:
                 f"export_onnx: the ONNX converter for {label} failed: {exc!r}") from exc
         finally:
             self._path.pop()
-        if result is None:
+        if failure is not None:
             raise EveryOSerializationError(f"export_onnx: {label} cannot run on an input of "
-                                           f"shape {args[0].shape}: {failure}") from failure
+                                           f"shape {x.data.shape}: {failure}") from failure
         if not isinstance(output, str):
             raise EveryOSerializationError(f"export_onnx: the ONNX converter for {label} must "
                                            f"return the output's name, got {output!r}")
@@ -261,7 +271,7 @@ class Tracer:
     # -- bookkeeping -------------------------------------------------------------------------------
     def _event(self, what: str, result) -> frozenset:
         """Record an event's output shape; returns the axes that differ at the other size."""
-        shape = tuple(result.shape) if isinstance(result, Tensor) else ()
+        shape = tuple(result.data.shape) if isinstance(result, Tensor) else ()
         index = len(self.event_shapes)
         self.event_shapes.append(shape)
         self.event_labels.append(f"{self._label()}: {what}")

@@ -25,7 +25,7 @@ from everyo_onnx.trace import Tracer
 
 @dataclass
 class TracedModel:
-    """The kept trace, and the shapes its values had at the other sizes."""
+    """The kept trace (at the given sizes) and its twin at the other sizes."""
 
     tracer: Tracer
     other: Tracer
@@ -45,7 +45,7 @@ class TracedModel:
                 pair = (spec.shape[axis], self.other.ctx.samples[other].shape[axis])
                 known.setdefault(pair, dim)
         names = {spec.name: dict(spec.dims) for spec in specs}
-        for value, other_value, output in zip(self.outputs, _outputs(self.other), output_names):
+        for value, other_value, output in zip(self.outputs, self.other.output_names, output_names):
             shape = self.ctx.samples[value].shape
             other_shape = self.other.ctx.samples[other_value].shape
             dynamic = [a for a, (n, m) in enumerate(zip(shape, other_shape)) if n != m]
@@ -59,10 +59,6 @@ class TracedModel:
             names[output] = {a: mine.get(a) or known.get((shape[a], other_shape[a]),
                                                          f"{output}_dim{a}") for a in dynamic}
         return names
-
-
-def _outputs(tracer: Tracer) -> list[str]:
-    return tracer.output_names
 
 
 def trace_model(model, converters: dict, opset: int, specs: list[InputSpec]) -> TracedModel:

@@ -179,3 +179,41 @@ def test_newer_opsets_take_reduction_axes_as_inputs(opset, tmp_path, onnx):
     assert_parity(model, path, lambda n: [(n, 8, 8, 3)], sizes=(3,))
     reduce_mean = next(n for n in onnx.load(str(path)).graph.node if n.op_type == "ReduceMean")
     assert len(reduce_mean.input) == 2 and not any(a.name == "axes" for a in reduce_mean.attribute)
+
+
+class Conv(eo.Conv2D):
+    """Subclasses are traced through their own forward: each reaches its layer's op."""
+
+
+class MaxPool(eo.MaxPool2D):
+    pass
+
+
+class AvgPool(eo.AvgPool2D):
+    pass
+
+
+class Norm(eo.LayerNorm):
+    pass
+
+
+class Gelu(eo.GELU):
+    pass
+
+
+class Leaky(eo.LeakyReLU):
+    pass
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_subclasses_of_layers_export_through_their_ops(approximate, tmp_path):
+    model = eo.Sequential(
+        Conv(3, 4, 3, stride=2, padding="same", seed=0), Gelu(approximate),
+        MaxPool(3, stride=2, padding="same"), Leaky(0.2),
+        AvgPool(2, stride=1, padding="same"), Norm(4), eo.Flatten(),
+        eo.Linear(36, 3, seed=1))
+    path = tmp_path / "subclasses.onnx"
+    eo.export_onnx(model, path, input_shape=(1, 11, 11, 3), verify=True)
+    assert_parity(model, path, lambda n: [(n, 11, 11, 3)])
+    assert {"Conv", "MaxPool", "AveragePool", "LeakyRelu", "LayerNormalization"} <= set(
+        op_types(path))

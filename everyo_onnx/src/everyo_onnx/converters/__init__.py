@@ -11,4 +11,5 @@ MODULES = (
     "everyo_onnx.converters.activation",
     "everyo_onnx.converters.ops_math",
     "everyo_onnx.converters.ops_shape",
+    "everyo_onnx.converters.ops_layers",
 )

@@ -141,9 +141,9 @@ class Opaque(Op):
 class ThirdPartyOps:
     @eo.hookimpl
     def everyo_register_ops(self, register):
-        register("cube_test", Cube)
-        register("softsign_test", SoftSign)
-        register("opaque_test", Opaque)
+        register("onnx_cube_test", Cube)
+        register("onnx_softsign_test", SoftSign)
+        register("onnx_opaque_test", Opaque)
 
     @eo.hookimpl
     def everyo_register_onnx_converters(self, register):
@@ -152,7 +152,7 @@ class ThirdPartyOps:
 
 @pytest.fixture(scope="module")
 def third_party_ops():
-    if "cube_test" not in eo.registry("ops"):
+    if "onnx_cube_test" not in eo.registry("ops"):
         eo.register_plugin(ThirdPartyOps(), name="third-party-ops-onnx-test")
 
 
@@ -164,7 +164,7 @@ def test_a_third_party_op_exports_through_its_converter_or_its_composite(third_p
             self.fc = eo.Linear(3, 3, seed=0)
 
         def forward(self, x):
-            return eo.dispatch("softsign_test", eo.dispatch("cube_test", self.fc(x)))
+            return eo.dispatch("onnx_softsign_test", eo.dispatch("onnx_cube_test", self.fc(x)))
 
     path = tmp_path / "m.onnx"
     eo.export_onnx(Model(), path, input_shape=(1, 3), verify=True)
@@ -174,7 +174,7 @@ def test_a_third_party_op_exports_through_its_converter_or_its_composite(third_p
 def test_an_op_without_converter_or_composite_is_named(third_party_ops, tmp_path):
     class Head(eo.Module):
         def forward(self, x):
-            return eo.dispatch("opaque_test", x)
+            return eo.dispatch("onnx_opaque_test", x)
 
     class Model(eo.Module):
         def __init__(self):
@@ -184,7 +184,7 @@ def test_an_op_without_converter_or_composite_is_named(third_party_ops, tmp_path
         def forward(self, x):
             return self.head(x)
 
-    with pytest.raises(eo.EveryOSerializationError, match=r"head: op 'opaque_test' has no ONNX conv"):
+    with pytest.raises(eo.EveryOSerializationError, match=r"head: op 'onnx_opaque_test' has no ONNX conv"):
         eo.export_onnx(Model(), tmp_path / "m.onnx", input_shape=(1, 3))
 
 

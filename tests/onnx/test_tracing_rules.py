@@ -217,3 +217,15 @@ def test_ctx_convert_accepts_a_value_made_with_ctx_node(tmp_path):
     path = tmp_path / "m.onnx"
     eo.export_onnx(model, path, input_shape=(1, 4), verify=True)
     assert_parity(model, path, lambda n: [(n, 4)])
+
+
+def test_a_boolean_mask_index_is_refused_naming_the_module(tmp_path):
+    class Picker(eo.Module):
+        def forward(self, x):
+            return x[:, np.array([True, False, True])]
+
+    model = eo.Sequential(eo.Linear(3, 3, seed=0), Picker())
+    with pytest.raises(eo.EveryOSerializationError,
+                       match=r"1: op 'getitem': index a bool array of shape \(3,\)"):
+        eo.export_onnx(model, tmp_path / "m.onnx", input_shape=(1, 3))
+    assert os.listdir(tmp_path) == []

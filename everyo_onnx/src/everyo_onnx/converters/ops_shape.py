@@ -80,7 +80,9 @@ def convert_getitem(ctx, x, index):
             gathers.append((axis, item))
             out_position += item.ndim
         else:
-            ctx.refuse(f"index {item!r} (boolean masks and other indexes have no converter)")
+            shown = (f"a {item.dtype} array of shape {item.shape}"
+                     if isinstance(item, np.ndarray) else repr(item)[:60])
+            ctx.refuse(f"index {shown} (boolean masks and other indexes have no converter)")
         axis += 1
     if arrays > 1 or (arrays and new_axes):
         ctx.refuse("more than one integer-array index, or one mixed with None")

@@ -229,3 +229,12 @@ def test_a_boolean_mask_index_is_refused_naming_the_module(tmp_path):
                        match=r"1: op 'getitem': index a bool array of shape \(3,\)"):
         eo.export_onnx(model, tmp_path / "m.onnx", input_shape=(1, 3))
     assert os.listdir(tmp_path) == []
+
+
+def test_tensor_methods_are_restored_after_an_export_even_a_failed_one(tmp_path):
+    shape, greater = eo.Tensor.shape, eo.Tensor.__gt__
+    eo.export_onnx(eo.Sequential(eo.Linear(2, 2, seed=0)), tmp_path / "m.onnx", (1, 2))
+    with pytest.raises(eo.EveryOSerializationError):
+        eo.export_onnx(Seq2Seq(), tmp_path / "r.onnx", input_shape=(1, 3, 4))
+    assert eo.Tensor.shape is shape and eo.Tensor.__gt__ is greater
+    assert type(eo.ones(2, 3).shape[0]) is int

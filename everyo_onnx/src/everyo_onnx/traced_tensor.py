@@ -13,6 +13,7 @@ ContextVar) they answer exactly as before.
 from __future__ import annotations
 
 import contextlib
+import threading
 from contextvars import ContextVar
 
 from everyo import Tensor
@@ -46,15 +47,25 @@ def _traced_comparison(name: str):
     return compare
 
 
+_lock = threading.Lock()
+_users = [0]  # traces running now, in any thread: the last one out restores the originals
+
+
 @contextlib.contextmanager
 def traced_tensor_methods():
     """Swap in the tracing ``shape`` and comparisons for the duration of the block."""
-    Tensor.shape = property(_traced_shape, doc=_plain_shape.__doc__)
-    for name in COMPARISONS:
-        setattr(Tensor, f"__{name}__", _traced_comparison(name))
+    with _lock:
+        if not _users[0]:
+            Tensor.shape = property(_traced_shape, doc=_plain_shape.__doc__)
+            for name in COMPARISONS:
+                setattr(Tensor, f"__{name}__", _traced_comparison(name))
+        _users[0] += 1
     try:
         yield
     finally:
-        Tensor.shape = _plain_shape
-        for name, method in _plain_comparisons.items():
-            setattr(Tensor, f"__{name}__", method)
+        with _lock:
+            _users[0] -= 1
+            if not _users[0]:
+                Tensor.shape = _plain_shape
+                for name, method in _plain_comparisons.items():
+                    setattr(Tensor, f"__{name}__", method)

@@ -217,3 +217,77 @@ def test_subclasses_of_layers_export_through_their_ops(approximate, tmp_path):
     assert_parity(model, path, lambda n: [(n, 11, 11, 3)])
     assert {"Conv", "MaxPool", "AveragePool", "LeakyRelu", "LayerNormalization"} <= set(
         op_types(path))
+
+
+def _char_transformer():
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "char_transformer.py"
+    spec = importlib.util.spec_from_file_location("char_transformer_for_onnx", path)
+    if spec.name not in sys.modules:  # dataclasses look their module up while being built
+        sys.modules[spec.name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[spec.name])
+    return sys.modules[spec.name]
+
+
+def test_the_char_gpt_block_exports_at_any_context_length(tmp_path):
+    # Ported-style attention: split, view, swapaxes, masked_fill with a NumPy mask attribute
+    # sliced by the traced length (the tracer turns that slice into a Slice of the whole mask).
+    example = _char_transformer()
+    config = example.Config(d_model=16, heads=4, block_size=24)
+    block = example.Block(config)
+    path = tmp_path / "block.onnx"
+    eo.export_onnx(block, path, input_shape=(1, 9, 16), dynamic_axes={"input": {1: "context"}},
+                   verify=True)
+    for length in (1, 9, 24):
+        assert_parity(block, path, lambda n, t=length: [(n, t, 16)])
+
+
+def test_the_whole_char_gpt_is_refused_for_its_embeddings(tmp_path):
+    example = _char_transformer()
+    model = example.GPT(example.Config(d_model=16, heads=4, block_size=24, layers=2), vocab=11)
+    with pytest.raises(eo.EveryOSerializationError) as info:
+        eo.export_onnx(model, tmp_path / "gpt.onnx", input_shape=(1, 9))
+    assert "tokens (Embedding)" in str(info.value) and "positions (Embedding)" in str(info.value)
+
+
+class PortedOps(eo.Module):
+    """The conveniences ported PyTorch code reaches for, at a symbolic length."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = eo.Linear(4, 4, seed=0)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        square = eo.einsum("btc,bsc->bts", x, self.fc(x))
+        causal = eo.tril(square) + eo.triu(square, k=1) * 0.5
+        running = eo.cumsum(x, axis=1)
+        first = eo.expand(x[:, :1, :], b, t, c)
+        masked = eo.masked_fill(causal, square > 0.3, -1.0)
+        return (masked @ running + first).permute(0, 2, 1).swapaxes(1, 2)
+
+
+def test_ported_conveniences_export_at_any_length(tmp_path):
+    model = PortedOps()
+    path = tmp_path / "ported.onnx"
+    eo.export_onnx(model, path, input_shape=(2, 5, 4), dynamic_axes={"input": {1: "time"}},
+                   verify=True)
+    for length in (1, 3, 11):
+        assert_parity(model, path, lambda n, t=length: [(n, t, 4)])
+    assert {"Einsum", "Trilu", "CumSum", "Expand"} <= set(op_types(path))
+
+
+def test_gather_and_scatter_add_with_constant_indices(tmp_path):
+    class Pick(eo.Module):
+        def forward(self, x):
+            picked = eo.gather(x, 1, np.array([[3, 0, 3]]))  # (1, 3): smaller than x, as torch
+            return eo.dispatch("scatter_add", picked * 2.0, axis=1, index=np.array([[1, 0, 1]]),
+                               shape=(1, 4))
+
+    path = tmp_path / "pick.onnx"
+    eo.export_onnx(Pick(), path, input_shape=(2, 4), verify=True)
+    assert_parity(Pick(), path, lambda n: [(n, 4)])
+    assert {"GatherElements", "ScatterElements"} <= set(op_types(path))

@@ -25,6 +25,7 @@ import numpy as np
 from everyo import EveryOSerializationError, Module, Tensor
 from everyo.autograd import Op, _as_tensors
 from everyo.dispatch import OPS, intercepting
+from everyo_onnx.constant_views import slice_of_base
 from everyo_onnx.graph import ConversionRefused, GraphContext, onnx_dtype
 from everyo_onnx.refusals import module_label, refusal_reason
 from everyo_onnx.symbolic import SymInt
@@ -42,17 +43,18 @@ class Tracer:
         model: the Module being exported.
         converters: the ``onnx_converters`` registry (layer classes and op classes as keys).
         opset: the ONNX opset to write.
-        reference_shapes: per event, the output shapes at another input size; when given, axes
-            whose size differs are symbolic (``SymInt`` shapes, computed reshape sizes).
+        reference: the same model traced at other input sizes; when given, axes whose size
+            differs between the two are symbolic (``SymInt`` shapes, computed sizes).
     """
 
-    def __init__(self, model: Module, converters: dict, opset: int, reference_shapes=None):
+    def __init__(self, model: Module, converters: dict, opset: int, reference=None):
         self.model = model
         self.layer_converters = {k: v for k, v in converters.items() if not issubclass(k, Op)}
         self.op_converters = {k: v for k, v in converters.items() if issubclass(k, Op)}
         self.ctx = GraphContext(opset, self)
-        self.reference_shapes = reference_shapes
+        self.reference = reference
         self.event_shapes: list[tuple] = []
+        self.event_operand_shapes: list[list] = []
         self.event_labels: list[str] = []
         self.output_names: list[str] = []
         self.problems: list[str] = []
@@ -108,11 +110,13 @@ class Tracer:
             return self._decompose(op_class, name, operands, attrs)
         with self._suspend():
             result = proceed(operands, attrs)
-        dynamic = self._event(name, result)
+        tensors = _as_tensors(operands)
+        dynamic = self._event(name, result, [t.data.shape for t in tensors])
         if converter is None:
             self._refuse(f"{self._label()}: op {name!r} has no ONNX converter")
             return self._bind(result, self.ctx.fresh(f"{self.scope()}/{name}_unconverted"), dynamic)
-        inputs = [self._value(o, t) for o, t in zip(operands, _as_tensors(operands))]
+        inputs = [self._operand(position, o, t, operands, tensors)
+                  for position, (o, t) in enumerate(zip(operands, tensors))]
         self.ctx.result, self.ctx.result_dynamic = result.data, dynamic
         try:
             output = converter(self.ctx, *inputs, **attrs)
@@ -150,6 +154,52 @@ class Tracer:
         with self._suspend():
             op.forward(*[t.data for t in tensors], **attrs)  # composite may read what it stored
         return op.composite(*tensors)
+
+    def _operand(self, position: int, operand, tensor: Tensor, operands, tensors) -> str:
+        """An op's operand; a NumPy slice of a larger array whose size follows the input
+        (``self.mask[:t, :t]``) becomes a Slice of the whole array with a computed end."""
+        axes = self._operand_dynamic(position)
+        view = slice_of_base(operand) if axes and isinstance(operand, np.ndarray) else None
+        if view is None:
+            return self._value(operand, tensor)
+        base, starts, steps = view
+        ends = []
+        for axis, (start, size, step) in enumerate(zip(starts, operand.shape, steps)):
+            source = self._same_size_axis(position, axis, operands) if axis in axes else None
+            if axis in axes and (source is None or step != 1):
+                return self._value(operand, tensor)  # baked in; the graph comparison tells
+            ends.append(start + source if source is not None else start + size * step)
+        whole = self._value(base, _as_tensors((base,))[0])
+        ctx = self.ctx
+        return ctx.node("Slice", [whole, ctx.ints(starts, "starts"), ctx.ints(ends, "ends"),
+                                  ctx.ints(range(len(starts)), "axes"), ctx.ints(steps, "steps")])
+
+    def _operand_dynamic(self, position: int) -> frozenset:
+        """Axes of the current event's operand whose size differs in the reference trace."""
+        if self.reference is None:
+            return frozenset()
+        index = len(self.event_operand_shapes) - 1
+        try:
+            mine = self.event_operand_shapes[index][position]
+            other = self.reference.event_operand_shapes[index][position]
+        except IndexError:  # the traces differ; the graph comparison will say where
+            return frozenset()
+        return frozenset(a for a, (n, m) in enumerate(zip(mine, other)) if n != m)
+
+    def _same_size_axis(self, position: int, axis: int, operands):
+        """A ``SymInt`` read from a traced operand's axis that has the size of ``axis`` of
+        operand ``position`` in both traces, or None."""
+        index = len(self.event_operand_shapes) - 1
+        mine, other = self.event_operand_shapes[index], self.reference.event_operand_shapes[index]
+        wanted = (mine[position][axis], other[position][axis])
+        for k, operand in enumerate(operands):
+            name = self._names.get(id(operand))
+            if name is None or k == position:
+                continue
+            for a in sorted(self.ctx.dynamic_axes(name)):
+                if (mine[k][a], other[k][a]) == wanted:
+                    return SymInt(mine[k][a], ("dim", name, a))
+        return None
 
     def value_of(self, obj) -> str:
         """``ctx.value``: the name of a traced tensor, or a constant made from ``obj``."""
@@ -269,15 +319,17 @@ class Tracer:
         return f"{base}.{type(module).__name__}" if base else type(module).__name__
 
     # -- bookkeeping -------------------------------------------------------------------------------
-    def _event(self, what: str, result) -> frozenset:
-        """Record an event's output shape; returns the axes that differ at the other size."""
+    def _event(self, what: str, result, operand_shapes=()) -> frozenset:
+        """Record an event's output (and operand) shapes; returns the output's axes whose
+        size differs in the reference trace."""
         shape = tuple(result.data.shape) if isinstance(result, Tensor) else ()
         index = len(self.event_shapes)
         self.event_shapes.append(shape)
+        self.event_operand_shapes.append(list(operand_shapes))
         self.event_labels.append(f"{self._label()}: {what}")
-        if self.reference_shapes is None or index >= len(self.reference_shapes):
+        if self.reference is None or index >= len(self.reference.event_shapes):
             return frozenset()
-        other = self.reference_shapes[index]
+        other = self.reference.event_shapes[index]
         if len(other) != len(shape):
             return frozenset()
         return frozenset(axis for axis, (a, b) in enumerate(zip(shape, other)) if a != b)
@@ -314,7 +366,7 @@ class Tracer:
     def symbolic_shape(self, tensor: Tensor):
         """``tensor.shape`` with a ``SymInt`` for every axis that follows the input's size."""
         shape = tensor.data.shape
-        if self._suspended or self.reference_shapes is None:
+        if self._suspended or self.reference is None:
             return shape
         name = self._names.get(id(tensor))
         dynamic = self.ctx.dynamic.get(name) if name is not None else None

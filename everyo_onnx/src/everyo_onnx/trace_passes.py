@@ -95,8 +95,7 @@ def sample_inputs(specs: list[InputSpec], shapes, flipped: bool) -> list[np.ndar
 
 def _trace(model, converters, opset, specs, shapes, flipped: bool, reference=None) -> Tracer:
     samples = sample_inputs(specs, shapes, flipped)
-    tracer = Tracer(model, converters, opset,
-                    reference_shapes=None if reference is None else reference.event_shapes)
+    tracer = Tracer(model, converters, opset, reference=reference)
     inputs = [(spec.name, sample, frozenset(spec.dims) if reference is not None else frozenset())
               for spec, sample in zip(specs, samples)]
     outputs = tracer.run(inputs)

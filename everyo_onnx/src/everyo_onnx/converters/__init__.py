@@ -11,5 +11,6 @@ MODULES = (
     "everyo_onnx.converters.activation",
     "everyo_onnx.converters.ops_math",
     "everyo_onnx.converters.ops_shape",
+    "everyo_onnx.converters.ops_layout",
     "everyo_onnx.converters.ops_layers",
 )

@@ -15,21 +15,29 @@ INT64_MIN, INT64_MAX = np.iinfo(np.int64).min, np.iinfo(np.int64).max  # open sl
 def convert_reshape(ctx, x, shape):
     """Reshape; a literal size on an axis that follows the input's size (``x.unsqueeze(1)``
     bakes the batch size in) is read from the input's shape instead."""
+    return ctx.node("Reshape", [x, ctx.ints(symbolic_sizes(ctx, x, shape, keep=-1), "shape")])
+
+
+def symbolic_sizes(ctx, x: str, shape, keep: int) -> list:  # keep: -1 reshape, 1 expand
+    """``shape`` (a reshape or expand target) with every literal size on an axis of the result
+    that follows the input's size replaced: by the size of an axis of ``x`` that has it, or
+    (reshape) by -1 when no other axis uses it."""
     target = list(shape) if isinstance(shape, (tuple, list)) else [shape]
     in_shape, in_dynamic = ctx.shape(x), ctx.dynamic_axes(x)
     for axis, size in enumerate(target):
-        if isinstance(size, SymInt) or axis not in ctx.result_dynamic or size == -1:
+        if isinstance(size, SymInt) or axis not in ctx.result_dynamic or size == keep:
             continue
         same = [a for a in sorted(in_dynamic) if in_shape[a] == ctx.result.shape[axis]]
+        aligned = axis - (len(target) - len(in_shape))  # the input axis broadcasting pairs
         if same:
-            source = axis if axis in same else same[0]
+            source = next(a for a in (axis, aligned, same[0]) if a in same)
             target[axis] = SymInt(size, ("dim", x, source))
-        elif -1 not in target:
-            target[axis] = -1
+        elif keep == -1 and -1 not in target:
+            target[axis] = keep
         else:
             ctx.refuse(f"the size {size} of axis {axis} follows the input's size but was not "
                        f"read from a traced tensor's .shape")
-    return ctx.node("Reshape", [x, ctx.ints(target, "shape")])
+    return target
 
 
 def convert_transpose(ctx, x, axes=None):

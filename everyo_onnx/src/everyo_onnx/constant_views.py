@@ -17,17 +17,17 @@ def slice_of_base(view: np.ndarray):
     to ``view.shape``, or None when ``view`` is not such a basic slice.
 
     Example:
-        >>> table = np.arange(20).reshape(4, 5)
+        >>> table = np.arange(20).reshape(4, 5).copy()  # owns its data: NumPy records the
+        >>> # owner as every view's .base, so a view of a reshaped view cannot be traced back
         >>> base, starts, steps = slice_of_base(table[1:3, ::2])
         >>> base is table, starts, steps
         (True, [1, 0], [1, 2])
     """
-    base = view.base
-    while isinstance(base, np.ndarray) and base.base is not None \
-            and isinstance(base.base, np.ndarray) and base.base.ndim == base.ndim:
+    base = view  # NOTE: NumPy's .base is the array owning the memory, not the sliced one
+    while isinstance(base.base, np.ndarray) and base.base.ndim == view.ndim \
+            and base.base.dtype == view.dtype:
         base = base.base
-    if not isinstance(base, np.ndarray) or base.ndim != view.ndim or base.dtype != view.dtype \
-            or not base.flags.c_contiguous or base.size == 0:
+    if base is view or not base.flags.c_contiguous or base.size == 0:
         return None
     offset = view.__array_interface__["data"][0] - base.__array_interface__["data"][0]
     starts, steps = [], []

@@ -9,7 +9,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import everyo as eo
-from support.onnx_models import assert_parity
 
 pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
@@ -84,4 +83,24 @@ def test_random_compositions_match_both_consumers(kinds, tmp_path_factory):
     model = Composition(kinds)
     path = tmp_path_factory.mktemp("random") / "m.onnx"
     eo.export_onnx(model, path, input_shape=(2, FEATURES))
-    assert_parity(model, path, lambda n: [(n, FEATURES)])
+    assert_as_accurate_as_the_model(model, path)
+
+
+def assert_as_accurate_as_the_model(model, path, sizes=(1, 3, 17)):
+    """Both consumers are as close to the exact result (the model in float64) as the float32
+    model itself is, up to 1e-5: a random composition can be ill-conditioned (a layer norm
+    after a log-softmax amplifies float32 rounding), which no converter can undo, while a
+    wrong conversion misses by far more."""
+    import copy
+
+    from support.onnx_models import consumers, model_outputs
+
+    exact = copy.deepcopy(model).to("float64")
+    rng = np.random.default_rng(0)
+    for size in sizes:
+        batch = rng.standard_normal((size, FEATURES)).astype(np.float32)
+        truth = model_outputs(exact, [batch.astype(np.float64)])[0]
+        own_error = float(np.abs(model_outputs(model, [batch])[0] - truth).max())
+        for consumer, run in consumers(path):
+            error = float(np.abs(run({"input": batch})[0] - truth).max())
+            assert error <= 1e-5 + 4 * own_error, (consumer, size, error, own_error)

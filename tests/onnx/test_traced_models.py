@@ -17,6 +17,7 @@ from support.onnx_models import (
     ResidualCNN,
     SkipConcatMLP,
     TwoInputs,
+    assert_any_length,
     assert_parity,
     op_types,
     with_trained_statistics,
@@ -132,12 +133,8 @@ class ComparisonMasks(eo.Module):
 
 
 def test_comparisons_become_graph_nodes(tmp_path):
-    model = ComparisonMasks()
     path = tmp_path / "masks.onnx"
-    eo.export_onnx(model, path, input_shape=(1, 5, 3), dynamic_axes={"input": {1: "time"}},
-                   verify=True)
-    for length in (2, 9):
-        assert_parity(model, path, lambda n, t=length: [(n, t, 3)])
+    assert_any_length(ComparisonMasks(), path, (1, 5, 3), (2, 9))
     assert {"Equal", "Greater", "Not", "LessOrEqual"} <= set(op_types(path))
 
 
@@ -162,12 +159,7 @@ class ShapeGymnastics(eo.Module):
 
 
 def test_shape_methods_stay_symbolic(tmp_path):
-    model = ShapeGymnastics()
-    path = tmp_path / "shapes.onnx"
-    eo.export_onnx(model, path, input_shape=(2, 5, 4), dynamic_axes={"input": {1: "time"}},
-                   verify=True)
-    for length in (1, 2, 13):
-        assert_parity(model, path, lambda n, t=length: [(n, t, 4)])
+    assert_any_length(ShapeGymnastics(), tmp_path / "shapes.onnx", (2, 5, 4), (1, 2, 13))
 
 
 @pytest.mark.parametrize("opset", [18, 20])
@@ -271,12 +263,8 @@ class PortedOps(eo.Module):
 
 
 def test_ported_conveniences_export_at_any_length(tmp_path):
-    model = PortedOps()
     path = tmp_path / "ported.onnx"
-    eo.export_onnx(model, path, input_shape=(2, 5, 4), dynamic_axes={"input": {1: "time"}},
-                   verify=True)
-    for length in (1, 3, 11):
-        assert_parity(model, path, lambda n, t=length: [(n, t, 4)])
+    assert_any_length(PortedOps(), path, (2, 5, 4), (1, 3, 11))
     assert {"Einsum", "Trilu", "CumSum", "Expand"} <= set(op_types(path))
 
 

@@ -61,6 +61,16 @@ def assert_parity(model, path, shapes_for, sizes=BATCH_SIZES, seed=0):
                                            err_msg=f"{consumer}, size {size}")
 
 
+def assert_any_length(model, path, shape, lengths):
+    """Export with axis 1 symbolic (``time``), verify, and check parity at every length."""
+    import everyo as eo
+
+    eo.export_onnx(model, path, input_shape=shape, dynamic_axes={"input": {1: "time"}},
+                   verify=True)
+    for length in lengths:
+        assert_parity(model, path, lambda n, t=length: [(n, t, *shape[2:])])
+
+
 def op_types(path) -> list[str]:
     import onnx
 

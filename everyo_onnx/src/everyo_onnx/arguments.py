@@ -46,6 +46,17 @@ def check_shape(input_shape) -> tuple[int, ...]:
     return shape
 
 
+def names_for(given, base: str, count: int, what: str, counted: str) -> list[str]:
+    """``given`` checked against ``count`` things, or the default ``base`` (one) or
+    ``base_0``, ``base_1``... (several)."""
+    if given is None:
+        given = [base] if count == 1 else [f"{base}_{i}" for i in range(count)]
+    names = check_names(list(given), what)
+    if len(names) != count:
+        raise EveryOSerializationError(f"export_onnx: {len(names)} {what} for {count} {counted}")
+    return names
+
+
 def _is_several(input_shape) -> bool:
     return isinstance(input_shape, list) and bool(input_shape) and all(
         isinstance(s, (tuple, list)) for s in input_shape)
@@ -63,13 +74,7 @@ def input_specs(input_shape, input_name: str, input_names, dynamic_axes) -> list
     """One ``InputSpec`` per input; axis 0 is always the symbolic ``batch``."""
     shapes = [check_shape(s) for s in input_shape] if _is_several(input_shape) \
         else [check_shape(input_shape)]
-    if input_names is None:
-        input_names = [input_name] if len(shapes) == 1 else \
-            [f"{input_name}_{i}" for i in range(len(shapes))]
-    names = check_names(list(input_names), "input_names")
-    if len(names) != len(shapes):
-        raise EveryOSerializationError(f"export_onnx: {len(names)} input_names for "
-                                       f"{len(shapes)} input shapes")
+    names = names_for(input_names, input_name, len(shapes), "input_names", "input shapes")
     specs = [InputSpec(n, s, {0: BATCH_DIM}) for n, s in zip(names, shapes)]
     by_name = {spec.name: spec for spec in specs}
     for name, axes in (dynamic_axes or {}).items():

@@ -20,9 +20,9 @@ import tempfile
 
 from everyo import EveryOSerializationError, Module, no_grad, registry
 from everyo_onnx.arguments import (
-    check_names,
     check_opset,
     input_specs,
+    names_for,
     output_axes,
 )
 from everyo_onnx.runtime import import_onnx
@@ -100,13 +100,8 @@ def export_onnx(model, path, input_shape, input_name: str = "input", output_name
 
 
 def _output_names(outputs: list[str], output_name: str, output_names, input_names) -> list[str]:
-    if output_names is None:
-        output_names = [output_name] if len(outputs) == 1 else \
-            [f"{output_name}_{i}" for i in range(len(outputs))]
-    names = check_names(list(output_names), "output_names")
-    if len(names) != len(outputs):
-        raise EveryOSerializationError(f"export_onnx: the model returns {len(outputs)} "
-                                       f"outputs but {len(names)} output_names were given")
+    names = names_for(output_names, output_name, len(outputs), "output_names",
+                      "outputs the model returns")
     clash = sorted(set(names) & set(input_names))
     if clash:
         raise EveryOSerializationError(f"export_onnx: {clash} name both an input and an "

@@ -71,7 +71,3 @@ del _name
 def expression(value):
     """``value.expr`` for a SymInt, the plain int otherwise."""
     return value.expr if isinstance(value, SymInt) else int(value)
-
-
-def is_symbolic(value) -> bool:
-    return isinstance(value, SymInt)

@@ -22,6 +22,7 @@ import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
 from everyo import EveryOSerializationError
+from everyo.dtypes import is_floating
 from everyo_onnx.symbolic import ONNX_ARITHMETIC, SymInt
 
 
@@ -32,8 +33,13 @@ class ConversionRefused(EveryOSerializationError):
 def onnx_dtype(dtype: np.dtype) -> np.dtype:
     """The dtype a value of NumPy ``dtype`` has in the graph: floats are float32 (an exported
     model is float32 whatever its parameters are), integers int64, booleans bool."""
-    kind = np.dtype(dtype).kind
-    return np.dtype({"f": np.float32, "b": np.bool_}.get(kind, np.int64))
+    dtype = np.dtype(dtype)
+    if is_floating(dtype):  # bfloat16 (kind "V") included
+        return np.dtype(np.float32)
+    if dtype.kind not in "biu":
+        raise EveryOSerializationError(f"export_onnx: a value of dtype {dtype} has no ONNX "
+                                       f"equivalent here (float, int and bool are exported)")
+    return np.dtype(np.bool_ if dtype.kind == "b" else np.int64)
 
 
 ELEMENT_TYPE = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.int64): TensorProto.INT64,

@@ -279,3 +279,16 @@ def test_gather_and_scatter_add_with_constant_indices(tmp_path):
     eo.export_onnx(Pick(), path, input_shape=(2, 4), verify=True)
     assert_parity(Pick(), path, lambda n: [(n, 4)])
     assert {"GatherElements", "ScatterElements"} <= set(op_types(path))
+
+
+def test_a_bfloat16_model_exports_as_float32(tmp_path, onnx):
+    model = SkipConcatMLP().to("bfloat16")
+    path = tmp_path / "bf16.onnx"
+    eo.export_onnx(model, path, input_shape=(2, 6))
+    graph = onnx.load(str(path)).graph
+    assert {t.data_type for t in graph.initializer} == {onnx.TensorProto.FLOAT}
+    x = np.random.default_rng(0).standard_normal((5, 6)).astype(np.float32)
+    with eo.no_grad():
+        expected = model.eval()(eo.tensor(x)).data.astype(np.float32)
+    # The graph computes in float32; the model rounds every result to bfloat16 (8 bits).
+    np.testing.assert_allclose(eo.run_onnx(path, x), expected, rtol=2e-2, atol=2e-2)

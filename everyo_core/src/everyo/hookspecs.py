@@ -71,10 +71,12 @@ def everyo_register_autocast_policies(register: Register) -> None:
 
 @hookspec
 def everyo_register_onnx_converters(register: Register) -> None:
-    """Register an ONNX converter for one layer class: ``register(layer_class, converter)``.
+    """Register an ONNX converter for one class: ``register(cls, converter)``.
 
-    ``converter(layer, ctx, input_name) -> output_name`` appends nodes to the exporter's graph
-    context. A layer class without a converter is refused by name at export time.
+    For a Module subclass, ``converter(layer, ctx, input_name) -> output_name`` emits the whole
+    layer; for an ``everyo.Op`` subclass, ``converter(ctx, *input_names, **attrs) -> output_name``
+    emits the op wherever a traced forward calls it. Both append nodes through the exporter's
+    graph context ``ctx`` (see docs/onnx.md).
     """
 
 
@@ -127,8 +129,8 @@ HOOKS: tuple[HookKind, ...] = (
              "name", "api"),
     HookKind("modules", "everyo_register_modules", "name", "dotted module path",
              "`eo.<name>`, imported on first use", "module", "modules"),
-    HookKind("onnx_converters", "everyo_register_onnx_converters", "layer **class**",
-             "converter function", "`eo.export_onnx` handles that class",
+    HookKind("onnx_converters", "everyo_register_onnx_converters", "layer or op **class**",
+             "converter function", "`eo.export_onnx` emits that layer or op",
              "ONNX converter for", "ONNX converters"),
     HookKind("backends", "everyo_register_backends", "name", "group factory",
              "`everyo.distributed.init(backend=name)`", "backend", "backends"),
@@ -163,9 +165,9 @@ def markdown_table() -> str:
 #:   ``matmul``, ``conv2d``); ``"float32"`` keeps it in float32 under autocast (sums,
 #:   exponentials, logarithms, normalisation statistics, losses). Undeclared ops run in the
 #:   precision of their inputs. The default autocast policy is built from these declarations.
-#: - ``Module.onnx_export``: ``"refused"`` marks a layer the layer-by-layer ONNX exporter refuses
-#:   by design; the exporter names such layers in its refusal message. A layer that can be
-#:   exported says so by registering a converter (``everyo_register_onnx_converters``).
+#: - ``Module.onnx_export``: ``"refused"`` marks a layer the ONNX exporter refuses by design; the
+#:   exporter names such layers in its refusal message. It reads the declaration of the exact
+#:   class, as it looks converters up (a subclass may compute something else and is traced).
 #:
 #: Example::
 #:

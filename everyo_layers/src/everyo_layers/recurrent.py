@@ -20,8 +20,6 @@ from everyo_layers.recurrent_ops import OPS as _RECURRENT_OPS
 class _Recurrent(Module):
     """A stack of ``num_layers`` recurrent layers of one kind (set by the subclass)."""
 
-    onnx_export = "refused"
-
     op_name = ""
     gates = 1
     has_cell = False
@@ -147,6 +145,8 @@ class RNN(_Recurrent):
         ((4, 6, 5), (2, 4, 5))
     """
 
+    onnx_export = "refused"
+
     op_name, gates = "rnn", 1
 
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1,
@@ -174,6 +174,8 @@ class LSTM(_Recurrent):
         ((4, 6, 5), (1, 4, 5), (1, 4, 5))
     """
 
+    onnx_export = "refused"
+
     op_name, gates, has_cell = "lstm", 4, True
 
 
@@ -188,6 +190,8 @@ class GRU(_Recurrent):
         >>> gru(eo.ones(4, 6, 3)).shape
         (4, 6, 5)
     """
+
+    onnx_export = "refused"
 
     op_name, gates = "gru", 3
 

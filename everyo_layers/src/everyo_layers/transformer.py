@@ -99,8 +99,6 @@ def _activation(name):
 class _TransformerLayer(Module):
     """What encoder and decoder layers share: arguments, feed-forward block, seeding."""
 
-    onnx_export = "refused"
-
     def __init__(self, d_model, num_heads, dim_feedforward, dropout, norm_first, activation,
                  layer_norm_eps, seed, attention_blocks: int):
         super().__init__()
@@ -151,6 +149,8 @@ class TransformerEncoderLayer(_TransformerLayer):
         (2, 5, 8)
     """
 
+    onnx_export = "refused"
+
     def __init__(self, d_model: int, num_heads: int, dim_feedforward: int = 2048,
                  dropout: float = 0.1, norm_first: bool = False, activation="relu",
                  layer_norm_eps: float = 1e-5, seed=None):
@@ -183,6 +183,8 @@ class TransformerDecoderLayer(_TransformerLayer):
         >>> layer(eo.randn(2, 4, 8, seed=1), eo.randn(2, 6, 8, seed=2)).shape
         (2, 4, 8)
     """
+
+    onnx_export = "refused"
 
     def __init__(self, d_model: int, num_heads: int, dim_feedforward: int = 2048,
                  dropout: float = 0.1, norm_first: bool = False, activation="relu",

@@ -40,12 +40,14 @@ class Op:
         needs_input_grad: one bool per operand, True where a gradient is wanted.
         saved: whatever ``forward`` stores for ``backward`` (freed after backward).
         parents: the operand Tensors (set when the op is recorded).
+        attrs: the keyword attributes of the call (set when the op is recorded), for
+            ``composite``.
 
     A subclass must declare ``__slots__`` (the attributes it stores besides ``saved``), and
     may define ``backward_graph(g, out)`` or ``composite(*inputs)`` for second derivatives.
     """
 
-    __slots__ = ("parents", "needs_input_grad", "saved", "epoch", "__weakref__")
+    __slots__ = ("parents", "needs_input_grad", "saved", "epoch", "attrs", "__weakref__")
 
     #: Name used in error messages; set from the registered name when registered.
     name = "op"
@@ -86,6 +88,7 @@ class Op:
         if record:
             op.parents = tensors
             op.epoch = clock[0]
+            op.attrs = attrs
             return Tensor._make(out, True, op)
         return Tensor._make(out, False, None)
 

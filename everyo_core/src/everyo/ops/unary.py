@@ -145,7 +145,6 @@ class Sigmoid(Op):
 
 
 _F16 = np.dtype(np.float16)
-_F16_INF_BITS = 0x7C00
 _F16_NEG_INF_BITS = -1024  # 0xFC00 as int16: -0.0, negatives and -inf are all <= it
 
 
@@ -188,9 +187,12 @@ class ReLU(Op):
             # NaNs of either sign (a negative NaN's bits lie in (0xFC00, 0)) stay NaN, as in
             # float32. Multiplying by the mask is also ~4x faster than an int16 maximum.
             bits = x.view(np.int16)
-            self.saved = (bits > 0) & (bits <= _F16_INF_BITS)  # NaN gets no gradient, as x > 0
+            # NOTE: the gradient passes where not x <= 0 (PyTorch's rule: NaN passes it):
+            # positives and +NaN have bits > 0, -NaN bits in (0xFC00, 0) as int16.
+            self.saved = (bits > _F16_NEG_INF_BITS) & (bits != 0)
             return (bits * (bits > _F16_NEG_INF_BITS)).view(_F16)
-        self.saved = x > 0
+        with np.errstate(invalid="ignore"):
+            self.saved = ~(x <= 0)  # NaN passes the gradient, as in PyTorch
         return np.maximum(x, 0)
 
     def backward(self, g):

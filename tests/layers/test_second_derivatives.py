@@ -214,3 +214,45 @@ def test_every_layers_op_but_the_recurrent_ones_has_a_second_derivative():
     missing = [name for name, cls in ops.items() if name not in recurrent_names
                and cls.backward_graph is None and cls.composite is None]
     assert missing == []
+
+
+@pytest.mark.torch
+def test_third_order_through_conv2d_and_max_pool_matches_pytorch(torch):
+    """The gradient ops of conv2d and max_pool2d are differentiable themselves."""
+    rng = np.random.default_rng(5)
+    x, w = rng.standard_normal((2, 6, 6, 2)), rng.standard_normal((3, 3, 2, 3)) * 0.5
+
+    def chain(lib, conv, pool, x, w):
+        out = lib.tanh(pool(conv(x, w)))
+        (gx,) = grad(lib)(out.sum(), [x])
+        (gw,) = grad(lib)((gx * gx).sum(), [w])
+        return grad(lib, last=True)((gw * gw).sum(), [x])[0]
+
+    def grad(lib, last=False):
+        if lib is eo:
+            return lambda y, xs: eo.grad(y, xs, create_graph=not last)
+        return lambda y, xs: torch.autograd.grad(y, xs, create_graph=not last)
+
+    ours = chain(eo, lambda a, b: eo.dispatch("conv2d", a, b, stride=(1, 1), padding=SAME),
+                 lambda a: eo.dispatch("max_pool2d", a, pool_size=(2, 2)),
+                 eo.tensor(x, requires_grad=True), eo.tensor(w, requires_grad=True))
+    theirs = chain(torch, lambda a, b: _nhwc(_F().conv2d(_nchw(a), b.permute(3, 2, 0, 1),
+                                                         padding=1)),
+                   lambda a: _nhwc(_F().max_pool2d(_nchw(a), 2)),
+                   torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True))
+    np.testing.assert_allclose(ours.data, theirs.numpy(), rtol=1e-9, atol=1e-10)
+
+
+@pytest.mark.parametrize("name, attrs, operands", [
+    ("conv2d", {"stride": (2, 1), "padding": SAME, "dilation": (1, 2)}, 3),
+    ("max_pool2d", {"pool_size": (2, 2), "stride": (1, 1), "padding": ((0, 1), (1, 0))}, 1),
+    ("avg_pool2d", {"pool_size": (3, 2), "padding": SAME}, 1),
+])
+def test_composites_reproduce_the_fused_forward(name, attrs, operands):
+    rng = np.random.default_rng(6)
+    arrays = [rng.standard_normal((2, 5, 6, 2)), rng.standard_normal((3, 3, 2, 4)),
+              rng.standard_normal(4)][:operands]
+    tensors = [eo.tensor(a, requires_grad=True) for a in arrays]
+    out = eo.dispatch(name, *tensors, **attrs)
+    np.testing.assert_allclose(out._ctx.composite(*tensors).data, out.data, rtol=1e-12,
+                               atol=1e-12)

@@ -170,6 +170,11 @@ class Conv2DOp(Op):
         out_dtype = np.result_type(g2, w2)
         return gxp[:, top:top + h, left:left + w, :].astype(out_dtype, copy=False)
 
+    def backward_graph(self, g, out):
+        from everyo_layers.grad_ops import conv2d_backward_graph
+
+        return conv2d_backward_graph(self, g)
+
     def composite(self, x, weight, bias=None):
         """The same convolution with differentiable core ops (for second derivatives)."""
         from everyo_layers.second_order import pad_hw_tensor, window_tensors

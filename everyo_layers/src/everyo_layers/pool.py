@@ -100,6 +100,11 @@ class MaxPool2DOp(Op):
             target += keep_where(winner == position, g)
         return (windows.crop(grad, self.x_shape).astype(g.dtype, copy=False),)
 
+    def backward_graph(self, g, out):
+        from everyo_layers.grad_ops import max_pool2d_backward_graph
+
+        return max_pool2d_backward_graph(self, g)
+
     def composite(self, x):
         """Each window's winning element (as recorded by forward) with differentiable ops."""
         from everyo_layers.second_order import pad_hw_tensor, window_tensors

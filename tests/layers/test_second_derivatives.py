@@ -256,3 +256,10 @@ def test_composites_reproduce_the_fused_forward(name, attrs, operands):
     out = eo.dispatch(name, *tensors, **attrs)
     np.testing.assert_allclose(out._ctx.composite(*tensors).data, out.data, rtol=1e-12,
                                atol=1e-12)
+
+
+@pytest.mark.parametrize("target", [CLASSES, IGNORED, PROBS], ids=["classes", "ignored", "probs"])
+def test_cross_entropy_composite_reproduces_the_fused_loss(target):
+    x = eo.tensor(np.random.default_rng(8).standard_normal((4, 3)), requires_grad=True)
+    out = eo.cross_entropy(x, target, label_smoothing=0.2)
+    np.testing.assert_allclose(out._ctx.composite(x).data, out.data, rtol=1e-12)

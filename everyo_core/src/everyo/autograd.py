@@ -127,6 +127,8 @@ def _as_tensors(operands) -> tuple:
 
 
 def _constant(value, like: np.dtype | None) -> np.ndarray:
+    if type(value) is float and like is not None and like.kind == "f":
+        return np.array(value, like)  # the common case below, in one NumPy call
     array = np.asarray(value)
     if like is not None and array.ndim == 0:
         # NOTE: PyTorch's rule: a Python scalar never widens a tensor (float16 * 2.5 stays

@@ -89,6 +89,24 @@ class CrossEntropyOp(_LossOp):
             grad *= kept[..., None]
         return ((grad * up).astype(g.dtype, copy=False),)
 
+    def backward_graph(self, g, out):
+        """``(softmax(logits) - smoothed targets) * upstream`` with differentiable ops."""
+        from everyo_layers.second_order import spread_tensor
+
+        (logits,) = self.parents
+        logp, target, kept = self.saved
+        p = dispatch("softmax", logits.astype(logp.dtype), axis=-1)
+        if kept is None:  # probability targets
+            grad = p * target.sum(axis=-1, keepdims=True) - target
+        else:
+            eps, mask = self.smoothing, kept[..., None].astype(logp.dtype)
+            onehot = np.full(logp.shape, eps / logp.shape[-1], logp.dtype)
+            np.put_along_axis(onehot, target[..., None],
+                              np.take_along_axis(onehot, target[..., None], -1) + (1 - eps), -1)
+            grad = p * mask - onehot * mask
+        up = spread_tensor(g, self.reduction, self.count, self.shape)
+        return ((grad * dispatch("reshape", up, shape=up.shape + (1,))).astype(logits.data.dtype),)
+
     def composite(self, logits):
         """The loss with differentiable ops (for second derivatives)."""
         from everyo_layers.second_order import gather_last, reduce_loss

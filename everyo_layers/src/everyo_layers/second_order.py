@@ -50,6 +50,15 @@ def reduce_loss(loss, reduction: str, count):
     return total / float(count) if reduction == "mean" else total
 
 
+def spread_tensor(g, reduction: str, count, shape: tuple):
+    """A loss op's output gradient (Tensor) spread over its per-element losses of ``shape``."""
+    if reduction == "none":
+        return g
+    from everyo.ops.graph_math import broadcast_tensor
+
+    return broadcast_tensor(g / float(count) if reduction == "mean" else g, shape)
+
+
 def gather_last(t, index: np.ndarray):
     """``t[..., index]`` per position: the entry of the last axis ``index`` names."""
     full = tuple(np.indices(index.shape, sparse=True)) + (index,)

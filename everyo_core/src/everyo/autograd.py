@@ -95,6 +95,12 @@ class Op:
 
 def _as_tensors(operands) -> tuple:
     """Operands as Tensors; Python scalars take the dtype of the tensor they meet."""
+    if len(operands) == 2:  # NOTE: the hot case, a floating tensor (op) a Python float
+        a, b = operands
+        if type(b) is float and type(a) is Tensor and a.data.dtype.kind == "f":
+            return a, Tensor._make(np.array(b, a.data.dtype), False, None)
+        if type(a) is float and type(b) is Tensor and b.data.dtype.kind == "f":
+            return Tensor._make(np.array(a, b.data.dtype), False, None), b
     for o in operands:
         if type(o) is not Tensor and not isinstance(o, Tensor):
             break

@@ -108,14 +108,17 @@ def test_relu_at_nan_follows_pytorch(torch):
     np.testing.assert_array_equal(x.grad, xt.grad.numpy())
 
 
-def test_relu_at_nan_float16_matches_float32():
+def test_relu_at_nan_16_bit_floats_match_float32():
+    from everyo.dtypes import BFLOAT16
+
     values = np.array([np.nan, -np.nan, -1.0, -0.0, 0.0, 1.0, np.inf, -np.inf])
     grads = []
-    for dtype in ("float16", "float32"):
+    for dtype in (np.dtype("float32"), np.dtype("float16"), BFLOAT16):
         x = eo.tensor(values.astype(dtype), requires_grad=True)
         eo.relu(x).sum().backward()
         grads.append(x.grad.astype(np.float32))
-    np.testing.assert_array_equal(grads[0], grads[1])
+    np.testing.assert_array_equal(grads[1], grads[0])
+    np.testing.assert_array_equal(grads[2], grads[0])
 
 
 def test_maximum_at_nan_sends_the_gradient_to_the_nan_operand():

@@ -27,8 +27,20 @@ def _input_grad(conv, g: np.ndarray, w: np.ndarray) -> np.ndarray:
     return conv._input_grad(g.reshape(-1, cout), w.reshape(kh * kw * cin, cout))
 
 
-def _weight_grad(conv, x: np.ndarray, g: np.ndarray) -> np.ndarray:
-    return (conv._columns(x).T @ g.reshape(-1, g.shape[-1])).reshape(conv.w_shape)
+def _columns(conv, x: np.ndarray) -> np.ndarray:
+    """The window matrix of ``x``; the one the conv op kept for its own backward when ``x`` is
+    that op's input (gathering it is a large share of a convolution's cost)."""
+    saved = conv.saved
+    if (type(saved) is tuple and saved[0] is not None and conv.parents is not None
+            and x is conv.parents[0].data and saved[0].dtype == x.dtype
+            and saved[0].ndim == 2):
+        return saved[0]
+    return conv._columns(x)
+
+
+def _weight_grad(conv, x: np.ndarray, g: np.ndarray, columns=None) -> np.ndarray:
+    columns = _columns(conv, x) if columns is None else columns
+    return (columns.T @ g.reshape(-1, g.shape[-1])).reshape(conv.w_shape)
 
 
 def conv2d_like(conv, x, w):
@@ -71,14 +83,18 @@ class Conv2DWeightGradOp(Op):
     saves_output = False
 
     def forward(self, x, g, conv):
-        self.conv, self.saved = conv, (x, g)
-        return _weight_grad(conv, x, g)
+        columns = _columns(conv, x)
+        self.conv, self.saved = conv, (x, g, columns)
+        return _weight_grad(conv, x, g, columns)
 
     def backward(self, h):
-        x, g = self.saved
+        x, g, columns = self.saved
         need_x, need_g = self.needs_input_grad
+        kh, kw, cin, cout = self.conv.w_shape
+        n, (ho, wo) = x.shape[0], self.conv.out_hw
         return (_input_grad(self.conv, g, h) if need_x else None,
-                _convolve(self.conv, x, h) if need_g else None)
+                (columns @ h.reshape(kh * kw * cin, cout)).reshape(n, ho, wo, cout)
+                if need_g else None)
 
     def backward_graph(self, h, out):
         x, g = self.parents

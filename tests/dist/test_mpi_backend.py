@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from dist_workers import make_data, rank_data, train_single_process
 
-from everyo_dist.group import reduce_rows_f64
+from everyo_dist.reduction import reduce_rows_f64
 
 HERE = Path(__file__).resolve().parent
 MPIEXEC = shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or shutil.which("mpiexec")

@@ -29,7 +29,10 @@ import threading
 import time
 from pathlib import Path
 
-BLAS_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+from everyo_dist.blas import worker_environment
+from everyo_dist.errors import DistributedError
+from everyo_dist.parent_death import kill_me_when_parent_dies
+
 STOP_GRACE_SECONDS = 5.0
 
 
@@ -84,9 +87,7 @@ def _read_token(path: str) -> str:
 
 def _rank_environment(args, rank: int, local_rank: int, world_size: int, host: str,
                       port: int, token: str) -> dict[str, str]:
-    env = dict(os.environ)
-    for variable in BLAS_VARIABLES:  # one BLAS thread per rank unless the user chose otherwise
-        env.setdefault(variable, "1")
+    env = worker_environment()  # one BLAS thread per rank unless the user chose otherwise
     env.update(EVERYO_BACKEND=args.backend, EVERYO_RANK=str(rank),
                EVERYO_WORLD_SIZE=str(world_size), EVERYO_LOCAL_RANK=str(local_rank),
                EVERYO_MASTER_ADDR=host, EVERYO_MASTER_PORT=str(port), EVERYO_TOKEN=token,
@@ -100,24 +101,13 @@ def _rank_environment(args, rank: int, local_rank: int, world_size: int, host: s
 def _server_tls_context():
     """The rendezvous server's TLS context when the ranks are told to use TLS (the same
     ``EVERYO_TLS_*`` files they read), else None."""
-    files = [os.environ.get(f"EVERYO_TLS_{part}") for part in ("CERT", "KEY", "CA")]
-    if not any(files):
-        return None
-    if not all(files):
-        raise SystemExit("everyo-run: TLS needs all of EVERYO_TLS_CERT, EVERYO_TLS_KEY and "
-                         "EVERYO_TLS_CA")
-    from everyo_dist.tcp import make_tls_contexts
+    from everyo_dist.backends.tcp.tls import tls_contexts_from_environment
 
-    return make_tls_contexts(*files).server
-
-
-def _die_with_parent() -> None:  # runs in the child before exec
     try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+        contexts = tls_contexts_from_environment(os.environ)
+    except DistributedError as exc:
+        raise SystemExit(f"everyo-run: {exc}") from None
+    return contexts.server if contexts else None
 
 
 def _stream(rank: int, pipe, lock: threading.Lock) -> None:
@@ -171,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
         token = _read_token(args.token_file) if args.token_file else ""
         host, port = args.master_host, args.master_port
     if args.backend == "tcp" and args.node_rank == 0:
-        from everyo_dist.tcp import TCPRendezvousServer
+        from everyo_dist.backends.tcp.rendezvous import TCPRendezvousServer
 
         server = TCPRendezvousServer(host, port, world_size=world_size, token=token or None,
                                      ssl_context=_server_tls_context())
@@ -186,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
                 [sys.executable, args.script, *args.script_args],
                 env=_rank_environment(args, rank, local_rank, world_size, host, port, token),
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                start_new_session=True, preexec_fn=_die_with_parent)
+                start_new_session=True, preexec_fn=kill_me_when_parent_dies)
             reader = threading.Thread(target=_stream, args=(rank, ranks[rank].stdout, lock),
                                       daemon=True)
             reader.start()

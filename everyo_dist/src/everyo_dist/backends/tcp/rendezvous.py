@@ -16,10 +16,10 @@ import socket
 import threading
 import time
 
+from everyo_dist.backends.tcp.auth import DEFAULT_HANDSHAKE_TIMEOUT, accept_handshake, token_key
+from everyo_dist.backends.tcp.frames import FrameKind, control_frame, read_control
+from everyo_dist.backends.tcp.sockets import listen, require_token_off_loopback, tune, wrap_tls
 from everyo_dist.errors import DistributedError
-from everyo_dist.tcp.auth import DEFAULT_HANDSHAKE_TIMEOUT, accept_handshake, token_key
-from everyo_dist.tcp.frames import FrameKind, control_frame, read_control
-from everyo_dist.tcp.sockets import listen, require_token_off_loopback, tune, wrap_tls
 
 log = logging.getLogger("everyo.distributed_tcp")
 

@@ -101,7 +101,7 @@ def unpack_header(raw: bytes | bytearray | memoryview) -> FrameHeader:
         >>> unpack_header(b"GET / HTTP/1.1" + bytes(86))
         Traceback (most recent call last):
         ...
-        everyo_dist.tcp.frames.ProtocolError: bad frame magic b'GET ' (not an EveryO tcp peer?)
+        everyo_dist.backends.tcp.frames.ProtocolError: bad frame magic b'GET ' (not an EveryO tcp peer?)
     """
     if len(raw) != HEADER_SIZE:
         raise ProtocolError(f"a frame header is {HEADER_SIZE} bytes, got {len(raw)}")

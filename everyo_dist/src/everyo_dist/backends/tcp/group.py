@@ -9,20 +9,26 @@ import time
 
 import numpy as np
 
-from everyo_dist.errors import DistributedError
-from everyo_dist.fingerprint import CollectiveOp
-from everyo_dist.group import DEFAULT_TIMEOUT, ProcessGroup, reduce_rows_f64
-from everyo_dist.tcp.auth import (
+from everyo_dist.backends.tcp.auth import (
     DEFAULT_HANDSHAKE_TIMEOUT,
     AuthenticationError,
     accept_handshake,
     connect_handshake,
     token_key,
 )
-from everyo_dist.tcp.frames import FrameKind, control_frame, read_control
-from everyo_dist.tcp.ring import Ring
-from everyo_dist.tcp.sockets import dial, listen, require_token_off_loopback, wrap_tls
-from everyo_dist.tcp.tls import make_tls_contexts
+from everyo_dist.backends.tcp.frames import FrameKind, control_frame, read_control
+from everyo_dist.backends.tcp.ring import Ring
+from everyo_dist.backends.tcp.sockets import dial, listen, require_token_off_loopback, wrap_tls
+from everyo_dist.backends.tcp.tls import tls_contexts_from_environment
+from everyo_dist.contract import Collective
+from everyo_dist.errors import DistributedError
+from everyo_dist.fingerprint import CollectiveOp
+from everyo_dist.group import (
+    ProcessGroup,
+    SingleRankTransport,
+    check_membership,
+)
+from everyo_dist.recycling import ResultBuffers
 
 log = logging.getLogger("everyo.distributed_tcp")
 
@@ -33,44 +39,48 @@ class TCPProcessGroup(ProcessGroup):
     Create it with :func:`init_tcp_process_group` (or ``eo.distributed.init(backend="tcp")``).
     """
 
-    backend = "tcp"
 
-    def __init__(self, rank: int, world_size: int, timeout: float | None, to_next, from_prev):
-        super().__init__(rank, world_size, timeout)
-        self._ring = Ring(self, to_next, from_prev) if world_size > 1 else None
+class TCPTransport:
+    """The tcp backend's transport: the collectives of :class:`Ring`, and on any failure an
+    ABORT frame downstream so the peers learn the reason now instead of at their timeout."""
+
+    name = "tcp"
+
+    def __init__(self, ring: Ring):
+        self._ring = ring
+        self._results = ResultBuffers()
 
     # Every data frame carries the sender's fingerprint and the receiver checks it against its
     # own (ring.py), so only the barrier spends a round on fingerprints alone.
-    def _exchange_fingerprints(self, packed: bytes) -> list[bytes]:
-        if self._current.op == CollectiveOp.BARRIER and self._ring is not None:
-            self._guarded(self._ring.barrier)
-        return [packed] * self.world_size
+    def exchange_fingerprints(self, call: Collective, packed: bytes) -> list[bytes]:
+        if call.fingerprint.op == CollectiveOp.BARRIER:
+            self._guarded(call, self._ring.barrier)
+        return [packed] * call.world_size
 
-    def _all_reduce(self, flat: np.ndarray, mean: bool) -> np.ndarray:
-        if self._ring is None:
-            return reduce_rows_f64([flat], mean, flat.dtype)
-        return self._guarded(self._ring.all_reduce, flat, mean)
+    def all_reduce(self, call: Collective, flat: np.ndarray, mean: bool,
+                   out: np.ndarray) -> None:
+        if np.shares_memory(flat, out):  # the ring still sends from flat while out fills
+            np.copyto(out, self._guarded(call, self._ring.all_reduce, flat, mean,
+                                         self._results.like(flat)))
+        else:
+            self._guarded(call, self._ring.all_reduce, flat, mean, out)
 
-    def _broadcast(self, flat: np.ndarray, src: int) -> np.ndarray:
-        if self._ring is None:
-            return flat.copy()
-        return self._guarded(self._ring.broadcast, flat, src)
+    def broadcast(self, call: Collective, flat: np.ndarray, src: int) -> np.ndarray:
+        return self._guarded(call, self._ring.broadcast, flat, src)
 
-    def _all_gather(self, flat: np.ndarray) -> np.ndarray:
-        if self._ring is None:
-            return flat.reshape(1, -1).copy()
-        return self._guarded(self._ring.all_gather, flat)
+    def all_gather(self, call: Collective, flat: np.ndarray) -> np.ndarray:
+        return self._guarded(call, self._ring.all_gather, flat)
 
-    def _guarded(self, primitive, *args):
+    def _guarded(self, call: Collective, primitive, *args):
+        self._ring.call = call
         try:
             return primitive(*args)
         except BaseException as exc:
             self._ring.abort(exc)  # peers learn now instead of at their timeout
             raise
 
-    def _close(self) -> None:
-        if self._ring is not None:
-            self._ring.close()
+    def close(self) -> None:
+        self._ring.close()
 
 
 def init_tcp_process_group(host: str, port: int, *, rank: int, world_size: int,
@@ -105,12 +115,11 @@ def init_tcp_process_group(host: str, port: int, *, rank: int, world_size: int,
         ...         print(group.all_reduce_mean(np.float32([1.0, 2.0])))
         [1. 2.]
     """
-    ProcessGroup(rank, world_size, timeout)  # validates the arguments the same way
+    rank, world_size, timeout = check_membership(rank, world_size, timeout)
     if (ssl_context is None) != (server_ssl_context is None) and world_size > 1:
         raise DistributedError("TLS between ranks needs both ssl_context (outgoing) and "
                                "server_ssl_context (incoming); see make_tls_contexts()")
     key = token_key(token)
-    timeout = DEFAULT_TIMEOUT if timeout is None else float(timeout)
     deadline = time.monotonic() + timeout
     where = f"the rendezvous server {host}:{port}"
     server = dial(host, int(port), deadline, "the rendezvous server")
@@ -136,14 +145,15 @@ def init_tcp_process_group(host: str, port: int, *, rank: int, world_size: int,
         server.close()
     if world_size == 1:
         listener.close()
-        return TCPProcessGroup(rank, world_size, timeout, None, None)
+        return TCPProcessGroup(rank, world_size, SingleRankTransport("tcp"), timeout)
     try:
         to_next, from_prev = _connect_ring(int(rank), int(world_size), peers, listener, key,
                                            deadline, handshake_timeout, ssl_context,
                                            server_ssl_context)
     finally:
         listener.close()
-    return TCPProcessGroup(rank, world_size, timeout, to_next, from_prev)
+    return TCPProcessGroup(rank, world_size, TCPTransport(Ring(rank, world_size, to_next, from_prev)),
+                           timeout)
 
 
 def _connect_ring(rank, world_size, peers, listener, key, deadline, handshake_timeout,
@@ -227,15 +237,8 @@ def create_tcp_group(rank: int, world_size: int, master_addr: str | None = None,
         raise DistributedError("the tcp backend needs the rendezvous address: pass master_addr= "
                                "and master_port=, or set EVERYO_MASTER_ADDR and "
                                "EVERYO_MASTER_PORT (everyo-run sets them)")
-    tls = [tls_cert or os.environ.get("EVERYO_TLS_CERT"),
-           tls_key or os.environ.get("EVERYO_TLS_KEY"),
-           tls_ca or os.environ.get("EVERYO_TLS_CA")]
-    client = server = None
-    if any(tls):
-        if not all(tls):
-            raise DistributedError("TLS needs all three of tls_cert, tls_key and tls_ca "
-                                   "(EVERYO_TLS_CERT, EVERYO_TLS_KEY, EVERYO_TLS_CA)")
-        server, client = make_tls_contexts(*tls)
+    contexts = tls_contexts_from_environment(os.environ, tls_cert, tls_key, tls_ca)
+    server, client = contexts if contexts else (None, None)
     return init_tcp_process_group(master_addr, int(master_port), rank=rank,
                                   world_size=world_size, token=token, timeout=timeout,
                                   ssl_context=client, server_ssl_context=server,

@@ -146,8 +146,8 @@ def test_shm_processes_started_elsewhere_meet_through_init(clean_shm):
 
 
 def test_shm_refuses_cpus_whose_store_ordering_it_does_not_cover():
-    from everyo_dist.errors import DistributedError
     from everyo_dist.backends.shm.group import check_store_ordering
+    from everyo_dist.errors import DistributedError
 
     check_store_ordering(4, machine="x86_64")
     check_store_ordering(1, machine="aarch64")  # one rank shares nothing

@@ -179,6 +179,9 @@ def test_a_sigkilled_rank_is_named_by_the_others_within_the_timeout(tmp_path):
         assert kind == "PeerLostError", message
         assert "rank 1" in message and "all_reduce_mean" in message
         assert float(when) - killed_at < 10  # the group timeout is 30 s: this is detection
+        if rank == 2:  # its ring predecessor was rank 1: the link itself is named
+            assert "link between rank 2 (127.0.0.1) and rank 1 (127.0.0.1)" in message, message
+            assert "died" in message, message
 
 
 def test_a_rank_that_never_arrives_is_named_in_the_timeout(tmp_path, monkeypatch):

@@ -110,15 +110,37 @@ def _server_tls_context():
     return contexts.server if contexts else None
 
 
-def _stream(rank: int, pipe, lock: threading.Lock) -> None:
+# A rank that failed with one of these lost a peer or waited for one: a consequence of another
+# rank's failure, which is what the job's status should name.
+_CONSEQUENCES = (b"PeerLostError", b"CollectiveTimeoutError")
+FAILURE_GRACE_SECONDS = 1.0  # after a first failure, how long to wait for the root cause's exit
+
+
+class _RankOutput:
+    """What the launcher remembers of a rank's output: its last line (a traceback's names the
+    exception) and whether the output has ended."""
+
+    def __init__(self):
+        self.last_line = b""
+        self.ended = threading.Event()
+
+    def failed_as_consequence(self) -> bool:
+        """The rank failed because it lost a peer or waited for one in vain."""
+        self.ended.wait(FAILURE_GRACE_SECONDS)
+        return any(name in self.last_line for name in _CONSEQUENCES)
+
+
+def _stream(rank: int, pipe, lock: threading.Lock, output: _RankOutput) -> None:
     """Copy one rank's output to ours, a ``[rank K]`` prefix on every line."""
     prefix = f"[rank {rank}] ".encode()
     out = sys.stdout.buffer
     for line in iter(pipe.readline, b""):
+        output.last_line = line
         with lock:
             out.write(prefix + line if line.endswith(b"\n") else prefix + line + b"\n")
             out.flush()
     pipe.close()
+    output.ended.set()
 
 
 def _describe_exit(code: int) -> str:
@@ -169,19 +191,22 @@ def run(args: argparse.Namespace) -> int:
     ranks: dict[int, subprocess.Popen] = {}
     lock = threading.Lock()
     readers = []
+    outputs: dict[int, _RankOutput] = {}
     try:
         for local_rank in range(args.nproc_per_node):
             rank = args.node_rank * args.nproc_per_node + local_rank
+            outputs[rank] = _RankOutput()
             ranks[rank] = subprocess.Popen(
                 [sys.executable, args.script, *args.script_args],
                 env=_rank_environment(args, rank, local_rank, world_size, host, port, token),
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                 start_new_session=True, preexec_fn=kill_me_when_parent_dies)
-            reader = threading.Thread(target=_stream, args=(rank, ranks[rank].stdout, lock),
+            reader = threading.Thread(target=_stream,
+                                      args=(rank, ranks[rank].stdout, lock, outputs[rank]),
                                       daemon=True)
             reader.start()
             readers.append(reader)
-        return _supervise(ranks)
+        return _supervise(ranks, outputs)
     except KeyboardInterrupt:
         print("everyo-run: interrupted; stopping every rank", file=sys.stderr)
         return 130
@@ -193,21 +218,32 @@ def run(args: argparse.Namespace) -> int:
             server.close()
 
 
-def _supervise(ranks: dict[int, subprocess.Popen]) -> int:
-    """Wait for every rank; on the first failure (in the order they happened) report it."""
+def _supervise(ranks: dict[int, subprocess.Popen], outputs: dict[int, "_RankOutput"]) -> int:
+    """Wait for every rank; on failure report the root cause: a rank that failed on its own
+    beats one that only lost its peer (which often exits first: its peer's sockets close
+    before its interpreter has finished exiting)."""
     exits: queue.Queue[tuple[int, int]] = queue.Queue()
     for rank, process in ranks.items():
         threading.Thread(target=lambda r=rank, p=process: exits.put((r, p.wait())),
                          daemon=True).start()
+    failures: list[tuple[int, int]] = []
     for _ in ranks:
-        rank, code = exits.get()
+        try:
+            rank, code = exits.get(timeout=FAILURE_GRACE_SECONDS if failures else None)
+        except queue.Empty:
+            break
         if code != 0:
-            others = sorted(r for r, p in ranks.items() if p.poll() is None)
-            print(f"everyo-run: rank {rank} {_describe_exit(code)}; stopping the job"
-                  + (f" (terminating ranks {', '.join(map(str, others))})" if others else ""),
-                  file=sys.stderr, flush=True)
-            return code if code > 0 else 128 - code
-    return 0
+            failures.append((rank, code))
+            if not outputs[rank].failed_as_consequence():
+                break  # a failure of its own: the root cause
+    if not failures:
+        return 0
+    rank, code = min(failures, key=lambda failure: outputs[failure[0]].failed_as_consequence())
+    others = sorted(r for r, p in ranks.items() if p.poll() is None)
+    print(f"everyo-run: rank {rank} {_describe_exit(code)}; stopping the job"
+          + (f" (terminating ranks {', '.join(map(str, others))})" if others else ""),
+          file=sys.stderr, flush=True)
+    return code if code > 0 else 128 - code
 
 
 def _interrupt(signum, frame):

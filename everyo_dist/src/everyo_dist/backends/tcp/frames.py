@@ -151,21 +151,65 @@ def control_frame(kind: FrameKind, document: dict) -> bytes:
 def parse_control(header: FrameHeader, payload: bytes, expected: FrameKind) -> dict:
     """Decode a control frame's JSON payload, refusing anything but an object of ``expected``."""
     if header.kind == FrameKind.ABORT and expected != FrameKind.ABORT:
-        reason = _json_object(payload).get("message", "(no reason given)")
-        raise DistributedError(str(reason))
+        reason = decode_control(payload).get("message")
+        raise DistributedError(reason if isinstance(reason, str) else "(no reason given)")
     if header.kind != expected:
         raise ProtocolError(f"expected a {expected.name} frame, got {header.kind.name}")
-    return _json_object(payload)
+    return decode_control(payload)
 
 
-def _json_object(payload: bytes) -> dict:
+MAX_JSON_DEPTH = 4  # our documents nest at most 3 levels (the peer table's list of pairs)
+
+
+def _nesting_depth(text: str) -> int:
+    """The deepest ``[``/``{`` nesting of a JSON text, found without parsing it (a parser
+    recurses, so a hostile ``[[[[...`` would exhaust the stack before we could refuse it)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    return deepest
+
+
+def decode_control(payload: bytes) -> dict:
+    """A control frame's JSON object: at most ``CONTROL_LIMIT`` bytes and ``MAX_JSON_DEPTH``
+    levels deep, else ``ProtocolError``.
+
+    Example:
+        >>> decode_control(b'{"rank": 1}')
+        {'rank': 1}
+    """
+    if len(payload) > CONTROL_LIMIT:
+        raise ProtocolError(f"control frame payload of {len(payload)} bytes exceeds "
+                            f"{CONTROL_LIMIT}")
     try:
-        document = json.loads(payload.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
+        text = payload.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ProtocolError("control frame payload is not UTF-8 JSON") from None
+    if _nesting_depth(text) > MAX_JSON_DEPTH:
+        raise ProtocolError(f"control frame payload nests deeper than {MAX_JSON_DEPTH} levels")
+    try:
+        document = json.loads(text)
+    except ValueError:
         raise ProtocolError("control frame payload is not UTF-8 JSON") from None
     if not isinstance(document, dict):
         raise ProtocolError("control frame payload is not a JSON object")
     return document
+
+
 
 
 def recv_exact(sock, size: int, deadline: float, what: str = "data") -> bytes:

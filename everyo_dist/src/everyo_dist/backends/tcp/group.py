@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import threading
 import time
 
@@ -161,63 +162,91 @@ def _connect_ring(rank, world_size, peers, listener, key, deadline, handshake_ti
     """Accept prev (in a thread, so two ranks dialing each other cannot deadlock) and dial
     next; each connection is authenticated and then names its rank."""
     prev_rank, next_rank = (rank - 1) % world_size, (rank + 1) % world_size
-    accepted: dict[str, object] = {}
-
-    def accept_prev():
-        try:
-            accepted["sock"] = _accept_rank(listener, prev_rank, key, deadline, handshake_timeout,
-                                            server_ssl_context)
-        except BaseException as exc:
-            accepted["error"] = exc
-
-    acceptor = threading.Thread(target=accept_prev, daemon=True)
-    acceptor.start()
+    acceptor = _PeerAcceptor(listener, prev_rank, key, deadline, handshake_timeout,
+                             server_ssl_context)
     next_host, next_port = peers[next_rank]
     where = f"rank {next_rank} at {next_host}:{next_port}"
-    to_next = dial(next_host, int(next_port), deadline, f"rank {next_rank}")
     try:
-        to_next = wrap_tls(to_next, ssl_context, False, handshake_timeout, where, next_host)
-        connect_handshake(to_next, key, handshake_timeout, where)
-        to_next.sendall(control_frame(FrameKind.IDENTIFY, {"rank": rank}))
-    except BaseException:
-        to_next.close()
-        raise
-    acceptor.join(max(deadline - time.monotonic(), 0) + handshake_timeout)
-    if "sock" not in accepted:
-        to_next.close()
-        error = accepted.get("error")
-        if error is not None:
-            raise error
-        raise DistributedError(f"rank {rank}: rank {prev_rank} never connected")
-    return to_next, accepted["sock"]
-
-
-def _accept_rank(listener, expected: int, key, deadline, handshake_timeout, ssl_context):
-    """Accept connections until the one from rank ``expected`` authenticates; drop others."""
-    while True:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise DistributedError(f"rank {expected} did not connect before the timeout")
-        listener.settimeout(remaining)
+        to_next = dial(next_host, int(next_port), deadline, f"rank {next_rank}")
         try:
-            sock, address = listener.accept()
-        except TimeoutError:
-            continue
+            to_next = wrap_tls(to_next, ssl_context, False, handshake_timeout, where, next_host)
+            connect_handshake(to_next, key, handshake_timeout, where)
+            to_next.sendall(control_frame(FrameKind.IDENTIFY, {"rank": rank}))
+        except BaseException:
+            to_next.close()
+            raise
+        try:
+            from_prev = acceptor.wait()
+        except BaseException:
+            to_next.close()
+            raise
+    finally:
+        acceptor.stop()
+    return to_next, from_prev
+
+
+class _PeerAcceptor:
+    """Accepts connections on this rank's peer listener until rank ``expected`` has
+    authenticated. Each connection's handshake runs in a thread of its own, so a silent or
+    slow stranger (the listener's port is in the peer table every rank receives) is dropped
+    at its handshake timeout without delaying the real peer."""
+
+    def __init__(self, listener, expected: int, key, deadline, handshake_timeout, ssl_context):
+        self.expected, self.deadline = expected, deadline
+        self._listener, self._key = listener, key
+        self._handshake_timeout, self._ssl_context = handshake_timeout, ssl_context
+        self._found = queue.Queue(maxsize=1)
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._accept_loop, daemon=True,
+                                        name=f"everyo-accept-rank-{expected}")
+        self._thread.start()
+
+    def wait(self):
+        """The authenticated socket from rank ``expected``, or an error at the deadline."""
+        try:
+            return self._found.get(timeout=max(self.deadline - time.monotonic(), 0) + 0.1)
+        except queue.Empty:
+            raise DistributedError(f"rank {self.expected} did not connect before the "
+                                   f"timeout") from None
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._thread.join(timeout=1.0)
+
+    def _accept_loop(self) -> None:
+        self._listener.settimeout(0.1)
+        while not self._stopped.is_set() and time.monotonic() < self.deadline:
+            try:
+                sock, address = self._listener.accept()
+            except (TimeoutError, BlockingIOError):
+                continue
+            except OSError:
+                return  # the listener was closed
+            threading.Thread(target=self._handshake, args=(sock, address), daemon=True).start()
+
+    def _handshake(self, sock, address) -> None:
         peer = f"{address[0]}:{address[1]}"
         try:
-            sock = wrap_tls(sock, ssl_context, True, handshake_timeout, peer)
-            accept_handshake(sock, key, handshake_timeout)
-            who = read_control(sock, time.monotonic() + handshake_timeout, FrameKind.IDENTIFY)
+            sock.setblocking(True)
+            sock = wrap_tls(sock, self._ssl_context, True, self._handshake_timeout, peer)
+            accept_handshake(sock, self._key, self._handshake_timeout)
+            who = read_control(sock, time.monotonic() + self._handshake_timeout,
+                               FrameKind.IDENTIFY)
         except (AuthenticationError, OSError, DistributedError) as exc:
             log.warning("peer listener refused %s: %s: %s", peer, type(exc).__name__, exc)
             sock.close()
-            continue
-        if who.get("rank") != expected:
+            return
+        if who.get("rank") != self.expected:
             log.warning("peer listener refused %s: it claims rank %r, expected rank %d",
-                        peer, who.get("rank"), expected)
+                        peer, who.get("rank"), self.expected)
             sock.close()
-            continue
-        return sock
+            return
+        try:
+            self._found.put_nowait(sock)
+        except queue.Full:  # a second connection claiming the same rank: keep the first
+            log.warning("peer listener refused %s: rank %d is already connected", peer,
+                        self.expected)
+            sock.close()
 
 
 def create_tcp_group(rank: int, world_size: int, master_addr: str | None = None,

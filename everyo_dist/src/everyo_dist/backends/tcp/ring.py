@@ -16,7 +16,6 @@ leaving peers waiting, and no rank ever completes a collective on a half-sent fr
 
 from __future__ import annotations
 
-import json
 import select
 import ssl
 import time
@@ -32,6 +31,7 @@ from everyo_dist.backends.tcp.frames import (
     FrameKind,
     ProtocolError,
     control_frame,
+    decode_control,
     pack_data_header,
     recv_exact,
     split_header,
@@ -119,6 +119,42 @@ class _Finisher:
 
     def ready_bytes(self) -> int:
         return self.done * self.out.itemsize
+
+
+def check_abort_document(document: dict, world_size: int) -> dict:
+    """An ABORT frame's fields, each checked: a string reason, ranks inside the group.
+
+    Raises:
+        ProtocolError: naming the first field that is not what a rank of this job sends.
+
+    Example:
+        >>> check_abort_document({"message": "boom", "origin": 1}, 2)["origin"]
+        1
+        >>> check_abort_document({"message": "boom", "rank": 7}, 2)
+        Traceback (most recent call last):
+        ...
+        everyo_dist.backends.tcp.frames.ProtocolError: ABORT field 'rank' is 7, not a rank in 0..1
+    """
+    if not isinstance(document.get("message"), str):
+        raise ProtocolError(f"ABORT reason must be a string, got "
+                            f"{type(document.get('message')).__name__}")
+    if not isinstance(document.get("error", ""), str):
+        raise ProtocolError("ABORT field 'error' must be a string")
+
+    def is_rank(value) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < world_size
+
+    for field in ("origin", "rank"):
+        value = document.get(field)
+        if value is not None and not is_rank(value):
+            raise ProtocolError(f"ABORT field {field!r} is {value!r}, not a rank in "
+                                f"0..{world_size - 1}")
+    missing = document.get("missing_ranks", [])
+    if not isinstance(missing, list) or len(missing) > world_size \
+            or not all(is_rank(r) for r in missing):
+        raise ProtocolError(f"ABORT field 'missing_ranks' must list ranks in "
+                            f"0..{world_size - 1}")
+    return document
 
 
 class _Outgoing:
@@ -471,19 +507,21 @@ class Ring:
         mine = self.call.fingerprint
         try:
             self.from_prev.setblocking(True)
-            document = json.loads(recv_exact(self.from_prev, size, time.monotonic() + 2.0,
-                                             "the abort reason"))
-        except (OSError, ValueError) as exc:
+            document = check_abort_document(
+                decode_control(recv_exact(self.from_prev, size, time.monotonic() + 2.0,
+                                          "the abort reason")), self.size)
+        except (OSError, ProtocolError) as exc:
             return self.call.peer_lost_error(self.prev, f"it aborted ({exc})")
-        message = f"{document.get('message', '?')} (relayed by rank {self.prev})"
+        message = f"{document['message']} (relayed by rank {self.prev})"
         kind = _RELAYED_ERRORS.get(document.get("error"), DistributedError)
         if kind is PeerLostError:
             return PeerLostError(message, document.get("rank"))
         if kind is CollectiveTimeoutError:
-            return CollectiveTimeoutError(message, document.get("missing_ranks", ()))
+            return CollectiveTimeoutError(message, document.get("missing_ranks", []))
         if kind is DistributedError:
+            origin = document.get("origin")
             message = f"{mine.describe() if mine else 'collective'}: rank " \
-                      f"{document.get('origin', self.prev)} failed: {message}"
+                      f"{self.prev if origin is None else origin} failed: {message}"
         return kind(message)
 
     # -- teardown --------------------------------------------------------------------------

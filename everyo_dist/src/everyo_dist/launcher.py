@@ -55,6 +55,10 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
                         help="process-group backend the ranks' init() uses (default tcp)")
     parser.add_argument("--timeout", type=float, metavar="SECONDS",
                         help="EVERYO_TIMEOUT: how long a collective waits for its peers")
+    parser.add_argument("--max-restarts", type=int, default=0, metavar="N",
+                        help="when a rank fails, stop every rank and start the job again, up "
+                             "to N times (single machine); the script must resume from its "
+                             "last checkpoint (default 0)")
     parser.add_argument("script", help="the Python training script")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="its arguments")
     args = parser.parse_args(argv)
@@ -62,6 +66,12 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--nproc-per-node and --nnodes must be at least 1")
     if not 0 <= args.node_rank < args.nnodes:
         parser.error(f"--node-rank must be in 0..{args.nnodes - 1}, got {args.node_rank}")
+    if args.max_restarts < 0:
+        parser.error("--max-restarts must be at least 0")
+    if args.max_restarts and args.nnodes > 1:
+        parser.error("--max-restarts restarts the ranks of one machine; a job of several "
+                     "machines needs every node's launcher to restart together, which "
+                     "everyo-run does not coordinate")
     if args.nnodes > 1 and (args.master is None or args.token_file is None):
         parser.error("several machines need --master HOST:PORT and --token-file FILE "
                      "(the same on every node)")
@@ -86,11 +96,12 @@ def _read_token(path: str) -> str:
 
 
 def _rank_environment(args, rank: int, local_rank: int, world_size: int, host: str,
-                      port: int, token: str) -> dict[str, str]:
+                      port: int, token: str, attempt: int = 0) -> dict[str, str]:
     env = worker_environment()  # one BLAS thread per rank unless the user chose otherwise
     env.update(EVERYO_BACKEND=args.backend, EVERYO_RANK=str(rank),
                EVERYO_WORLD_SIZE=str(world_size), EVERYO_LOCAL_RANK=str(local_rank),
                EVERYO_MASTER_ADDR=host, EVERYO_MASTER_PORT=str(port), EVERYO_TOKEN=token,
+               EVERYO_LOCAL_WORLD_SIZE=str(args.nproc_per_node), EVERYO_RESTART=str(attempt),
                PYTHONUNBUFFERED="1")
     env.pop("EVERYO_TOKEN_FILE", None)
     if args.timeout is not None:
@@ -173,7 +184,20 @@ def _stop(ranks: dict[int, subprocess.Popen]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Start this node's ranks and supervise them; the exit status of the job."""
+    """Run the job, restarting every rank after a failure up to ``--max-restarts`` times;
+    the exit status of the last attempt."""
+    for attempt in range(args.max_restarts + 1):
+        status = _run_once(args, attempt)
+        if status in (0, 130) or attempt == args.max_restarts:
+            return status
+        print(f"everyo-run: restarting every rank (restart {attempt + 1} of "
+              f"{args.max_restarts}); the script resumes from its last checkpoint",
+              file=sys.stderr, flush=True)
+    return status
+
+
+def _run_once(args: argparse.Namespace, attempt: int) -> int:
+    """Start this node's ranks and supervise them; the exit status of this attempt."""
     world_size = args.nnodes * args.nproc_per_node
     server = None
     if args.nnodes == 1 and args.master is None:
@@ -198,7 +222,8 @@ def run(args: argparse.Namespace) -> int:
             outputs[rank] = _RankOutput()
             ranks[rank] = subprocess.Popen(
                 [sys.executable, args.script, *args.script_args],
-                env=_rank_environment(args, rank, local_rank, world_size, host, port, token),
+                env=_rank_environment(args, rank, local_rank, world_size, host, port, token,
+                                      attempt),
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                 start_new_session=True, preexec_fn=kill_me_when_parent_dies)
             reader = threading.Thread(target=_stream,

@@ -81,6 +81,16 @@ def test_spec_mlp_matches_single_process_training(tmp_path):
         assert results[0][f"w{index}"].tobytes() == results[1][f"w{index}"].tobytes()
 
 
+def test_distributed_data_parallel_matches_average_gradients_bit_for_bit(tmp_path):
+    done, _ = mpi_job("ddp", tmp_path)
+    assert done.returncode == 0, done.stderr
+    for result in load(tmp_path):
+        count = sum(key.startswith("ddp") for key in result)
+        assert count == 8
+        for index in range(count):
+            assert result[f"ddp{index}"].tobytes() == result[f"ref{index}"].tobytes()
+
+
 def test_mismatched_shapes_raise_on_every_rank_naming_both(tmp_path):
     done, _ = mpi_job("mismatch", tmp_path)
     assert done.returncode == 0, done.stderr

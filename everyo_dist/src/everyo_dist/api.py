@@ -8,6 +8,7 @@ init, ProcessGroup``; a backend author also uses ``Backend``, ``Collective`` and
 from everyo_dist.backend import Backend
 from everyo_dist.contract import Collective, Transport
 from everyo_dist.cores import available_workers
+from everyo_dist.ddp import DistributedDataParallel
 from everyo_dist.errors import (
     CollectiveMismatchError,
     CollectiveTimeoutError,
@@ -26,5 +27,5 @@ __all__ = [
     "spawn", "average_gradients", "shard_indices", "available_workers", "init", "ProcessGroup",
     "DEFAULT_TIMEOUT", "DistributedError", "CollectiveMismatchError", "CollectiveTimeoutError",
     "PeerLostError", "WorkerError", "Backend", "Collective", "Transport", "reduce_rows",
-    "reduce_rows_f64",
+    "reduce_rows_f64", "DistributedDataParallel",
 ]

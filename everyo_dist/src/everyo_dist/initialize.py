@@ -14,6 +14,7 @@ The variables, and the factory parameter each one fills:
 ``EVERYO_TOKEN_FILE``      ``token``       file holding it (when ``EVERYO_TOKEN`` is unset)
 ``EVERYO_TIMEOUT``         ``timeout``     seconds a collective may wait
 ``EVERYO_SHM_SEGMENT``     ``segment``     shared-memory name of an ``shm`` group
+``EVERYO_WIRE_DTYPE``      ``wire_dtype``  tcp wire compression: ``float16``/``bfloat16``
 =========================  ==============  ===================================================
 
 A variable only fills a parameter the backend's factory declares, and an explicit keyword
@@ -39,6 +40,7 @@ ENVIRONMENT_OPTIONS: dict[str, tuple[str, type]] = {
     "token": ("EVERYO_TOKEN", str),
     "timeout": ("EVERYO_TIMEOUT", float),
     "segment": ("EVERYO_SHM_SEGMENT", str),
+    "wire_dtype": ("EVERYO_WIRE_DTYPE", str),
 }
 BACKEND_VARIABLE = "EVERYO_BACKEND"
 LOCAL_WORLD_SIZE_VARIABLE = "EVERYO_LOCAL_WORLD_SIZE"  # ranks on this machine (BLAS warning)

@@ -66,6 +66,13 @@ class FrameHeader(NamedTuple):
 
 DTYPE_CODE_OF = {np.dtype(name): code for name, code in DTYPE_CODES.items()}
 """Wire dtype code by ``np.dtype`` (a dict lookup: ``dtype.name`` costs microseconds)."""
+BFLOAT16_CODE = 13  # compressed reductions only (wire_dtype="bfloat16"); needs ml_dtypes
+try:
+    import ml_dtypes
+
+    DTYPE_CODE_OF[np.dtype(ml_dtypes.bfloat16)] = BFLOAT16_CODE
+except ImportError:  # pragma: no cover - bfloat16 compression is then refused up front
+    pass
 
 
 def pack_data_header(payload_code: int, payload_bytes: int, fingerprint: bytes,

@@ -17,6 +17,7 @@ from everyo_dist.backends.tcp.auth import (
     connect_handshake,
     token_key,
 )
+from everyo_dist.backends.tcp.compression import compresses, wire_dtype_of
 from everyo_dist.backends.tcp.frames import FrameKind, control_frame, read_control
 from everyo_dist.backends.tcp.ring import Ring
 from everyo_dist.backends.tcp.sockets import dial, listen, require_token_off_loopback, wrap_tls
@@ -47,8 +48,9 @@ class TCPTransport:
 
     name = "tcp"
 
-    def __init__(self, ring: Ring):
+    def __init__(self, ring: Ring, wire_dtype: np.dtype | None = None):
         self._ring = ring
+        self._wire = wire_dtype
         self._results = ResultBuffers()
 
     # Every data frame carries the sender's fingerprint and the receiver checks it against its
@@ -60,7 +62,11 @@ class TCPTransport:
 
     def all_reduce(self, call: Collective, flat: np.ndarray, mean: bool,
                    out: np.ndarray) -> None:
-        if np.shares_memory(flat, out):  # the ring still sends from flat while out fills
+        if compresses(self._wire, flat.dtype):  # see compression.py for the accuracy cost
+            narrow = flat.astype(self._wire)
+            np.copyto(out, self._guarded(call, self._ring.all_reduce, narrow, mean,
+                                         self._results.like(narrow)), casting="unsafe")
+        elif np.shares_memory(flat, out):  # the ring still sends from flat while out fills
             np.copyto(out, self._guarded(call, self._ring.all_reduce, flat, mean,
                                          self._results.like(flat)))
         else:
@@ -87,7 +93,8 @@ class TCPTransport:
 def init_tcp_process_group(host: str, port: int, *, rank: int, world_size: int,
                            token: str | bytes | None = None, timeout: float | None = None,
                            ssl_context=None, server_ssl_context=None,
-                           handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT) -> TCPProcessGroup:
+                           handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
+                           wire_dtype: str | None = None) -> TCPProcessGroup:
     """Join the job whose ``TCPRendezvousServer`` listens on ``host:port``.
 
     Registers with the server (retrying until ``timeout`` if it is not up yet), learns where
@@ -105,6 +112,9 @@ def init_tcp_process_group(host: str, port: int, *, rank: int, world_size: int,
         server_ssl_context: server-side context for the connection the previous rank opens to
             this one; required with ``ssl_context`` when ``world_size > 1``.
         handshake_timeout: seconds a peer may take to authenticate.
+        wire_dtype: ``"float16"`` or ``"bfloat16"`` to send float reductions compressed
+            (see ``everyo_dist.backends.tcp.compression`` for the accuracy cost); every rank
+            must pass the same. None (default): exact.
     Returns:
         A ``TCPProcessGroup``.
 
@@ -117,6 +127,7 @@ def init_tcp_process_group(host: str, port: int, *, rank: int, world_size: int,
         [1. 2.]
     """
     rank, world_size, timeout = check_membership(rank, world_size, timeout)
+    wire = wire_dtype_of(wire_dtype)
     if (ssl_context is None) != (server_ssl_context is None) and world_size > 1:
         raise DistributedError("TLS between ranks needs both ssl_context (outgoing) and "
                                "server_ssl_context (incoming); see make_tls_contexts()")
@@ -153,7 +164,7 @@ def init_tcp_process_group(host: str, port: int, *, rank: int, world_size: int,
                                            server_ssl_context)
     finally:
         listener.close()
-    return TCPProcessGroup(rank, world_size, TCPTransport(Ring(rank, world_size, to_next, from_prev)),
+    return TCPProcessGroup(rank, world_size, TCPTransport(Ring(rank, world_size, to_next, from_prev), wire),
                            timeout)
 
 
@@ -253,7 +264,8 @@ def create_tcp_group(rank: int, world_size: int, master_addr: str | None = None,
                      master_port: int | None = None, token: str | None = None,
                      timeout: float | None = None, tls_cert: str | None = None,
                      tls_key: str | None = None, tls_ca: str | None = None,
-                     handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT) -> TCPProcessGroup:
+                     handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
+                     wire_dtype: str | None = None) -> TCPProcessGroup:
     """The ``"tcp"`` backend factory behind ``eo.distributed.init(backend="tcp", ...)``.
 
     Arguments left out come from ``EVERYO_RANK``, ``EVERYO_WORLD_SIZE``, ``EVERYO_MASTER_ADDR``,
@@ -271,4 +283,4 @@ def create_tcp_group(rank: int, world_size: int, master_addr: str | None = None,
     return init_tcp_process_group(master_addr, int(master_port), rank=rank,
                                   world_size=world_size, token=token, timeout=timeout,
                                   ssl_context=client, server_ssl_context=server,
-                                  handshake_timeout=handshake_timeout)
+                                  handshake_timeout=handshake_timeout, wire_dtype=wire_dtype)

@@ -89,7 +89,8 @@ def _own_host(sock) -> str:
 
 
 def _bytes_view(array: np.ndarray) -> memoryview:
-    return memoryview(array).cast("B") if array.size else memoryview(b"")
+    # through a uint8 view: the buffer protocol has no format for ml_dtypes' bfloat16
+    return memoryview(array.view(np.uint8)) if array.size else memoryview(b"")
 
 
 _BLOCK = 131072  # float64 items: the reduction's 1 MB working set stays in cache

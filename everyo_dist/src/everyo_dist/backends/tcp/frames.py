@@ -247,3 +247,39 @@ def read_control(sock, deadline: float, expected: FrameKind) -> dict:
         raise ProtocolError(f"expected a {expected.name} frame, got {header.kind.name}")
     payload = recv_exact(sock, header.payload_bytes, deadline, f"a {expected.name} payload")
     return parse_control(header, payload, expected)
+
+
+def check_abort_document(document: dict, world_size: int) -> dict:
+    """An ABORT frame's fields, each checked: a string reason, ranks inside the group.
+
+    Raises:
+        ProtocolError: naming the first field that is not what a rank of this job sends.
+
+    Example:
+        >>> check_abort_document({"message": "boom", "origin": 1}, 2)["origin"]
+        1
+        >>> check_abort_document({"message": "boom", "rank": 7}, 2)
+        Traceback (most recent call last):
+        ...
+        everyo_dist.backends.tcp.frames.ProtocolError: ABORT field 'rank' is 7, not a rank in 0..1
+    """
+    if not isinstance(document.get("message"), str):
+        raise ProtocolError(f"ABORT reason must be a string, got "
+                            f"{type(document.get('message')).__name__}")
+    if not isinstance(document.get("error", ""), str):
+        raise ProtocolError("ABORT field 'error' must be a string")
+
+    def is_rank(value) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < world_size
+
+    for field in ("origin", "rank"):
+        value = document.get(field)
+        if value is not None and not is_rank(value):
+            raise ProtocolError(f"ABORT field {field!r} is {value!r}, not a rank in "
+                                f"0..{world_size - 1}")
+    missing = document.get("missing_ranks", [])
+    if not isinstance(missing, list) or len(missing) > world_size \
+            or not all(is_rank(r) for r in missing):
+        raise ProtocolError(f"ABORT field 'missing_ranks' must list ranks in "
+                            f"0..{world_size - 1}")
+    return document

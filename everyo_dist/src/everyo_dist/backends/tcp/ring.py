@@ -30,12 +30,23 @@ from everyo_dist.backends.tcp.frames import (
     VERSION,
     FrameKind,
     ProtocolError,
+    check_abort_document,
     control_frame,
     decode_control,
-    pack_data_header,
     recv_exact,
     split_header,
     unpack_header,
+)
+from everyo_dist.backends.tcp.progress import (
+    HEADER,
+    PAYLOAD,
+    TRAILER,
+    TRAILER_ABORTED,
+    TRAILER_OK,
+    TRAILER_SIZE,
+    Incoming,
+    Outgoing,
+    bytes_view,
 )
 from everyo_dist.contract import Collective
 from everyo_dist.errors import (
@@ -49,10 +60,6 @@ from everyo_dist.reduction import reduce_rows
 
 _WOULD_BLOCK = (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
 _EMPTY = np.empty(0, dtype=np.uint8)
-# Every DATA frame ends with a trailer: complete, or aborted by a sender that failed mid-frame.
-_TRAILER_OK, _TRAILER_ABORTED = b"EOTE\x01\x00\x00\x00", b"EOTE\x02\x00\x00\x00"
-_TRAILER_SIZE = len(_TRAILER_OK)
-_HEADER, _PAYLOAD, _TRAILER = 0, 1, 2  # what the receiver is reading
 _ABORT_SECONDS = 2.0  # how long a failing rank tries to tell the next one why
 _KINDS = frozenset(int(kind) for kind in FrameKind)
 _RELAYED_ERRORS = {"CollectiveMismatchError": CollectiveMismatchError,
@@ -88,11 +95,6 @@ def _own_host(sock) -> str:
         return "?"
 
 
-def _bytes_view(array: np.ndarray) -> memoryview:
-    # through a uint8 view: the buffer protocol has no format for ml_dtypes' bfloat16
-    return memoryview(array.view(np.uint8)) if array.size else memoryview(b"")
-
-
 _BLOCK = 131072  # float64 items: the reduction's 1 MB working set stays in cache
 
 
@@ -122,131 +124,6 @@ class _Finisher:
         return self.done * self.out.itemsize
 
 
-def check_abort_document(document: dict, world_size: int) -> dict:
-    """An ABORT frame's fields, each checked: a string reason, ranks inside the group.
-
-    Raises:
-        ProtocolError: naming the first field that is not what a rank of this job sends.
-
-    Example:
-        >>> check_abort_document({"message": "boom", "origin": 1}, 2)["origin"]
-        1
-        >>> check_abort_document({"message": "boom", "rank": 7}, 2)
-        Traceback (most recent call last):
-        ...
-        everyo_dist.backends.tcp.frames.ProtocolError: ABORT field 'rank' is 7, not a rank in 0..1
-    """
-    if not isinstance(document.get("message"), str):
-        raise ProtocolError(f"ABORT reason must be a string, got "
-                            f"{type(document.get('message')).__name__}")
-    if not isinstance(document.get("error", ""), str):
-        raise ProtocolError("ABORT field 'error' must be a string")
-
-    def is_rank(value) -> bool:
-        return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < world_size
-
-    for field in ("origin", "rank"):
-        value = document.get(field)
-        if value is not None and not is_rank(value):
-            raise ProtocolError(f"ABORT field {field!r} is {value!r}, not a rank in "
-                                f"0..{world_size - 1}")
-    missing = document.get("missing_ranks", [])
-    if not isinstance(missing, list) or len(missing) > world_size \
-            or not all(is_rank(r) for r in missing):
-        raise ProtocolError(f"ABORT field 'missing_ranks' must list ranks in "
-                            f"0..{world_size - 1}")
-    return document
-
-
-class _Outgoing:
-    """The frames being sent to next, and how much of the current one has gone out."""
-
-    __slots__ = ("frames", "packed", "index", "header", "payload", "sent", "trailer",
-                 "available")
-
-    def __init__(self, frames, packed: bytes):
-        self.frames, self.packed, self.index = frames, packed, 0
-        self.header = None  # the current frame's unsent header (None: not started)
-        self.payload, self.sent, self.trailer, self.available = memoryview(b""), 0, None, 0
-
-    @property
-    def finished(self) -> bool:
-        return self.index >= len(self.frames)
-
-    def views(self) -> list:
-        """What may be written now: rest of the header, ready payload, trailer when due."""
-        if self.finished:
-            return []
-        step, array, ready = self.frames[self.index]
-        if self.header is None:
-            self.payload = _bytes_view(array)
-            self.header = memoryview(pack_data_header(DTYPE_CODE_OF[array.dtype], array.nbytes,
-                                                      self.packed, step))
-            self.trailer, self.sent = memoryview(_TRAILER_OK), 0
-        self.available = len(self.payload) if ready is None else ready()
-        views = [self.header] if len(self.header) else []
-        if self.available > self.sent:
-            views.append(self.payload[self.sent:self.available])
-        if self.available == len(self.payload):
-            views.append(self.trailer)
-        return views
-
-    def advance(self, sent: int) -> None:
-        """Account for ``sent`` bytes written, header first, then payload, then trailer."""
-        take = min(sent, len(self.header))
-        self.header, sent = self.header[take:], sent - take
-        take = min(sent, self.available - self.sent)
-        self.sent, sent = self.sent + take, sent - take
-        self.trailer = self.trailer[sent:]
-        if not len(self.trailer):
-            self.index, self.header = self.index + 1, None
-
-    def unsent(self) -> tuple[int, int]:
-        """(header + payload bytes, trailer bytes) of the current frame not yet sent."""
-        if self.header is None:
-            return 0, 0
-        return len(self.header) + len(self.payload) - self.sent, len(self.trailer)
-
-
-class _Incoming:
-    """The frames being received from prev: which one, which part of it, how many bytes."""
-
-    __slots__ = ("frames", "index", "header", "trailer", "target", "phase", "received")
-
-    def __init__(self, frames):
-        self.frames, self.index = frames, 0
-        self.header, self.trailer = bytearray(HEADER_SIZE), bytearray(_TRAILER_SIZE)
-        self.target, self.phase = memoryview(self.header), _HEADER
-        self.received = [0] * len(frames)
-
-    @property
-    def finished(self) -> bool:
-        return self.index >= len(self.frames)
-
-    def advance(self, got: int) -> None:
-        self.target = self.target[got:]
-        if self.phase == _PAYLOAD:
-            # the last byte only counts once the trailer confirms the frame, so nothing
-            # computed from an aborted frame is ever passed on as final
-            limit = max(self.frames[self.index][1].nbytes - 1, 0)
-            self.received[self.index] = min(self.received[self.index] + got, limit)
-
-    def start_payload(self, destination: memoryview | None) -> None:
-        """The header checked out: read the payload into ``destination`` (None: empty)."""
-        if destination is None or not len(destination):
-            self.start_trailer()
-        else:
-            self.phase, self.target = _PAYLOAD, destination
-
-    def start_trailer(self) -> None:
-        self.phase, self.target = _TRAILER, memoryview(self.trailer)
-
-    def next_frame(self) -> None:
-        self.received[self.index] = self.frames[self.index][1].nbytes
-        self.index += 1
-        self.phase, self.target = _HEADER, memoryview(self.header)
-
-
 class Ring:
     """The send/receive connections of one rank, and the collectives built on them.
 
@@ -267,7 +144,7 @@ class Ring:
         self.to_next, self.from_prev = to_next, from_prev
         for sock in (to_next, from_prev):
             sock.setblocking(False)
-        self._outgoing: _Outgoing | None = None  # the frames to next of the last pump
+        self._outgoing: Outgoing | None = None  # the frames to next of the last pump
         self._hosts = {self.next: _peer_host(to_next), self.prev: _peer_host(from_prev),
                        self.rank: _own_host(to_next)}
         self._buffers: dict[str, np.ndarray] = {}
@@ -372,8 +249,8 @@ class Ring:
         fingerprint = self.call.fingerprint
         if fingerprint is not self._packed_for:  # pack once per collective, not per step
             self._packed, self._packed_for = fingerprint.pack(), fingerprint
-        outgoing = self._outgoing = _Outgoing(sends, self._packed)
-        incoming = _Incoming(recvs)
+        outgoing = self._outgoing = Outgoing(sends, self._packed)
+        incoming = Incoming(recvs)
         while not (outgoing.finished and incoming.finished):
             progressed = work(incoming.received) if work is not None else False
             views = outgoing.views()
@@ -385,7 +262,7 @@ class Ring:
                 self._wait(bool(views), not incoming.finished)
         self._outgoing = None  # kept only for abort(); it holds views of the caller's arrays
 
-    def _send(self, outgoing: "_Outgoing", views: list) -> bool:
+    def _send(self, outgoing: "Outgoing", views: list) -> bool:
         """One non-blocking write of ``views`` to next; whether anything went out."""
         try:
             if self._gather_writes and len(views) > 1:  # one system call
@@ -400,7 +277,7 @@ class Ring:
             outgoing.advance(sent)
         return bool(sent)
 
-    def _receive(self, incoming: "_Incoming") -> bool:
+    def _receive(self, incoming: "Incoming") -> bool:
         """One non-blocking read from prev into the frame being received; whether anything
         was received or a frame completed."""
         target = incoming.target
@@ -417,11 +294,11 @@ class Ring:
         if len(incoming.target):
             return bool(got)
         step, array = incoming.frames[incoming.index]
-        if incoming.phase == _HEADER:
+        if incoming.phase == HEADER:
             incoming.start_payload(self._check_header(incoming.header, step, array))
-        elif incoming.phase == _PAYLOAD:
+        elif incoming.phase == PAYLOAD:
             incoming.start_trailer()
-        elif incoming.phase == _TRAILER:
+        elif incoming.phase == TRAILER:
             self._check_trailer(incoming.trailer)
             incoming.next_frame()
             return True
@@ -437,10 +314,10 @@ class Ring:
     def _check_trailer(self, raw: bytearray) -> None:
         """A frame counts only when its trailer says it is complete; an aborting sender
         pads its half-sent frame and marks it aborted, and its ABORT frame follows."""
-        if raw == _TRAILER_OK:
+        if raw == TRAILER_OK:
             return
         mine = self.call.fingerprint
-        if raw == _TRAILER_ABORTED:
+        if raw == TRAILER_ABORTED:
             self.from_prev.setblocking(True)
             try:
                 header = unpack_header(recv_exact(self.from_prev, HEADER_SIZE,
@@ -501,7 +378,7 @@ class Ring:
                 f"{mine.describe()}: rank {self.prev} sent step {their_step} with {size} "
                 f"bytes (dtype code {code}), expected step {step} with {recv.nbytes} bytes of "
                 f"{recv.dtype.name} (corrupted stream?)")
-        return _bytes_view(recv) if recv.nbytes else None
+        return bytes_view(recv) if recv.nbytes else None
 
     def _relayed_abort(self, size: int) -> Exception:
         """Turn an ABORT frame from prev into the error it reports (its class kept)."""
@@ -541,13 +418,13 @@ class Ring:
                 self.to_next.setblocking(True)
                 self.to_next.settimeout(_ABORT_SECONDS)
                 body, trailer = self._outgoing.unsent() if self._outgoing else (0, 0)
-                if body or trailer == _TRAILER_SIZE:  # mid-frame: pad it, mark it aborted
+                if body or trailer == TRAILER_SIZE:  # mid-frame: pad it, mark it aborted
                     filler = bytes(min(body, 1 << 20))
                     deadline = time.monotonic() + _ABORT_SECONDS
                     while body > 0 and time.monotonic() < deadline:
                         body -= self.to_next.send(filler[:body])
                     if body <= 0:
-                        self.to_next.sendall(_TRAILER_ABORTED)
+                        self.to_next.sendall(TRAILER_ABORTED)
                         trailer = 0
                 if body <= 0 and trailer == 0:
                     self.to_next.sendall(control_frame(FrameKind.ABORT, document))

@@ -88,7 +88,7 @@ def _timed(step, steps: int, sync=None) -> float:
     return (time.perf_counter() - start) / steps
 
 
-def worker_everyo(case, rank: int, steps: int) -> dict:
+def worker_everyo(case, rank: int, steps: int, bucket_cap_mb: float) -> dict:
     import numpy as np
 
     import everyo as eo
@@ -121,7 +121,7 @@ def worker_everyo(case, rank: int, steps: int) -> dict:
     def overlapped_block():
         # NOTE: the wrapper exists only during its block: its hooks send every backward in the
         # process through the general autograd engine, which the other modes must not pay for
-        ddp = DistributedDataParallel(model, group, bucket_cap_mb=25)
+        ddp = DistributedDataParallel(model, group, bucket_cap_mb=bucket_cap_mb)
 
         def overlapped():
             optimizer.zero_grad()
@@ -149,7 +149,7 @@ def worker_everyo(case, rank: int, steps: int) -> dict:
     return result
 
 
-def worker_torch(case, rank: int, steps: int, device: str) -> dict:
+def worker_torch(case, rank: int, steps: int, device: str, bucket_cap_mb: float) -> dict:
     import numpy as np
     import torch
     import torch.distributed as tdist
@@ -160,7 +160,7 @@ def worker_torch(case, rank: int, steps: int, device: str) -> dict:
                              world_size=2)
     torch.manual_seed(0)
     model = torch.nn.parallel.DistributedDataParallel(case.torch_model(torch),
-                                                      bucket_cap_mb=25)
+                                                      bucket_cap_mb=bucket_cap_mb)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     x, y = case.make_batch(np.random.default_rng(rank))
     inputs = torch.from_numpy(case.to_torch_layout(x))
@@ -185,6 +185,8 @@ def main() -> None:
     parser.add_argument("--case", default="mlp_large")
     parser.add_argument("--only", default="mlp_large,cnn_cifar")
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--bucket-cap-mb", type=float, default=25.0,
+                        help="for both DDPs (PyTorch's default 25)")
     args = parser.parse_args()
     from bench_training import CASES
 
@@ -192,19 +194,22 @@ def main() -> None:
     if args.worker:
         case = cases[args.case]
         if args.worker == "everyo":
-            print(json.dumps(worker_everyo(case, args.rank, args.steps)))
+            print(json.dumps(worker_everyo(case, args.rank, args.steps, args.bucket_cap_mb)))
         else:
-            print(json.dumps(worker_torch(case, args.rank, args.steps, args.device)))
+            print(json.dumps(worker_torch(case, args.rank, args.steps, args.device,
+                                          args.bucket_cap_mb)))
         return
     if shutil.which("ip") is None or shutil.which("tc") is None or os.geteuid() != 0:
         raise SystemExit("bench_ddp needs root and iproute2 (ip netns, tc)")
-    print(f"2 ranks, one per network namespace, link shaped to {RATE} each way; one BLAS/"
+    print(f"2 ranks, one per network namespace, link shaped to {RATE} each way; "
+          f"bucket_cap_mb={args.bucket_cap_mb:g}; one BLAS/"
           f"intra-op thread per rank; machine shared with other jobs (loaded)")
     print(f"{'case':<10} {'MB':>6} {'compute':>9} {'comm':>8} {'DDP':>8} {'seq':>8} "
           f"{'torch':>8}  {'DDP/max':>8} {'DDP/torch':>9}")
     with TwoHosts() as hosts:
         for name in args.only.split(","):
-            common = ["--case", name, "--steps", str(args.steps)]
+            common = ["--case", name, "--steps", str(args.steps),
+                      "--bucket-cap-mb", str(args.bucket_cap_mb)]
             ours = _run_pair(hosts, ["everyo", *common])
             reference = _run_pair(hosts, ["torch", *common])
             bound = max(ours["compute"], ours["comm"])

@@ -110,8 +110,9 @@ def spawn(fn, world_size: int, args: tuple = (), backend: str = "shm",
         fn: the worker function, called as ``fn(group, *args)``.
         world_size: number of workers (see ``available_workers()``).
         args: extra arguments, pickled to every worker.
-        backend: the process-group backend: ``"shm"`` (shared memory on this machine) or
-            ``"tcp"`` (spawn hosts a loopback rendezvous with a fresh token for the workers).
+        backend: a registered backend: ``"shm"`` (shared memory on this machine), ``"tcp"``
+            (a loopback rendezvous with a fresh token), or any installed backend; its
+            ``prepare_job`` step runs here, around the whole job (see ``Backend``).
         timeout: seconds any collective (and start-up) may wait for the peers before raising
             ``CollectiveTimeoutError`` (default ``DEFAULT_TIMEOUT``). Not a limit on the job.
         backend_options: extra keyword arguments for the backend's factory.

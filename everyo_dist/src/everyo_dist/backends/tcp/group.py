@@ -66,7 +66,7 @@ class TCPTransport:
             narrow = flat.astype(self._wire)
             np.copyto(out, self._guarded(call, self._ring.all_reduce, narrow, mean,
                                          self._results.like(narrow)), casting="unsafe")
-        elif np.shares_memory(flat, out):  # the ring still sends from flat while out fills
+        elif np.may_share_memory(flat, out):  # the ring still sends from flat while out fills
             np.copyto(out, self._guarded(call, self._ring.all_reduce, flat, mean,
                                          self._results.like(flat)))
         else:

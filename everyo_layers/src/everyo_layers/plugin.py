@@ -21,6 +21,8 @@ MODULES = (
     "everyo_layers.norm",
     "everyo_layers.loss",
     "everyo_layers.training",
+    "everyo_layers.schedulers",
+    "everyo_layers.schedulers_composite",
     "everyo_layers.recurrent",
     "everyo_layers.embedding",
     "everyo_layers.attention",

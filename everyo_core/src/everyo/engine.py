@@ -172,7 +172,8 @@ def _walk(roots, starts, retain_graph, create_graph, inputs, stop_at_inputs, acc
             for t, gi, needed in zip(op.parents, grads, op.needs_input_grad):
                 if not needed or gi is None:
                     continue
-                if gi.dtype != t.data.dtype:
+                dtype = gi.data.dtype if create_graph else gi.dtype  # (Tensor.dtype is a name)
+                if dtype != t.data.dtype:
                     gi = gi.astype(t.data.dtype)
                 if gi.shape != t.data.shape:
                     raise_shape_mismatch(op, gi.shape, t.data.shape)

@@ -51,7 +51,7 @@ class AttentionWeightsOp(Op):
 
     def composite(self, q, k):
         """``softmax(q k^T * scale + mask)`` with differentiable ops."""
-        from everyo.ops.graph_math import swap_last
+        from everyo.kernels import swap_last
 
         scores = dispatch("matmul", q, swap_last(k)) * self.scale
         mask = self.attrs.get("mask")

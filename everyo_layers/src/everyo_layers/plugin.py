@@ -13,6 +13,7 @@ from everyo import hookimpl
 
 MODULES = (
     "everyo_layers.conv",
+    "everyo_layers.conv_grouped",
     "everyo_layers.pool",
     "everyo_layers.linear",
     "everyo_layers.activation",

@@ -11,12 +11,20 @@ import numpy as np
 
 from everyo import EveryOError, Module, Op, dispatch
 from everyo.ops.unary import keep_where
-from everyo_layers.checks import check_float, pair
-from everyo_layers.conv import pad_hw, window_arguments, window_slices
+from everyo_layers.checks import check_float
+from everyo_layers.windows import check_geometry, pad_hw, window_arguments, window_slices
 from everyo_layers.padding import output_size, resolve_padding
 from everyo_layers.precision import accumulation_dtype
 
 _NO_PADS = ((0, 0), (0, 0))
+
+
+def check_pool_pads(owner: str, padding, pads: tuple, pool: tuple) -> None:
+    """Refuse pads as large as the pool: such a window could hold nothing but padding."""
+    for (lo, hi), size in zip(pads, pool):
+        if max(lo, hi) >= size:
+            raise EveryOError(f"{owner}: padding {padding!r} resolves to {pads}; each pad "
+                              f"must be smaller than the pool size {pool}")
 
 
 class _Windows:
@@ -29,10 +37,7 @@ class _Windows:
         # defaults to the pool size, as the layers and PyTorch do.
         pool, stride, pads, _ = window_arguments(op, x, pool, pool if stride is None else stride,
                                                  padding)
-        for (lo, hi), size in zip(pads, pool):
-            if max(lo, hi) >= size:
-                raise EveryOError(f"{op}: padding {padding!r} resolves to {pads}; each pad "
-                                  f"must be smaller than the pool size {pool}")
+        check_pool_pads(op, padding, pads, pool)
         n, h, w, c = shape = x.shape
         self.pool, self.stride, self.pads = pool, stride, pads
         self.out_hw = (output_size(h, pool[0], stride[0], 1, pads[0]),
@@ -147,12 +152,11 @@ class _Pool2D(Module):
     def __init__(self, pool_size=2, stride=None, padding="valid"):
         super().__init__()
         name = type(self).__name__
-        self.pool_size = pair(pool_size, f"{name} pool_size")
-        self.stride = self.pool_size if stride is None else pair(stride, f"{name} stride")
-        if min(self.pool_size + self.stride) <= 0:
-            raise EveryOError(f"{name}: pool_size and stride must be positive, got "
-                              f"{self.pool_size} and {self.stride}")
-        resolve_padding(padding, (1, 1), self.pool_size)  # validate the form early
+        self.pool_size, self.stride, _ = check_geometry(
+            name, pool_size, pool_size if stride is None else stride, kernel_name="pool_size")
+        pads = resolve_padding(padding, (1, 1), self.pool_size)  # validate the form early
+        if not isinstance(padding, str):  # "same" pads are always smaller than the pool
+            check_pool_pads(name, padding, pads, self.pool_size)
         self.padding = padding
 
     @property
@@ -165,10 +169,6 @@ class _Pool2D(Module):
             raise EveryOError(f"{self.label}: expected NHWC input (4 axes), got shape "
                               f"{data.shape}")
         pads = resolve_padding(self.padding, data.shape[1:3], self.pool_size, self.stride)
-        for (lo, hi), size in zip(pads, self.pool_size):
-            if max(lo, hi) >= size:
-                raise EveryOError(f"{self.label}: padding {self.padding!r} resolves to {pads}; "
-                                  f"each pad must be smaller than the pool size {self.pool_size}")
         return dispatch(self.op_name, x, pool_size=self.pool_size, stride=self.stride,
                         padding=pads)
 

@@ -14,6 +14,8 @@ from everyo import hookimpl
 MODULES = (
     "everyo_layers.conv",
     "everyo_layers.conv_grouped",
+    "everyo_layers.conv1d",
+    "everyo_layers.conv_transpose",
     "everyo_layers.pool",
     "everyo_layers.linear",
     "everyo_layers.activation",

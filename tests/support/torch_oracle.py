@@ -46,3 +46,11 @@ def compare_with_torch(torch, ours, reference, inputs, params=(), dtype="float64
 def leaf(torch, array, dtype):
     """A torch leaf tensor holding ``array`` in ``dtype``."""
     return torch.tensor(np.ascontiguousarray(array, dtype=dtype), requires_grad=True)
+
+
+def assert_composite_matches(out, tol=1e-12):
+    """The op that produced ``out``, re-expressed by its ``composite``, gives the same values."""
+    op = out._ctx
+    with eo.no_grad():
+        again = op.composite(*op.parents)
+    np.testing.assert_allclose(again.data, out.data, rtol=tol, atol=tol)

@@ -10,8 +10,7 @@ from everyo_layers.checks import check_float, check_groups
 from everyo_layers.initializers import fan_in_bound, uniform_parameter
 from everyo_layers.padding import output_size, resolve_padding
 from everyo_layers.precision import accumulation_dtype
-from everyo_layers.windows import (check_geometry, pad_hw, window_arguments, window_slices,
-                                   window_view)
+from everyo_layers.windows import check_geometry, pad_hw, window_arguments, window_slices, window_view
 
 _F16 = np.dtype(np.float16)
 

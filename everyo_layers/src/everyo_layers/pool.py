@@ -12,9 +12,9 @@ import numpy as np
 from everyo import EveryOError, Module, Op, dispatch
 from everyo.ops.unary import keep_where
 from everyo_layers.checks import check_float
-from everyo_layers.windows import check_geometry, pad_hw, window_arguments, window_slices
 from everyo_layers.padding import output_size, resolve_padding
 from everyo_layers.precision import accumulation_dtype
+from everyo_layers.windows import check_geometry, pad_hw, window_arguments, window_slices
 
 _NO_PADS = ((0, 0), (0, 0))
 

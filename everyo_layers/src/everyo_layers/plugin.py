@@ -17,6 +17,7 @@ MODULES = (
     "everyo_layers.conv1d",
     "everyo_layers.conv_transpose",
     "everyo_layers.pool",
+    "everyo_layers.resample",
     "everyo_layers.linear",
     "everyo_layers.activation",
     "everyo_layers.activation_smooth",

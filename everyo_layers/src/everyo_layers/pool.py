@@ -107,13 +107,16 @@ class MaxPool2DOp(Op):
 
 
 class AvgPool2DOp(Op):
-    """Mean over each window, excluding padding from the count (as Keras)."""
+    """Mean over each window, excluding padding from the count (as Keras) unless
+    ``count_include_pad`` (PyTorch's default: padded zeros count)."""
 
-    __slots__ = ("windows", "x_shape", "dtype")
+    __slots__ = ("windows", "x_shape", "dtype", "count_include_pad")
 
-    def forward(self, x, pool_size=(2, 2), stride=None, padding=_NO_PADS):
+    def forward(self, x, pool_size=(2, 2), stride=None, padding=_NO_PADS,
+                count_include_pad=False):
         self.windows = windows = _Windows("avg_pool2d", x, pool_size, stride, padding)
         self.x_shape, self.dtype = x.shape, x.dtype
+        self.count_include_pad = bool(count_include_pad)
         accumulate = accumulation_dtype(x.dtype)  # float16 sums in float32
         total = None
         for view in windows.views(pad_hw(x, windows.pads)):
@@ -124,7 +127,7 @@ class AvgPool2DOp(Op):
 
     def _count(self):
         """How many real (unpadded) elements each window holds, shaped to broadcast."""
-        if self.windows.pads == _NO_PADS:
+        if self.windows.pads == _NO_PADS or self.count_include_pad:
             return np.float32(self.windows.pool[0] * self.windows.pool[1])
         ones = pad_hw(np.ones((1,) + self.x_shape[1:3] + (1,), np.float32), self.windows.pads)
         count = None
@@ -164,13 +167,16 @@ class _Pool2D(Module):
         return f"{type(self).__name__}{self.pool_size}"
 
     def forward(self, x):
+        return self.pool(x)
+
+    def pool(self, x, **attrs):
         data = check_float(self.label, x)
         if data.ndim != 4:
             raise EveryOError(f"{self.label}: expected NHWC input (4 axes), got shape "
                               f"{data.shape}")
         pads = resolve_padding(self.padding, data.shape[1:3], self.pool_size, self.stride)
         return dispatch(self.op_name, x, pool_size=self.pool_size, stride=self.stride,
-                        padding=pads)
+                        padding=pads, **attrs)
 
     def extra_repr(self) -> str:
         return f"pool_size={self.pool_size}, stride={self.stride}, padding={self.padding!r}"
@@ -190,7 +196,9 @@ class MaxPool2D(_Pool2D):
 
 
 class AvgPool2D(_Pool2D):
-    """Mean over ``pool_size`` windows of NHWC input; padded positions are not counted.
+    """Mean over ``pool_size`` windows of NHWC input; padded positions are not counted unless
+    ``count_include_pad=True`` (then every window divides by the full pool area, as PyTorch's
+    default).
 
     Example:
         >>> import everyo as eo
@@ -200,6 +208,13 @@ class AvgPool2D(_Pool2D):
     """
 
     op_name = "avg_pool2d"
+
+    def __init__(self, pool_size=2, stride=None, padding="valid", count_include_pad=False):
+        super().__init__(pool_size, stride, padding)
+        self.count_include_pad = bool(count_include_pad)
+
+    def forward(self, x):
+        return self.pool(x, count_include_pad=self.count_include_pad)
 
 
 OPS = {"max_pool2d": MaxPool2DOp, "avg_pool2d": AvgPool2DOp}

@@ -3,7 +3,6 @@ gradcheck."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 import everyo as eo

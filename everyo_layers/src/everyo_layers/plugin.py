@@ -26,6 +26,7 @@ MODULES = (
     "everyo_layers.norm",
     "everyo_layers.norm_group",
     "everyo_layers.loss",
+    "everyo_layers.loss_robust",
     "everyo_layers.training",
     "everyo_layers.recurrent",
     "everyo_layers.embedding",

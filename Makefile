@@ -1,16 +1,19 @@
-# Each target creates/updates .venv and installs all five distributions in editable mode.
+# Each target creates/updates a virtual environment and installs all five distributions in
+# editable mode. PYTHON picks the interpreter; VENV the environment's folder.
 PYTHON ?= python3
-VENV := .venv
+VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-PACKAGES := -e ./everyo_core -e ./everyo_layers -e ./everyo_amp -e "./everyo_onnx[runtime]" -e "./everyo_dist[mpi]"
+PACKAGES := -e ./everyo_core -e ./everyo_layers -e ./everyo_amp -e "./everyo_onnx[runtime]" -e "./everyo_dist[mpich]"
+# Tests that prove an install on any supported Python: packaging, imports, plugins, the docs' plugin.
+SMOKE_TESTS := tests/packaging tests/plugins tests/core/test_tensor.py
 
-.PHONY: install demo test test-oracle bench lint clean
+.PHONY: install demo test test-oracle test-smoke bench lint typecheck clean
 
-$(STAMP): pyproject.toml everyo_*/pyproject.toml
+$(STAMP): pyproject.toml everyo_*/pyproject.toml VERSION
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --upgrade --quiet pip
-	$(BIN)/pip install --quiet $(PACKAGES) -e ".[all,test,examples]"
+	$(BIN)/python -m pip install --upgrade --quiet pip
+	$(BIN)/python -m pip install --quiet $(PACKAGES) -e ".[all,test,examples]"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -21,17 +24,24 @@ demo: $(STAMP)
 
 # PyTorch is the tests' optional oracle; `make test-oracle` adds it (test-only).
 test-oracle: $(STAMP)
-	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/python -m pip install --quiet torch==2.13.0
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+# The install-level subset, for checking another Python: make PYTHON=python3.13 VENV=.venv-3.13 test-smoke
+test-smoke: $(STAMP)
+	$(BIN)/python -m pytest -q $(SMOKE_TESTS)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run_all.py
 
 lint: $(STAMP)
-	$(BIN)/pip install --quiet ruff
+	$(BIN)/python -m pip install --quiet ruff
 	$(BIN)/ruff check .
 
+typecheck: $(STAMP)
+	$(BIN)/python -m mypy everyo_core/src/everyo
+
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) .venv-*

@@ -9,7 +9,7 @@ import pytest
 
 import everyo as eo
 import everyo_amp
-from everyo.dispatch import current_interceptor
+from everyo.dispatch import active_interceptors
 from everyo_amp import AutocastPolicy
 
 
@@ -40,7 +40,7 @@ def test_nested_blocks_and_float32_island():
             assert (x @ w).dtype == "float32"
         assert (x @ w).dtype == "float16"
     assert (x @ w).dtype == "float32"
-    assert current_interceptor() is None
+    assert active_interceptors() == ()
 
 
 def test_decorator_applies_per_call_only():
@@ -66,7 +66,7 @@ def test_exception_inside_a_block_leaks_nothing():
         with eo.autocast():
             assert everyo_amp.is_autocast_enabled()
             raise ValueError("boom")
-    assert current_interceptor() is None
+    assert active_interceptors() == ()
     assert (eo.ones(2, 2) @ eo.ones(2, 2)).dtype == "float32"
 
     @eo.autocast()
@@ -75,7 +75,7 @@ def test_exception_inside_a_block_leaks_nothing():
 
     with pytest.raises(KeyError):
         failing()
-    assert current_interceptor() is None
+    assert active_interceptors() == ()
 
 
 def test_other_threads_do_not_see_the_block():
@@ -100,24 +100,24 @@ def test_other_threads_do_not_see_the_block():
 
 
 def test_another_interceptor_keeps_running_inside_and_around_blocks():
-    from everyo.dispatch import reset_interceptor, set_interceptor
+    from everyo.dispatch import pop_interceptor, push_interceptor
 
     seen = []
 
-    def record(name, operands):
+    def record(name, operands, attrs, proceed):
         seen.append((name, [getattr(o, "dtype", None) for o in operands]))
-        return operands
+        return proceed(operands, attrs)
 
-    token = set_interceptor(record)
+    token = push_interceptor(record)
     try:
         x = eo.ones(1, 2)
         with eo.autocast():
             x @ eo.ones(2, 1)
             with eo.autocast(False):
                 x @ eo.ones(2, 1)
-        assert current_interceptor() is record
+        assert active_interceptors() == (record,)
     finally:
-        reset_interceptor(token)
+        pop_interceptor(token)
     matmuls = [dtypes for name, dtypes in seen if name == "matmul"]
     assert matmuls == [["float16", "float16"], ["float32", "float32"]]
 
@@ -132,7 +132,7 @@ def test_one_instance_shared_by_threads_and_reentered():
                 with block:
                     with block:
                         results.append((eo.ones(1, 2) @ eo.ones(2, 1)).dtype)
-                assert current_interceptor() is None
+                assert active_interceptors() == ()
         except Exception as exc:  # pragma: no cover - reported below
             errors.append(exc)
 
@@ -166,7 +166,7 @@ def test_no_registered_op_outside_the_allowlist_is_cast_down():
     names = set(eo.registry("ops").items)
     assert LOWER_PRECISION_OPS <= names and len(names) > 30
     for name in sorted(names):
-        result = intercept(name, operands)
+        result = intercept(name, operands, {}, lambda operands, attrs: operands)
         if name in LOWER_PRECISION_OPS:
             assert [getattr(o, "dtype", None) for o in result[:3]] == ["float16"] * 2 + [np.float16]
         else:

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+import everyo as eo
+
 PLUGIN_SOURCE = '''
 import everyo as eo
 from everyo import hookimpl
@@ -83,10 +85,10 @@ def test_cli_lists_every_plugin_with_distribution_and_version(third_party):
     assert "everyo_double  [everyo-double 1.2.3]" in out
     assert "layers: Double" in out and "ops: triple" in out
     for first_party in ("everyo-core", "everyo-layers", "everyo-amp", "everyo-onnx", "everyo-dist"):
-        assert f"[{first_party} 0.1.0]" in out
+        assert f"[{first_party} {eo.__version__}]" in out
     module_form = subprocess.run([sys.executable, "-m", "everyo", "plugins"], capture_output=True,
                                  text=True, timeout=60)
-    assert module_form.returncode == 0 and "[everyo-core 0.1.0]" in module_form.stdout
+    assert module_form.returncode == 0 and f"[everyo-core {eo.__version__}]" in module_form.stdout
 
 
 def test_console_script_is_installed():

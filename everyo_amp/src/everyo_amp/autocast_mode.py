@@ -1,15 +1,17 @@
 """``eo.autocast``: run the ops a precision policy names in float16, through cast nodes.
 
-Autocast is a dispatch interceptor (see ``everyo.dispatch.set_interceptor``). For an op in the
+Autocast is a dispatch interceptor (see ``everyo.dispatch.push_interceptor``). For an op in the
 policy's ``ops``, every float32 operand is routed through the core's differentiable ``cast`` op
 before the op runs, so the op computes in float16 and the cast's backward hands each operand
 its gradient in its own dtype: float32 parameters get float32 gradients, float16 activations
 float16 ones. For an op in the policy's ``upcast`` list, float16 operands are cast up to float32
 the same way. Every other op is left alone.
 
-The interceptor lives in a ``ContextVar``: it is local to the thread (and asyncio task) that
-entered the block, it is restored on exit even when the block raises, and when no block is
-active dispatch pays one ``ContextVar.get()``.
+The active policy lives in a ``ContextVar``: it is local to the thread (and asyncio task) that
+entered the block and restored on exit even when the block raises. The interceptor is pushed
+once, by the outermost enabled block, and reads the policy on each call, so ``autocast(False)``
+makes a full-precision island while other interceptors (an exporter's tracer) keep running;
+when no block is active dispatch pays one ``ContextVar.get()``.
 
 Weight casts are not cached: every use of a float32 parameter casts its current value. A cache
 keyed by the parameter would go stale when an optimizer updates ``param.data`` in place inside
@@ -21,11 +23,12 @@ from __future__ import annotations
 
 import functools
 import threading
+from contextvars import ContextVar
 
 import numpy as np
 
 from everyo import EveryOError, Tensor, dispatch, registry
-from everyo.dispatch import current_interceptor, reset_interceptor, set_interceptor
+from everyo.dispatch import active_interceptors, pop_interceptor, push_interceptor
 from everyo_amp.policy import AutocastPolicy
 
 _F64 = np.dtype(np.float64)
@@ -52,44 +55,62 @@ def _cast_operand(operand, target: np.dtype, lowering: bool):
     return operand.astype(target)
 
 
-def make_interceptor(policy: AutocastPolicy, base=None):
-    """The dispatch interceptor applying ``policy``, then ``base`` (another interceptor) if any.
+class _Casting:
+    """A policy prepared for the hot path: its op sets and its two dtypes."""
+
+    __slots__ = ("policy", "lower_ops", "upcast_ops", "lower", "upper")
+
+    def __init__(self, policy: AutocastPolicy):
+        self.policy = policy
+        self.lower_ops, self.upcast_ops = policy.ops, policy.upcast
+        self.lower, self.upper = np.dtype(policy.dtype), np.dtype(policy.upcast_dtype)
+
+    def cast(self, name: str, operands: tuple) -> tuple:
+        if name in self.lower_ops:
+            return tuple([_cast_operand(o, self.lower, True) for o in operands])
+        if name in self.upcast_ops:
+            return tuple([_cast_operand(o, self.upper, False) for o in operands])
+        return operands
+
+
+_casting: ContextVar[_Casting | None] = ContextVar("everyo_autocast_policy", default=None)
+
+
+def _autocast_interceptor(name, operands, attrs, proceed):
+    casting = _casting.get()
+    if casting is not None:
+        operands = casting.cast(name, operands)
+    return proceed(operands, attrs)
+
+
+def make_interceptor(policy: AutocastPolicy):
+    """A dispatch interceptor that always applies ``policy`` (for tools that push it themselves).
 
     Args:
         policy: what to cast.
-        base: a non-autocast interceptor that was active when the block was entered; it keeps
-            running inside the block.
 
     Returns:
-        ``intercept(name, operands) -> operands``, carrying ``.policy`` and ``.base``.
+        ``intercept(name, operands, attrs, proceed)``, for ``everyo.dispatch.push_interceptor``.
 
     Example:
         >>> import everyo as eo
+        >>> from everyo.dispatch import intercepting
         >>> from everyo_amp import AutocastPolicy, make_interceptor
-        >>> intercept = make_interceptor(AutocastPolicy(ops={"mul"}, dtype="float16"))
-        >>> [t.dtype for t in intercept("mul", (eo.ones(2), eo.ones(2)))]
-        ['float16', 'float16']
-        >>> intercept("add", (eo.ones(2),))[0].dtype
-        'float32'
+        >>> with intercepting(make_interceptor(AutocastPolicy(ops={"mul"}, dtype="float16"))):
+        ...     (eo.ones(2) * eo.ones(2)).dtype, (eo.ones(2) + eo.ones(2)).dtype
+        ('float16', 'float32')
     """
-    lower_ops, upcast_ops = policy.ops, policy.upcast
-    lower, upper = np.dtype(policy.dtype), np.dtype(policy.upcast_dtype)
+    casting = _Casting(policy)
 
-    def intercept(name, operands):
-        if name in lower_ops:
-            operands = tuple([_cast_operand(o, lower, True) for o in operands])
-        elif name in upcast_ops:
-            operands = tuple([_cast_operand(o, upper, False) for o in operands])
-        return operands if base is None else base(name, operands)
+    def intercept(name, operands, attrs, proceed):
+        return proceed(casting.cast(name, operands), attrs)
 
-    intercept.policy = policy
-    intercept.base = base
     return intercept
 
 
 @functools.lru_cache(maxsize=64)
-def _cached_interceptor(policy: AutocastPolicy):
-    return make_interceptor(policy)
+def _prepared(policy: AutocastPolicy) -> _Casting:
+    return _Casting(policy)
 
 
 def _resolve_policy(policy, dtype) -> AutocastPolicy:
@@ -121,7 +142,8 @@ def active_policy() -> AutocastPolicy | None:
         >>> everyo_amp.active_policy() is None
         True
     """
-    return getattr(current_interceptor(), "policy", None)
+    casting = _casting.get()
+    return None if casting is None else casting.policy
 
 
 def is_autocast_enabled() -> bool:
@@ -168,22 +190,19 @@ class autocast:  # noqa: N801 - a context manager named like PyTorch's
         self._tokens: dict[int, list] = {}
 
     def __enter__(self) -> "autocast":
-        previous = current_interceptor()
-        base = getattr(previous, "base", previous) if previous is not None else None
-        if not self.enabled:
-            interceptor = base
-        elif base is None:
-            interceptor = _cached_interceptor(self.policy)
-        else:
-            interceptor = make_interceptor(self.policy, base)
-        token = set_interceptor(interceptor)
-        self._tokens.setdefault(threading.get_ident(), []).append(token)
+        tokens = [_casting.set(_prepared(self.policy) if self.enabled else None)]
+        if _autocast_interceptor not in active_interceptors():
+            tokens.append(push_interceptor(_autocast_interceptor))
+        self._tokens.setdefault(threading.get_ident(), []).append(tokens)
         return self
 
     def __exit__(self, *exc_info) -> bool:
         ident = threading.get_ident()
         stack = self._tokens[ident]
-        reset_interceptor(stack.pop())
+        tokens = stack.pop()
+        if len(tokens) == 2:
+            pop_interceptor(tokens[1])
+        _casting.reset(tokens[0])
         if not stack:
             del self._tokens[ident]
         return False

@@ -75,7 +75,17 @@ from everyo.tensor import (
     zeros_like,
 )
 
-__version__ = "0.1.0"
+
+def _installed_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("everyo-core")
+    except PackageNotFoundError:  # a source tree on sys.path without an install
+        return "0+unknown"
+
+
+__version__ = _installed_version()
 
 
 def __getattr__(name: str):
@@ -131,4 +141,4 @@ def _load_plugins() -> None:
 
 
 _load_plugins()
-del _load_plugins, annotations
+del _load_plugins, _installed_version, annotations

@@ -29,14 +29,27 @@ def _plugins(out) -> int:
     return 1 if host.failures else 0
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("everyo-core")
+    except PackageNotFoundError:  # pragma: no cover - a source tree without an install
+        return "0+unknown"
+
+
 def main(argv=None) -> int:
+    """Run the ``everyo`` command (also ``python -m everyo``); returns the exit status."""
     parser = argparse.ArgumentParser(prog="everyo", description="EveryO command-line tools")
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--version", action="version", version=f"everyo {_version()}")
+    commands = parser.add_subparsers(dest="command")
     commands.add_parser("plugins", help="list loaded plugins and what each registered")
     args = parser.parse_args(argv)
     if args.command == "plugins":
         return _plugins(sys.stdout)
-    return 2  # pragma: no cover - argparse rejects unknown commands
+    # NOTE: no command is a request for help (as git and pip do), not an error.
+    parser.print_help(sys.stdout)
+    return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,23 +1,30 @@
 """The one place every op call goes through.
 
-``dispatch(name, *operands, **attrs)`` looks the op up in the registry and applies it. Before
-that, an *interceptor* may rewrite the operands: this is how a precision policy (autocast) routes
-the operands of ``matmul`` through a cast node without the core knowing anything about float16.
-When no interceptor is active the cost is one ``ContextVar.get()``.
+``dispatch(name, *operands, **attrs)`` looks the op up in the registry and applies it. Around
+that, a stack of *interceptors* may act: a precision policy (autocast) routes the operands of
+``matmul`` through a cast node, and the ONNX exporter records each op while tracing a forward
+pass, without the core knowing anything about float16 or ONNX. When no interceptor is active the
+cost is one ``ContextVar.get()``.
+
+An interceptor is ``fn(name, operands, attrs, proceed) -> Tensor``. It may rewrite the operands
+or attributes and must return ``proceed(operands, attrs)`` (the rest of the stack, then the op)
+or a result of its own. The most recently pushed interceptor runs first.
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from contextvars import ContextVar, Token
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from everyo.errors import EveryOError
 
 #: name -> Op subclass. Filled by the plugin host from ``everyo_register_ops`` hooks.
 OPS: dict[str, Any] = {}
 
-Interceptor = Callable[[str, tuple], tuple]
-_interceptor: ContextVar[Interceptor | None] = ContextVar("everyo_dispatch_interceptor", default=None)
+Proceed = Callable[[tuple, dict], Any]
+Interceptor = Callable[[str, tuple, dict, Proceed], Any]
+_interceptors: ContextVar[tuple] = ContextVar("everyo_dispatch_interceptors", default=())
 
 
 def dispatch(name: str, *operands: Any, **attrs: Any):
@@ -36,9 +43,13 @@ def dispatch(name: str, *operands: Any, **attrs: Any):
         >>> eo.dispatch("add", eo.tensor([1.0]), 2.0).data
         array([3.], dtype=float32)
     """
-    interceptor = _interceptor.get()
-    if interceptor is not None:
-        operands = interceptor(name, operands)
+    stack = _interceptors.get()
+    if stack:
+        return _through(stack, len(stack) - 1, name, operands, attrs)
+    return _apply(name, operands, attrs)
+
+
+def _apply(name: str, operands: tuple, attrs: dict):
     try:
         op = OPS[name]
     except KeyError:
@@ -48,19 +59,54 @@ def dispatch(name: str, *operands: Any, **attrs: Any):
     return op.apply(*operands, **attrs)
 
 
-def set_interceptor(interceptor: Interceptor | None) -> Token:
-    """Install ``interceptor(name, operands) -> operands`` for the current context.
+def _through(stack: tuple, level: int, name: str, operands: tuple, attrs: dict):
+    if level < 0:
+        return _apply(name, operands, attrs)
 
-    Returns the token to pass to :func:`reset_interceptor`. Used by precision policies.
+    def proceed(operands: tuple, attrs: dict = attrs):
+        return _through(stack, level - 1, name, tuple(operands), attrs)
+
+    return stack[level](name, operands, attrs, proceed)
+
+
+def push_interceptor(interceptor: Interceptor) -> Token:
+    """Put ``interceptor`` on top of this context's stack; it runs before those already there.
+
+    Returns the token to pass to :func:`pop_interceptor`.
+
+    Example:
+        >>> import everyo as eo
+        >>> from everyo.dispatch import pop_interceptor, push_interceptor
+        >>> seen = []
+        >>> def record(name, operands, attrs, proceed):
+        ...     seen.append(name)
+        ...     return proceed(operands, attrs)
+        >>> token = push_interceptor(record)
+        >>> _ = eo.ones(2) * 2.0
+        >>> pop_interceptor(token)
+        >>> seen
+        ['mul']
     """
-    return _interceptor.set(interceptor)
+    if not callable(interceptor):
+        raise EveryOError(f"an interceptor must be callable, got {type(interceptor).__name__}")
+    return _interceptors.set(_interceptors.get() + (interceptor,))
 
 
-def reset_interceptor(token: Token) -> None:
-    """Restore the interceptor that was active before :func:`set_interceptor`."""
-    _interceptor.reset(token)
+def pop_interceptor(token: Token) -> None:
+    """Restore the stack as it was before the :func:`push_interceptor` that returned ``token``."""
+    _interceptors.reset(token)
 
 
-def current_interceptor() -> Interceptor | None:
-    """The interceptor active in this context, or None."""
-    return _interceptor.get()
+@contextmanager
+def intercepting(interceptor: Interceptor) -> Iterator[None]:
+    """``with intercepting(fn):`` pushes ``fn`` for the block and pops it afterwards."""
+    token = push_interceptor(interceptor)
+    try:
+        yield
+    finally:
+        pop_interceptor(token)
+
+
+def active_interceptors() -> tuple:
+    """The interceptors active in this context, outermost first."""
+    return _interceptors.get()

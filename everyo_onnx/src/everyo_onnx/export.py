@@ -15,7 +15,7 @@ import tempfile
 
 import numpy as np
 
-from everyo import EveryOSerializationError, Module, no_grad, registry, tensor
+from everyo import EveryOError, EveryOSerializationError, Module, no_grad, registry, tensor
 from everyo_onnx.converters.dense import convert_sequential
 from everyo_onnx.runtime import import_onnx, inference_session, run_session
 
@@ -149,7 +149,14 @@ def verify_export(model: Module, data: bytes, input_shape: tuple[int, ...]) -> f
         (batch_size, *input_shape[1:])).astype(np.float32)
     with no_grad():
         expected = np.asarray(model(tensor(batch)).data)
-    actual = run_session(inference_session(data), batch)
+    try:
+        actual = run_session(inference_session(data), batch)
+    except EveryOError:
+        raise
+    except Exception as exc:  # onnxruntime raises its own exception types
+        raise EveryOSerializationError(
+            f"export_onnx(verify=True): ONNX Runtime could not run the exported model: "
+            f"{type(exc).__name__}: {exc}. Nothing was written.") from exc
     if actual.shape != expected.shape:
         raise EveryOSerializationError(
             f"export_onnx(verify=True): ONNX Runtime returned shape {actual.shape} for a batch of "

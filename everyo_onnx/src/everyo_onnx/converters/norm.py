@@ -33,10 +33,27 @@ def convert_layer_norm(layer, ctx, x: str) -> str:
     """LayerNormalization (opset 17+) over the trailing ``len(normalized_shape)`` axes."""
     shape = layer.normalized_shape
     weight = np.ones(shape, np.float32) if layer.weight is None else layer.weight.data
+    if int(np.prod(shape)) == 1:
+        # NOTE: onnxruntime 1.23 (the newest for Python 3.10) refuses LayerNormalization over
+        # a single element; the same arithmetic from primitive nodes runs everywhere.
+        return _layer_norm_from_primitives(layer, ctx, x, weight)
     inputs = [x, ctx.constant(weight, "weight")]
     if layer.bias is not None:
         inputs.append(ctx.constant(layer.bias.data, "bias"))
     return ctx.node("LayerNormalization", inputs, axis=-len(shape), epsilon=float(layer.eps))
+
+
+def _layer_norm_from_primitives(layer, ctx, x: str, weight: np.ndarray) -> str:
+    axes = list(range(-len(layer.normalized_shape), 0))
+    centered = ctx.node("Sub", [x, ctx.node("ReduceMean", [x], axes=axes, keepdims=1)])
+    variance = ctx.node("ReduceMean", [ctx.node("Mul", [centered, centered])], axes=axes,
+                        keepdims=1)
+    eps = ctx.constant(np.array(layer.eps, np.float32), "eps")
+    normalized = ctx.node("Div", [centered, ctx.node("Sqrt", [ctx.node("Add", [variance, eps])])])
+    out = ctx.node("Mul", [normalized, ctx.constant(weight, "weight")])
+    if layer.bias is not None:
+        out = ctx.node("Add", [out, ctx.constant(layer.bias.data, "bias")])
+    return out
 
 
 CONVERTERS = {

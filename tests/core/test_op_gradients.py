@@ -27,6 +27,8 @@ def test_gradcheck(case):
 
 def test_gradcheck_detects_a_wrong_gradient():
     class WrongSquare(eo.Op):
+        __slots__ = ()
+
         def forward(self, x):
             self.saved = x
             return x * x

@@ -13,6 +13,8 @@ _names = (f"test-plugin-{i}" for i in itertools.count())
 
 
 class Cube(eo.Op):
+    __slots__ = ()
+
     def forward(self, x):
         self.saved = x
         return x ** 3

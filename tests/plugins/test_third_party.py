@@ -19,6 +19,8 @@ from everyo import hookimpl
 
 
 class Triple(eo.Op):
+    __slots__ = ()
+
     def forward(self, x):
         return x * 3
 
@@ -117,6 +119,8 @@ def test_a_plugin_claiming_a_taken_name_is_refused_naming_both(tmp_path):
         from everyo import hookimpl
 
         class NotAdd(eo.Op):
+            __slots__ = ()
+
             def forward(self, a, b):
                 return a - b
 

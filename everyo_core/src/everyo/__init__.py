@@ -9,9 +9,11 @@ everyo-layers, ``eo.autocast`` from everyo-amp, ``eo.export_onnx`` from everyo-o
 from __future__ import annotations
 
 from everyo import functional as _functional
+from everyo import inplace as _inplace  # noqa: F401  (adds add_, copy_, t[i] = v, ... to Tensor)
 from everyo.autograd import Op, unbroadcast
 from everyo.data import DataLoader, TensorDataset
 from everyo.dispatch import dispatch
+from everyo.engine import grad
 from everyo.errors import (
     EveryOError,
     EveryOIndexError,
@@ -53,7 +55,7 @@ from everyo.functional import (
     where,
 )
 from everyo.grad_mode import enable_grad, is_grad_enabled, no_grad
-from everyo.gradcheck import GradcheckError, gradcheck
+from everyo.gradcheck import GradcheckError, gradcheck, gradgradcheck
 from everyo.hookspecs import hookimpl
 from everyo.module import Module, Parameter, Sequential
 from everyo.optim import SGD, Adam, AdamW, Optimizer
@@ -74,6 +76,7 @@ from everyo.tensor import (
     zeros,
     zeros_like,
 )
+from everyo.versioning import bump_version
 
 
 def _installed_version() -> str:

@@ -5,6 +5,10 @@ operands, runs ``forward`` and, when any operand requires a gradient, keeps the 
 the output's graph node. ``backward`` receives the output's gradient and returns one gradient per
 operand (``None`` where ``needs_input_grad`` is False).
 
+This module holds the fast path (``backward()`` on arrays, no hooks); differentiable gradients
+(``create_graph=True``), ``eo.grad`` and hooks go through :mod:`everyo.engine`. The op author's
+contract (``backward_graph``, ``composite``, what an op saves) is in docs/autograd.md.
+
 Example op::
 
     class Square(Op):
@@ -22,7 +26,9 @@ import numpy as np
 
 from everyo.errors import EveryOError
 from everyo.grad_mode import _grad_enabled
+from everyo.hooks import post_accumulate_hooks, tensor_hooks
 from everyo.tensor import DEFAULT_FLOAT, Tensor
+from everyo.versioning import check_saved, clock
 
 _released = object()
 
@@ -33,12 +39,33 @@ class Op:
     Attributes available in ``forward``/``backward``:
         needs_input_grad: one bool per operand, True where a gradient is wanted.
         saved: whatever ``forward`` stores for ``backward`` (freed after backward).
+        parents: the operand Tensors (set when the op is recorded).
+
+    A subclass must declare ``__slots__`` (the attributes it stores besides ``saved``), and
+    may define ``backward_graph(g, out)`` or ``composite(*inputs)`` for second derivatives.
     """
 
-    __slots__ = ("parents", "needs_input_grad", "saved")
+    __slots__ = ("parents", "needs_input_grad", "saved", "epoch", "__weakref__")
 
     #: Name used in error messages; set from the registered name when registered.
     name = "op"
+    #: Operand indices whose values backward reads (None: every operand). Backward raises if
+    #: one of them was modified in place after the forward pass.
+    saved_inputs: tuple | None = None
+    #: True when backward reads the op's own output (exp, tanh, softmax...).
+    saves_output: bool = True
+    #: ``backward_graph(self, g, out) -> tuple``: backward written with EveryO ops on Tensors.
+    backward_graph = None
+    #: ``composite(self, *inputs) -> Tensor``: forward written with differentiable EveryO ops.
+    composite = None
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "__slots__" not in cls.__dict__:
+            # NOTE: without __slots__ every op instance carries a __dict__: slower attribute
+            # access and ~100 bytes more per graph node, and typos in attribute names pass.
+            raise TypeError(f"op class {cls.__qualname__} must declare __slots__ (the "
+                            f"attributes it stores on self; () if none)")
 
     def forward(self, *arrays, **attrs) -> np.ndarray:  # pragma: no cover - interface
         raise NotImplementedError
@@ -58,6 +85,7 @@ class Op:
         out = op.forward(*[t.data for t in tensors], **attrs)
         if record:
             op.parents = tensors
+            op.epoch = clock[0]
             return Tensor._make(out, True, op)
         return Tensor._make(out, False, None)
 
@@ -126,11 +154,14 @@ def unbroadcast(grad: np.ndarray, shape: tuple) -> np.ndarray:
     return grad.reshape(shape)
 
 
-def _topological_order(root_op) -> list:
-    """Ops reachable from ``root_op``, each after every op that consumes its output."""
+def _topological_order(root_ops, stop_at=()) -> list:
+    """Ops reachable from ``root_ops``, each after every op that consumes its output.
+
+    ``stop_at``: ids of tensors whose producers are not entered (treated as leaves).
+    """
     order: list = []
     visited: set = set()
-    stack = [(root_op, False)]
+    stack = [(op, False) for op in root_ops]
     while stack:
         op, expanded = stack.pop()
         if expanded:
@@ -151,39 +182,39 @@ def _topological_order(root_op) -> list:
         stack.append((op, True))
         for t in parents:
             ctx = t._ctx
-            if ctx is not None and id(ctx) not in visited:
+            if ctx is not None and id(ctx) not in visited and id(t) not in stop_at:
                 stack.append((ctx, False))
     order.reverse()
     return order
 
 
-def run_backward(root: Tensor, grad=None, retain_graph: bool = False) -> None:
+def run_backward(root: Tensor, grad=None, retain_graph: bool | None = None,
+                 create_graph: bool = False) -> None:
     """Propagate ``grad`` (default 1) from ``root`` to every leaf that requires a gradient."""
-    if not root.requires_grad:
-        raise EveryOError(
-            "backward() on a tensor that does not require grad: no operand of the ops that "
-            "produced it had requires_grad=True (or it was computed under no_grad())"
-        )
-    if grad is None:
-        if root.data.size != 1:
-            raise EveryOError(
-                f"backward() without a gradient needs a one-element tensor, got shape "
-                f"{root.shape}; pass grad= with that shape"
-            )
-        grad = np.ones_like(root.data)
-    else:
-        grad = np.asarray(grad.data if isinstance(grad, Tensor) else grad, dtype=root.data.dtype)
-        if grad.shape != root.shape:
-            raise EveryOError(f"backward(grad): grad shape {grad.shape} != tensor shape {root.shape}")
+    if retain_graph is None:
+        retain_graph = create_graph
+    if create_graph or tensor_hooks or post_accumulate_hooks:
+        from everyo import engine
+
+        engine.backward(root, grad, retain_graph, create_graph)
+        return
+    grad = root_gradient(root, grad)
     if root._ctx is None:
         _accumulate_leaf(root, grad, copy=True)
         return
 
+    # NOTE: the fast path: gradients are arrays, no hooks. engine.py runs the same walk with
+    # Tensors, captures and hooks; keep the two in step.
     pending = {id(root._ctx): grad}
-    for op in _topological_order(root._ctx):
+    now = clock[0]
+    if root._ctx.epoch != now:
+        check_saved(root._ctx, root)
+    for op in _topological_order((root._ctx,)):
         g = pending.pop(id(op), None)
         if g is None:
             continue
+        if op.epoch != now:
+            check_saved(op)
         grads = op.backward(g)
         if type(grads) is not tuple:
             grads = (grads,)
@@ -195,20 +226,44 @@ def run_backward(root: Tensor, grad=None, retain_graph: bool = False) -> None:
                 # activations get float16 gradients, float32 master weights float32 ones.
                 gi = gi.astype(t.data.dtype)
             if gi.shape != t.data.shape:
-                raise EveryOError(
-                    f"op {type(op).__name__}: backward returned a gradient of shape {gi.shape} "
-                    f"for an operand of shape {t.data.shape}"
-                )
+                raise_shape_mismatch(op, gi.shape, t.data.shape)
             ctx = t._ctx
             if ctx is None:
                 _accumulate_leaf(t, gi, copy=gi is g or not gi.flags.owndata)
             else:
                 key = id(ctx)
+                if ctx.epoch != now:
+                    check_saved(ctx, t)
                 previous = pending.get(key)
                 pending[key] = gi if previous is None else previous + gi
         if not retain_graph:
             op.saved = _released
             op.parents = None
+
+
+def root_gradient(root: Tensor, grad) -> np.ndarray:
+    """The starting gradient of a backward pass from ``root`` as an array (checked)."""
+    if not root.requires_grad:
+        raise EveryOError(
+            "backward() on a tensor that does not require grad: no operand of the ops that "
+            "produced it had requires_grad=True (or it was computed under no_grad())"
+        )
+    if grad is None:
+        if root.data.size != 1:
+            raise EveryOError(
+                f"backward() without a gradient needs a one-element tensor, got shape "
+                f"{root.shape}; pass grad= with that shape"
+            )
+        return np.ones_like(root.data)
+    grad = np.asarray(grad.data if isinstance(grad, Tensor) else grad, dtype=root.data.dtype)
+    if grad.shape != root.shape:
+        raise EveryOError(f"backward(grad): grad shape {grad.shape} != tensor shape {root.shape}")
+    return grad
+
+
+def raise_shape_mismatch(op, got: tuple, expected: tuple) -> None:
+    raise EveryOError(f"op {type(op).__name__}: backward returned a gradient of shape {got} "
+                      f"for an operand of shape {expected}")
 
 
 def _accumulate_leaf(t: Tensor, g: np.ndarray, copy: bool) -> None:

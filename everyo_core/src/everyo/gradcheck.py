@@ -42,7 +42,10 @@ def gradcheck(fn, *inputs, params=(), eps: float = 1e-6, atol: float = 1e-5, rto
                                  f"(call module.to('float64') first)")
     checked = [t for t in tensors if t.requires_grad] + params
     for t in checked:
-        t.data = np.ascontiguousarray(t.data)  # so the flat view below perturbs the tensor
+        # NOTE: a contiguous array, so the flat view below perturbs the tensor (not
+        # np.ascontiguousarray, which turns a 0-d array into shape (1,)).
+        if not t.data.flags.c_contiguous:
+            t.data = np.array(t.data, order="C")
 
     out = fn(*tensors)
     weights = np.random.default_rng(seed).standard_normal(out.shape)
@@ -77,3 +80,65 @@ def gradcheck(fn, *inputs, params=(), eps: float = 1e-6, atol: float = 1e-5, rto
                 f"(max abs error {error.max():.3g})"
             )
     return True
+
+
+def gradgradcheck(fn, *inputs, eps: float = 1e-6, atol: float = 1e-5, rtol: float = 1e-4,
+                  seed: int = 0) -> bool:
+    """Check ``fn``'s second derivatives numerically (in float64).
+
+    Three checks: the first derivatives (:func:`gradcheck`); the differentiable first
+    derivative ``eo.grad(fn(*inputs), inputs, v, create_graph=True)`` has the same values as
+    the fast one (so an op's ``backward_graph`` agrees with its ``backward``); and that
+    differentiable first derivative is itself checked with :func:`gradcheck`, against both the
+    floating ``inputs`` and the output gradient ``v`` (fixed random values), as PyTorch's
+    gradgradcheck does.
+
+    Returns True, or raises ``GradcheckError`` (or the ``EveryOError`` of an op that has no
+    second derivative).
+
+    Example:
+        >>> import everyo as eo, numpy as np
+        >>> eo.gradgradcheck(lambda x: (x * x * x).sum(), np.array([1.0, -2.0]))
+        True
+    """
+    from everyo.engine import grad
+    from everyo.grad_mode import enable_grad
+
+    arrays = [x.data if isinstance(x, Tensor) else np.asarray(x) for x in inputs]
+    floating = [i for i, a in enumerate(arrays) if a.dtype.kind == "f"]
+    if not floating:
+        raise GradcheckError("gradgradcheck needs at least one floating input")
+    probe = [Tensor(a.astype(np.float64) if a.dtype.kind == "f" else a) for a in arrays]
+    out_shape = fn(*probe).shape
+    v = np.random.default_rng(seed + 1).standard_normal(out_shape)
+
+    def first_derivative(*args):
+        *xs, v_t = args
+        with enable_grad():
+            wrt = [xs[i] for i in floating]
+            grads = grad(fn(*xs), wrt, grad_outputs=v_t, create_graph=True, allow_unused=True)
+            flat = [(g if g is not None else Tensor(np.zeros(t.shape))).reshape(-1)
+                    for g, t in zip(grads, wrt)]
+            return flat[0] if len(flat) == 1 else _concatenate(flat)
+
+    gradcheck(fn, *arrays, eps=eps, atol=atol, rtol=rtol, seed=seed)
+    xs = [Tensor(a.astype(np.float64), requires_grad=True) if a.dtype.kind == "f" else Tensor(a)
+          for a in arrays]
+    fast = grad(fn(*xs), [xs[i] for i in floating], grad_outputs=Tensor(v), allow_unused=True)
+    graph = first_derivative(*xs, Tensor(v)).data
+    fast = np.concatenate([np.zeros(xs[i].size) if g is None else g.data.reshape(-1)
+                           for g, i in zip(fast, floating)])
+    error = np.abs(graph - fast)
+    if np.any(error > atol + rtol * np.abs(fast)):
+        worst = int(np.argmax(error))
+        raise GradcheckError(
+            f"gradgradcheck: the differentiable first derivative (backward_graph/composite) "
+            f"disagrees with backward at flat element {worst}: {graph[worst]:.8g} vs "
+            f"{fast[worst]:.8g}")
+    return gradcheck(first_derivative, *arrays, v, eps=eps, atol=atol, rtol=rtol, seed=seed)
+
+
+def _concatenate(tensors):
+    from everyo.dispatch import dispatch
+
+    return dispatch("concatenate", *tensors, axis=0)

@@ -9,6 +9,7 @@ import numpy as np
 
 from everyo.errors import EveryOError
 from everyo.tensor import DEFAULT_FLOAT, Tensor
+from everyo.versioning import bump_version
 
 
 class Parameter(Tensor):
@@ -188,6 +189,7 @@ class Module:
             value = np.asarray(state[key].data if isinstance(state[key], Tensor) else state[key])
             if key in targets:
                 targets[key].data[...] = value
+                bump_version(targets[key])
             else:
                 owner_path, _, name = key.rpartition(".")
                 owner = dict(self.named_modules())[owner_path]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from everyo.errors import EveryOError
+from everyo.versioning import bump_version
 
 
 class Optimizer:
@@ -43,6 +44,7 @@ class Optimizer:
         for p, state in zip(self.params, self.state):
             if p.grad is not None:
                 self._update(p.data, p.grad, state)
+                bump_version(p)  # a graph that saved p before this step must not run backward
 
     def _update(self, w: np.ndarray, g: np.ndarray, state: dict) -> None:  # pragma: no cover
         raise NotImplementedError

@@ -145,17 +145,51 @@ class Tensor:
         return dispatch("cast", self, dtype=np.dtype(dtype))
 
     # -- autograd ---------------------------------------------------------------------------
-    def backward(self, grad=None, retain_graph: bool = False) -> None:
+    def backward(self, grad=None, retain_graph: bool | None = None,
+                 create_graph: bool = False) -> None:
         """Accumulate d(self)/d(leaf) into every leaf's ``.grad``.
 
         Args:
             grad: the gradient of some scalar with respect to this tensor; defaults to 1 for a
                 one-element tensor.
-            retain_graph: keep the graph so that ``backward()`` can run through it again.
+            retain_graph: keep the graph so that ``backward()`` can run through it again
+                (default: ``create_graph``).
+            create_graph: build the gradient computation as a graph too (``.grad`` still
+                receives arrays; use ``eo.grad(..., create_graph=True)`` for gradients that
+                can be differentiated again).
         """
         from everyo.autograd import run_backward
 
-        run_backward(self, grad, retain_graph)
+        run_backward(self, grad, retain_graph, create_graph)
+
+    def register_hook(self, fn):
+        """Call ``fn(grad_array)`` when this tensor's gradient is computed; a non-None return
+        value replaces the gradient. Returns a handle with ``.remove()``.
+
+        Example:
+            >>> import everyo as eo
+            >>> x = eo.ones(2, requires_grad=True)
+            >>> h = x.register_hook(lambda g: g * 10)
+            >>> (x * 3).sum().backward(); x.grad
+            array([30., 30.], dtype=float32)
+        """
+        from everyo.hooks import register_hook
+
+        return register_hook(self, fn)
+
+    def register_post_accumulate_grad_hook(self, fn):
+        """Call ``fn(self)`` once per backward pass right after this leaf's ``.grad`` is final.
+        Returns a handle with ``.remove()`` (see docs/autograd.md for the exact order)."""
+        from everyo.hooks import register_post_accumulate_grad_hook
+
+        return register_post_accumulate_grad_hook(self, fn)
+
+    @property
+    def _version(self) -> int:
+        """How many in-place writes through EveryO this tensor's storage has seen."""
+        from everyo.versioning import version
+
+        return version(self)
 
     # -- shape ops with flexible signatures ----------------------------------------------------
     def reshape(self, *shape) -> "Tensor":

@@ -11,6 +11,8 @@ from everyo_layers.checks import check_float
 class DropoutOp(Op):
     """Multiply by a keep-mask scaled by ``1/(1-p)``; ``rng`` draws the mask."""
 
+    __slots__ = ()
+
     def forward(self, x, p, rng):
         keep = rng.random(x.shape, dtype=np.float32) >= p
         # NOTE: fold the 1/(1-p) scale into the mask once: one multiply forward and backward.

@@ -116,6 +116,8 @@ class NLLLossOp(_LossOp):
 class _ElementwiseLossOp(_LossOp):
     """A loss of ``input`` and ``target`` of equal shapes; both may need gradients."""
 
+    __slots__ = ()
+
     def forward(self, x, y, reduction="mean", **attrs):
         compute = accumulation_dtype(x.dtype)
         loss = self.elementwise(x.astype(compute, copy=False), y.astype(compute, copy=False),
@@ -131,6 +133,8 @@ class _ElementwiseLossOp(_LossOp):
 
 
 class MSELossOp(_ElementwiseLossOp):
+    __slots__ = ()
+
     def elementwise(self, x, y):
         diff = x - y
         self.saved = diff
@@ -142,6 +146,8 @@ class MSELossOp(_ElementwiseLossOp):
 
 
 class L1LossOp(_ElementwiseLossOp):
+    __slots__ = ()
+
     def elementwise(self, x, y):
         diff = x - y
         self.saved = np.sign(diff)
@@ -154,6 +160,8 @@ class L1LossOp(_ElementwiseLossOp):
 class BCEWithLogitsOp(_ElementwiseLossOp):
     """Binary cross-entropy on logits, ``max(x,0) - x*y + log(1 + exp(-|x|))``, optionally with
     PyTorch's ``pos_weight`` on the positive term."""
+
+    __slots__ = ()
 
     def elementwise(self, x, y, pos_weight=None):
         softplus_neg = np.log1p(np.exp(-np.abs(x))) + np.maximum(-x, 0)  # log(1 + exp(-x))

@@ -6,11 +6,15 @@ from __future__ import annotations
 import numpy as np
 
 from everyo.autograd import Op, unbroadcast
+from everyo.dispatch import dispatch
+from everyo.ops.graph_math import constant, unbroadcast_tensor
 from everyo.ops.unary import floating
 
 
 class Add(Op):
     __slots__ = ("shapes",)
+    saved_inputs = ()
+    saves_output = False
 
     def forward(self, a, b):
         self.shapes = (a.shape, b.shape)
@@ -21,9 +25,16 @@ class Add(Op):
         return (unbroadcast(g, self.shapes[0]) if na else None,
                 unbroadcast(g, self.shapes[1]) if nb else None)
 
+    def backward_graph(self, g, out):
+        na, nb = self.needs_input_grad
+        return (unbroadcast_tensor(g, self.shapes[0]) if na else None,
+                unbroadcast_tensor(g, self.shapes[1]) if nb else None)
+
 
 class Sub(Op):
     __slots__ = ("shapes",)
+    saved_inputs = ()
+    saves_output = False
 
     def forward(self, a, b):
         self.shapes = (a.shape, b.shape)
@@ -34,8 +45,17 @@ class Sub(Op):
         return (unbroadcast(g, self.shapes[0]) if na else None,
                 unbroadcast(-g, self.shapes[1]) if nb else None)
 
+    def backward_graph(self, g, out):
+        na, nb = self.needs_input_grad
+        return (unbroadcast_tensor(g, self.shapes[0]) if na else None,
+                unbroadcast_tensor(-g, self.shapes[1]) if nb else None)
+
 
 class Mul(Op):
+    __slots__ = ()
+    saved_inputs = (0, 1)
+    saves_output = False
+
     def forward(self, a, b):
         self.saved = (a, b)
         return a * b
@@ -46,8 +66,18 @@ class Mul(Op):
         return (unbroadcast(g * b, a.shape) if na else None,
                 unbroadcast(g * a, b.shape) if nb else None)
 
+    def backward_graph(self, g, out):
+        a, b = self.parents
+        na, nb = self.needs_input_grad
+        return (unbroadcast_tensor(g * b, a.shape) if na else None,
+                unbroadcast_tensor(g * a, b.shape) if nb else None)
+
 
 class Div(Op):
+    __slots__ = ()
+    saved_inputs = (0, 1)
+    saves_output = True
+
     def forward(self, a, b):
         if a.dtype.kind not in "fc" and b.dtype.kind not in "fc":
             a, b = floating(a), floating(b)  # true division of integers: float32, as PyTorch
@@ -62,8 +92,25 @@ class Div(Op):
         return (unbroadcast(gb, a.shape) if na else None,
                 unbroadcast(-gb * out, b.shape) if nb else None)
 
+    def backward_graph(self, g, out):
+        a, b = self.parents
+        na, nb = self.needs_input_grad
+        gb = g / b
+        return (unbroadcast_tensor(gb, a.shape) if na else None,
+                unbroadcast_tensor(-gb * out, b.shape) if nb else None)
+
+
+def _lowered(b):
+    """``b - 1``, except 1 where ``b == 0``: then ``b * a ** (b - 1)`` is 0 even at a == 0
+    (PyTorch's gradient of ``x ** 0`` is 0 everywhere; 0 * 0 ** -1 would be NaN)."""
+    return np.where(b == 0, np.ones((), b.dtype), b - 1)
+
 
 class Pow(Op):
+    __slots__ = ()
+    saved_inputs = (0, 1)
+    saves_output = True
+
     def forward(self, a, b):
         out = a ** b
         self.saved = (a, b, out)
@@ -74,12 +121,25 @@ class Pow(Op):
         na, nb = self.needs_input_grad
         ga = gb = None
         if na:
-            ga = unbroadcast(g * b * a ** (b - 1), a.shape)
+            ga = unbroadcast(g * b * a ** _lowered(b), a.shape)
         if nb:
             # NOTE: d(a**b)/db = a**b * log(a); PyTorch defines it as 0 where a == 0.
             with np.errstate(divide="ignore", invalid="ignore"):
                 log_a = np.where(a == 0, 0, np.log(np.where(a == 0, 1, a)))
             gb = unbroadcast(g * out * log_a, b.shape)
+        return ga, gb
+
+    def backward_graph(self, g, out):
+        a, b = self.parents
+        na, nb = self.needs_input_grad
+        ga = gb = None
+        if na:
+            exponent = dispatch("where", constant(b.data == 0), np.ones((), b.data.dtype), b - 1)
+            ga = unbroadcast_tensor(g * b * a ** exponent, a.shape)
+        if nb:
+            zero = constant(a.data == 0)
+            log_a = dispatch("where", zero, 0.0, dispatch("log", dispatch("where", zero, 1.0, a)))
+            gb = unbroadcast_tensor(g * out * log_a, b.shape)
         return ga, gb
 
 
@@ -89,7 +149,17 @@ def _tie_aware(select_a: np.ndarray, ties: np.ndarray, g: np.ndarray):
     return g * share, g * (1 - share)
 
 
+def _tie_aware_graph(op, select_a: np.ndarray, g):
+    a, b = op.parents
+    share = np.where(a.data == b.data, 0.5, select_a).astype(g.data.dtype, copy=False)
+    return (unbroadcast_tensor(g * share, a.shape), unbroadcast_tensor(g * (1 - share), b.shape))
+
+
 class Maximum(Op):
+    __slots__ = ()
+    saved_inputs = (0, 1)
+    saves_output = False
+
     def forward(self, a, b):
         self.saved = (a, b)
         return np.maximum(a, b)
@@ -99,8 +169,16 @@ class Maximum(Op):
         ga, gb = _tie_aware(a > b, a == b, g)
         return unbroadcast(ga, a.shape), unbroadcast(gb, b.shape)
 
+    def backward_graph(self, g, out):
+        a, b = self.parents
+        return _tie_aware_graph(self, a.data > b.data, g)
+
 
 class Minimum(Op):
+    __slots__ = ()
+    saved_inputs = (0, 1)
+    saves_output = False
+
     def forward(self, a, b):
         self.saved = (a, b)
         return np.minimum(a, b)
@@ -110,9 +188,17 @@ class Minimum(Op):
         ga, gb = _tie_aware(a < b, a == b, g)
         return unbroadcast(ga, a.shape), unbroadcast(gb, b.shape)
 
+    def backward_graph(self, g, out):
+        a, b = self.parents
+        return _tie_aware_graph(self, a.data < b.data, g)
+
 
 class Where(Op):
     """``where(condition, a, b)``; the condition is not differentiable."""
+
+    __slots__ = ()
+    saved_inputs = (0,)
+    saves_output = False
 
     def forward(self, condition, a, b):
         condition = condition.astype(bool, copy=False)
@@ -127,22 +213,40 @@ class Where(Op):
                 unbroadcast(np.where(condition, g, zero), sa) if na else None,
                 unbroadcast(np.where(condition, zero, g), sb) if nb else None)
 
+    def backward_graph(self, g, out):
+        condition, sa, sb = self.saved
+        _, na, nb = self.needs_input_grad
+        mask, zero = constant(condition), np.zeros((), g.data.dtype)
+        return (None,
+                unbroadcast_tensor(dispatch("where", mask, g, zero), sa) if na else None,
+                unbroadcast_tensor(dispatch("where", mask, zero, g), sb) if nb else None)
+
 
 class Clip(Op):
     """``clip(x, min=None, max=None)``; the gradient passes where min <= x <= max."""
+
+    __slots__ = ()
+    saved_inputs = (0,)
+    saves_output = False
 
     def forward(self, x, min=None, max=None):
         self.saved = (x, min, max)
         return np.clip(x, min, max)
 
     def backward(self, g):
+        return (np.where(self._inside(), g, np.zeros((), g.dtype)),)
+
+    def _inside(self) -> np.ndarray:
         x, lo, hi = self.saved
         inside = np.ones(x.shape, bool)
         if lo is not None:
             inside &= x >= lo
         if hi is not None:
             inside &= x <= hi
-        return (np.where(inside, g, np.zeros((), g.dtype)),)
+        return inside
+
+    def backward_graph(self, g, out):
+        return (dispatch("where", constant(self._inside()), g, np.zeros((), g.data.dtype)),)
 
 
 OPS = {"add": Add, "sub": Sub, "mul": Mul, "div": Div, "pow": Pow, "maximum": Maximum,

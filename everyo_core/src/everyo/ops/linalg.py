@@ -5,7 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from everyo.autograd import Op, unbroadcast
+from everyo.dispatch import dispatch
 from everyo.errors import EveryOError
+from everyo.ops.graph_math import swap_last, unbroadcast_tensor
 
 _F16 = np.dtype(np.float16)
 _F32 = np.dtype(np.float32)
@@ -43,6 +45,8 @@ class MatMul(Op):
     casting matmul's operands sees the bias too."""
 
     __slots__ = ("bias_shape",)
+    saved_inputs = (0, 1)
+    saves_output = False
 
     def forward(self, a, b, bias=None):
         _check_shapes(a, b)
@@ -87,6 +91,27 @@ class MatMul(Op):
                 gb = gb.reshape(b.shape)  # would copy again before storing it in a leaf's .grad
         if len(self.needs_input_grad) > 2 and self.needs_input_grad[2]:
             gbias = unbroadcast(g, self.bias_shape)
+        return ga, gb, gbias
+
+    def backward_graph(self, g, out):
+        a, b = self.parents[:2]
+        na, nb = self.needs_input_grad[:2]
+        ga = gb = gbias = None
+        a2 = a.reshape((1,) + a.shape) if a.ndim == 1 else a
+        b2 = b.reshape(b.shape + (1,)) if b.ndim == 1 else b
+        g2 = g
+        if b.ndim == 1:
+            g2 = g2.reshape(g2.shape + (1,))
+        if a.ndim == 1:
+            g2 = g2.reshape(g2.shape[:-1] + (1,) + g2.shape[-1:])
+        if na:
+            ga = unbroadcast_tensor(dispatch("matmul", g2, swap_last(b2)), a2.shape)
+            ga = ga.reshape(a.shape)
+        if nb:
+            gb = unbroadcast_tensor(dispatch("matmul", swap_last(a2), g2), b2.shape)
+            gb = gb.reshape(b.shape)
+        if len(self.needs_input_grad) > 2 and self.needs_input_grad[2]:
+            gbias = unbroadcast_tensor(g, self.bias_shape)
         return ga, gb, gbias
 
 

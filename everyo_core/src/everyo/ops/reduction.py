@@ -5,7 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from everyo.autograd import Op
+from everyo.dispatch import dispatch
 from everyo.errors import EveryOError
+from everyo.ops.graph_math import expand_reduced
 from everyo.ops.unary import floating
 
 
@@ -32,6 +34,8 @@ def _expand(g: np.ndarray, axes: tuple, keepdims: bool) -> np.ndarray:
 
 class Sum(Op):
     __slots__ = ("shape", "axes", "keepdims")
+    saved_inputs = ()
+    saves_output = False
 
     def forward(self, x, axis=None, keepdims=False):
         self.shape, self.axes, self.keepdims = x.shape, _axes(axis, x.shape, self.name), keepdims
@@ -40,9 +44,14 @@ class Sum(Op):
     def backward(self, g):
         return (np.broadcast_to(_expand(g, self.axes, self.keepdims), self.shape),)
 
+    def backward_graph(self, g, out):
+        return (expand_reduced(g, self.axes, self.keepdims, self.shape),)
+
 
 class Mean(Op):
     __slots__ = ("shape", "axes", "keepdims")
+    saved_inputs = ()
+    saves_output = False
 
     def forward(self, x, axis=None, keepdims=False):
         self.shape, self.axes, self.keepdims = x.shape, _axes(axis, x.shape, self.name), keepdims
@@ -53,9 +62,15 @@ class Mean(Op):
         g = _expand(g, self.axes, self.keepdims) / np.asarray(count, g.dtype)
         return (np.broadcast_to(g, self.shape),)
 
+    def backward_graph(self, g, out):
+        count = int(np.prod([self.shape[a] for a in self.axes])) if self.axes else 1
+        return (expand_reduced(g / float(count), self.axes, self.keepdims, self.shape),)
+
 
 class _Extremum(Op):
     __slots__ = ("axes", "keepdims")
+    saved_inputs = (0,)
+    saves_output = True
     reducer = staticmethod(np.max)
 
     def forward(self, x, axis=None, keepdims=False):
@@ -70,6 +85,12 @@ class _Extremum(Op):
         hits = x == out
         share = hits / hits.sum(axis=self.axes, keepdims=True)
         return (_expand(g, self.axes, self.keepdims) * share.astype(g.dtype, copy=False),)
+
+    def backward_graph(self, g, out):
+        x, top = self.saved
+        hits = x == top
+        share = (hits / hits.sum(axis=self.axes, keepdims=True)).astype(g.data.dtype, copy=False)
+        return (expand_reduced(g, self.axes, self.keepdims, x.shape) * share,)
 
 
 class Max(_Extremum):
@@ -86,6 +107,8 @@ class Var(Op):
     """Variance with NumPy's ``ddof`` (default 0, the population variance)."""
 
     __slots__ = ("axes", "keepdims", "denominator")
+    saved_inputs = ()
+    saves_output = False
 
     def forward(self, x, axis=None, keepdims=False, ddof=0):
         self.axes, self.keepdims = _axes(axis, x.shape, self.name), keepdims
@@ -101,9 +124,17 @@ class Var(Op):
         scale = np.asarray(2 / self.denominator, g.dtype)
         return (_expand(g, self.axes, self.keepdims) * centered * scale,)
 
+    def backward_graph(self, g, out):
+        (x,) = self.parents
+        centered = x - dispatch("mean", x, axis=self.axes, keepdims=True)
+        g = expand_reduced(g, self.axes, self.keepdims, x.shape)
+        return (g * centered * (2.0 / self.denominator),)
+
 
 class Softmax(Op):
     __slots__ = ("axis",)
+    saved_inputs = ()
+    saves_output = True
 
     def forward(self, x, axis=-1):
         self.axis = axis
@@ -117,6 +148,10 @@ class Softmax(Op):
         y = self.saved
         return (y * (g - (g * y).sum(axis=self.axis, keepdims=True)),)
 
+    def backward_graph(self, g, out):
+        dot = dispatch("sum", g * out, axis=self.axis, keepdims=True)
+        return (out * (g - dot),)
+
 
 def log_softmax_array(x: np.ndarray, axis: int = -1) -> np.ndarray:
     """Numerically stable log(softmax(x)) on a plain array."""
@@ -126,6 +161,8 @@ def log_softmax_array(x: np.ndarray, axis: int = -1) -> np.ndarray:
 
 class LogSoftmax(Op):
     __slots__ = ("axis",)
+    saved_inputs = ()
+    saves_output = True
 
     def forward(self, x, axis=-1):
         self.axis = axis
@@ -135,6 +172,10 @@ class LogSoftmax(Op):
 
     def backward(self, g):
         return (g - np.exp(self.saved) * g.sum(axis=self.axis, keepdims=True),)
+
+    def backward_graph(self, g, out):
+        total = dispatch("sum", g, axis=self.axis, keepdims=True)
+        return (g - dispatch("exp", out) * total,)
 
 
 OPS = {"sum": Sum, "mean": Mean, "max": Max, "min": Min, "var": Var, "softmax": Softmax,

@@ -6,11 +6,14 @@ from __future__ import annotations
 import numpy as np
 
 from everyo.autograd import Op
+from everyo.dispatch import dispatch
 from everyo.errors import EveryOError, EveryOIndexError
 
 
 class Reshape(Op):
     __slots__ = ("shape",)
+    saved_inputs = ()
+    saves_output = False
 
     def forward(self, x, shape):
         self.shape = x.shape
@@ -23,19 +26,30 @@ class Reshape(Op):
     def backward(self, g):
         return (g.reshape(self.shape),)
 
+    def backward_graph(self, g, out):
+        return (dispatch("reshape", g, shape=self.shape),)
+
 
 class Transpose(Op):
     __slots__ = ("axes",)
+    saved_inputs = ()
+    saves_output = False
 
     def forward(self, x, axes=None):
-        self.axes = tuple(range(x.ndim))[::-1] if axes is None else tuple(axes)
-        if sorted(a % x.ndim for a in self.axes) != list(range(x.ndim)):
-            raise EveryOError(f"transpose: axes {self.axes} are not a permutation of "
+        axes = tuple(range(x.ndim))[::-1] if axes is None else tuple(axes)
+        if (len(axes) != x.ndim or any(not -x.ndim <= a < x.ndim for a in axes)
+                or sorted(a % x.ndim for a in axes) != list(range(x.ndim))):
+            raise EveryOError(f"transpose: axes {axes} are not a permutation of "
                               f"{x.ndim} axes (shape {x.shape})")
+        # NOTE: stored non-negative: backward inverts the permutation with argsort.
+        self.axes = tuple(a % x.ndim for a in axes)
         return x.transpose(self.axes)
 
     def backward(self, g):
         return (g.transpose(np.argsort(self.axes)),)
+
+    def backward_graph(self, g, out):
+        return (dispatch("transpose", g, axes=tuple(int(a) for a in np.argsort(self.axes))),)
 
 
 def _plain_index(index):
@@ -60,6 +74,8 @@ class GetItem(Op):
     """Basic and integer-array indexing; the gradient is scattered back (added on repeats)."""
 
     __slots__ = ("shape", "index")
+    saved_inputs = ()
+    saves_output = False
 
     def forward(self, x, index):
         self.shape, self.index = x.shape, _plain_index(index)
@@ -70,16 +86,45 @@ class GetItem(Op):
                               f"{exc}") from None
 
     def backward(self, g):
-        grad = np.zeros(self.shape, g.dtype)
-        if _is_advanced(self.index):
-            np.add.at(grad, self.index, g)  # repeated indices must add up
-        else:
-            grad[self.index] = g
-        return (grad,)
+        return (_scatter(g, self.shape, self.index),)
+
+    def backward_graph(self, g, out):
+        return (ScatterGrad.apply(g, shape=self.shape, index=self.index),)
+
+
+def _scatter(g: np.ndarray, shape: tuple, index) -> np.ndarray:
+    grad = np.zeros(shape, g.dtype)
+    if _is_advanced(index):
+        np.add.at(grad, index, g)  # repeated indices must add up
+    else:
+        grad[index] = g
+    return grad
+
+
+class ScatterGrad(Op):
+    """The gradient of ``getitem`` as an op (so that it can be differentiated again): ``g``
+    placed at ``index`` in zeros of ``shape``. Its own gradient is ``getitem`` again."""
+
+    __slots__ = ("index",)
+    name = "getitem_backward"
+    saved_inputs = ()
+    saves_output = False
+
+    def forward(self, g, shape, index):
+        self.index = index
+        return _scatter(g, shape, index)
+
+    def backward(self, gg):
+        return (gg[self.index],)
+
+    def backward_graph(self, gg, out):
+        return (dispatch("getitem", gg, index=self.index),)
 
 
 class Concatenate(Op):
     __slots__ = ("axis", "splits")
+    saved_inputs = ()
+    saves_output = False
 
     def forward(self, *xs, axis=0):
         self.axis = axis
@@ -94,9 +139,18 @@ class Concatenate(Op):
         parts = np.split(g, self.splits, axis=self.axis)
         return tuple(p if n else None for p, n in zip(parts, self.needs_input_grad))
 
+    def backward_graph(self, g, out):
+        axis = self.axis % g.ndim
+        bounds = [0, *self.splits, g.shape[axis]]
+        lead = (slice(None),) * axis
+        return tuple(dispatch("getitem", g, index=lead + (slice(int(lo), int(hi)),)) if n else None
+                     for lo, hi, n in zip(bounds, bounds[1:], self.needs_input_grad))
+
 
 class Stack(Op):
     __slots__ = ("axis",)
+    saved_inputs = ()
+    saves_output = False
 
     def forward(self, *xs, axis=0):
         self.axis = axis
@@ -109,11 +163,18 @@ class Stack(Op):
         parts = np.moveaxis(g, self.axis, 0)
         return tuple(p if n else None for p, n in zip(parts, self.needs_input_grad))
 
+    def backward_graph(self, g, out):
+        lead = (slice(None),) * (self.axis % g.ndim)
+        return tuple(dispatch("getitem", g, index=lead + (i,)) if n else None
+                     for i, n in enumerate(self.needs_input_grad))
+
 
 class Pad(Op):
     """Constant padding, ``pad_width`` as in ``np.pad``."""
 
     __slots__ = ("region",)
+    saved_inputs = ()
+    saves_output = False
 
     def forward(self, x, pad_width, value=0.0):
         widths = np.broadcast_to(np.asarray(pad_width, int), (x.ndim, 2))
@@ -122,6 +183,9 @@ class Pad(Op):
 
     def backward(self, g):
         return (g[self.region],)
+
+    def backward_graph(self, g, out):
+        return (dispatch("getitem", g, index=self.region),)
 
 
 OPS = {"reshape": Reshape, "transpose": Transpose, "getitem": GetItem,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from everyo.autograd import Op
+from everyo.dispatch import dispatch
 from everyo.tensor import DEFAULT_FLOAT
 
 
@@ -16,14 +17,25 @@ def floating(x: np.ndarray) -> np.ndarray:
 
 
 class Neg(Op):
+    __slots__ = ()
+    saved_inputs = ()
+    saves_output = False
+
     def forward(self, x):
         return -x
 
     def backward(self, g):
         return (-g,)
 
+    def backward_graph(self, g, out):
+        return (-g,)
+
 
 class Abs(Op):
+    __slots__ = ()
+    saved_inputs = (0,)
+    saves_output = False
+
     def forward(self, x):
         self.saved = x
         return np.abs(x)
@@ -31,8 +43,15 @@ class Abs(Op):
     def backward(self, g):
         return (g * np.sign(self.saved),)
 
+    def backward_graph(self, g, out):
+        return (g * np.sign(self.parents[0].data),)
+
 
 class Exp(Op):
+    __slots__ = ()
+    saved_inputs = ()
+    saves_output = True
+
     def forward(self, x):
         x = floating(x)
         out = np.exp(x)
@@ -42,8 +61,15 @@ class Exp(Op):
     def backward(self, g):
         return (g * self.saved,)
 
+    def backward_graph(self, g, out):
+        return (g * out,)
+
 
 class Log(Op):
+    __slots__ = ()
+    saved_inputs = (0,)
+    saves_output = False
+
     def forward(self, x):
         x = floating(x)
         self.saved = x
@@ -52,8 +78,15 @@ class Log(Op):
     def backward(self, g):
         return (g / self.saved,)
 
+    def backward_graph(self, g, out):
+        return (g / self.parents[0],)
+
 
 class Sqrt(Op):
+    __slots__ = ()
+    saved_inputs = ()
+    saves_output = True
+
     def forward(self, x):
         x = floating(x)
         out = np.sqrt(x)
@@ -63,8 +96,15 @@ class Sqrt(Op):
     def backward(self, g):
         return (g / (2 * self.saved),)
 
+    def backward_graph(self, g, out):
+        return (g / (out * 2.0),)
+
 
 class Tanh(Op):
+    __slots__ = ()
+    saved_inputs = ()
+    saves_output = True
+
     def forward(self, x):
         x = floating(x)
         out = np.tanh(x)
@@ -75,6 +115,9 @@ class Tanh(Op):
         y = self.saved
         return (g * (1 - y * y),)
 
+    def backward_graph(self, g, out):
+        return (g * (1.0 - out * out),)
+
 
 def stable_sigmoid(x: np.ndarray) -> np.ndarray:
     """1 / (1 + exp(-x)) without overflow for large |x|."""
@@ -83,6 +126,10 @@ def stable_sigmoid(x: np.ndarray) -> np.ndarray:
 
 
 class Sigmoid(Op):
+    __slots__ = ()
+    saved_inputs = ()
+    saves_output = True
+
     def forward(self, x):
         x = floating(x)
         out = stable_sigmoid(x)
@@ -92,6 +139,9 @@ class Sigmoid(Op):
     def backward(self, g):
         y = self.saved
         return (g * y * (1 - y),)
+
+    def backward_graph(self, g, out):
+        return (g * out * (1.0 - out),)
 
 
 _F16 = np.dtype(np.float16)
@@ -127,6 +177,10 @@ def keep_where(mask: np.ndarray, values: np.ndarray, out: np.ndarray | None = No
 
 
 class ReLU(Op):
+    __slots__ = ()
+    saved_inputs = ()
+    saves_output = False
+
     def forward(self, x):
         if x.dtype == _F16:
             # NOTE: NumPy's float16 arithmetic is ~30x slower than float32, so ReLU works on
@@ -142,11 +196,16 @@ class ReLU(Op):
     def backward(self, g):
         return (keep_where(self.saved, g),)
 
+    def backward_graph(self, g, out):
+        return (g * self.saved.astype(g.data.dtype),)
+
 
 class Cast(Op):
     """Differentiable dtype conversion; the gradient goes back in the operand's dtype."""
 
     __slots__ = ("source",)
+    saved_inputs = ()
+    saves_output = False
 
     def forward(self, x, dtype):
         self.source = x.dtype
@@ -154,6 +213,9 @@ class Cast(Op):
 
     def backward(self, g):
         return (g.astype(self.source, copy=False),)
+
+    def backward_graph(self, g, out):
+        return (dispatch("cast", g, dtype=self.source),)
 
 
 OPS = {"neg": Neg, "abs": Abs, "exp": Exp, "log": Log, "sqrt": Sqrt, "tanh": Tanh,

@@ -1,0 +1,297 @@
+"""The general backward engine: differentiable gradients, ``eo.grad`` and hooks.
+
+``Tensor.backward()`` on arrays without hooks takes the fast loop in :mod:`everyo.autograd`;
+everything else comes here. With ``create_graph=True`` gradients are Tensors built from EveryO
+ops, so they can be differentiated again. Per op the engine uses, in this order:
+
+1. ``op.backward_graph(g, out)``: the op's backward written with EveryO ops;
+2. ``op.composite(*parents)``: the op's forward written with EveryO ops, differentiated here;
+3. neither: ``op.backward`` on arrays gives the right first derivative, wrapped in a node that
+   raises an ``EveryOError`` naming the op if anything differentiates through it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from everyo import hooks
+from everyo.autograd import (
+    Op,
+    _accumulate_leaf,
+    _released,
+    _topological_order,
+    raise_shape_mismatch,
+    root_gradient,
+)
+from everyo.errors import EveryOError
+from everyo.grad_mode import enable_grad
+from everyo.tensor import Tensor
+from everyo.versioning import check_saved, clock, op_name
+
+
+def backward(root: Tensor, grad, retain_graph: bool, create_graph: bool) -> None:
+    """``root.backward(...)`` through the general engine (hooks or ``create_graph``)."""
+    start = root_gradient(root, grad)
+    if create_graph:
+        start = grad if isinstance(grad, Tensor) else Tensor._make(start, False, None)
+    _execute([root], [start], retain_graph, create_graph, accumulate=True)
+
+
+def grad(outputs, inputs, grad_outputs=None, retain_graph: bool | None = None,
+         create_graph: bool = False, allow_unused: bool = False) -> tuple:
+    """Gradients of ``outputs`` with respect to ``inputs``, without touching any ``.grad``.
+
+    Args:
+        outputs: a Tensor or a sequence of Tensors to differentiate.
+        inputs: a Tensor or a sequence of Tensors (leaves or intermediate results).
+        grad_outputs: the gradient with respect to each output (default: 1 for one-element
+            outputs); Tensors that require grad are allowed when ``create_graph=True``.
+        retain_graph: keep the graph for another backward (default: ``create_graph``).
+        create_graph: return gradients that are themselves differentiable.
+        allow_unused: return None for an input the outputs do not depend on (else raise).
+
+    Returns:
+        A tuple with one Tensor (or None) per input.
+
+    Example:
+        >>> import everyo as eo
+        >>> x = eo.tensor([3.0], requires_grad=True)
+        >>> (dx,) = eo.grad((x ** 3).sum(), x, create_graph=True)
+        >>> (d2x,) = eo.grad(dx.sum(), x)
+        >>> float(dx.data[0]), float(d2x.data[0])
+        (27.0, 18.0)
+    """
+    outputs = [outputs] if isinstance(outputs, Tensor) else list(outputs)
+    inputs = [inputs] if isinstance(inputs, Tensor) else list(inputs)
+    if grad_outputs is None or isinstance(grad_outputs, (Tensor, np.ndarray)):
+        grad_outputs = [grad_outputs] * len(outputs) if grad_outputs is None else [grad_outputs]
+    grad_outputs = list(grad_outputs)
+    if len(grad_outputs) != len(outputs):
+        raise EveryOError(f"eo.grad: {len(grad_outputs)} grad_outputs for {len(outputs)} outputs")
+    for i, t in enumerate(inputs):
+        if not isinstance(t, Tensor) or not t.requires_grad:
+            raise EveryOError(f"eo.grad: input {i} does not require grad (shape "
+                              f"{getattr(t, 'shape', '?')}); only tensors with "
+                              f"requires_grad=True can be differentiated against")
+    starts = []
+    for i, (out, g) in enumerate(zip(outputs, grad_outputs)):
+        if not out.requires_grad:
+            raise EveryOError(f"eo.grad: output {i} (shape {out.shape}) does not require grad")
+        start = root_gradient(out, g)
+        if create_graph:
+            start = g if isinstance(g, Tensor) else Tensor._make(start, False, None)
+        starts.append(start)
+    if retain_graph is None:
+        retain_graph = create_graph
+    found = _execute(outputs, starts, retain_graph, create_graph, inputs=inputs)
+    result = []
+    for i, g in enumerate(found):
+        if g is None:
+            if not allow_unused:
+                raise EveryOError(f"eo.grad: input {i} (shape {inputs[i].shape}) was not used "
+                                  f"to compute the outputs; pass allow_unused=True to get None")
+            result.append(None)
+        else:
+            result.append(g if isinstance(g, Tensor) else Tensor._make(g, False, None))
+    return tuple(result)
+
+
+def _execute(roots, starts, retain_graph, create_graph, inputs=(), stop_at_inputs=False,
+             accumulate=False, run_hooks=True) -> list:
+    """Walk the graph from ``roots``; returns the gradient reaching each of ``inputs``.
+
+    ``accumulate`` adds leaf gradients into ``.grad`` (backward); ``stop_at_inputs`` treats
+    the inputs as leaves (the partial derivatives a composite op needs).
+    """
+    if create_graph:
+        with enable_grad():
+            return _walk(roots, starts, retain_graph, True, inputs, stop_at_inputs,
+                         accumulate, run_hooks)
+    return _walk(roots, starts, retain_graph, False, inputs, stop_at_inputs, accumulate,
+                 run_hooks)
+
+
+def _walk(roots, starts, retain_graph, create_graph, inputs, stop_at_inputs, accumulate,
+          run_hooks) -> list:
+    wanted = {id(t): i for i, t in reversed(list(enumerate(inputs)))}
+    stop = set(wanted) if stop_at_inputs else ()
+    captured: list = [None] * len(inputs)
+    leaves: dict = {}  # id(leaf) -> [leaf, summed gradient]
+    pending: dict = {}  # id(op) -> summed gradient with respect to its output
+    outputs: dict = {}  # id(op) -> its output Tensor, met while walking consumers' parents
+    now = clock[0]
+
+    def arrive(t, g) -> None:
+        ctx = t._ctx
+        if ctx is None or id(t) in stop:
+            entry = leaves.get(id(t))
+            if entry is None:
+                leaves[id(t)] = [t, g]
+            else:
+                entry[1] = entry[1] + g
+            return
+        key = id(ctx)
+        if key not in outputs:
+            outputs[key] = t
+            if ctx.epoch != now:
+                check_saved(ctx, t)
+        previous = pending.get(key)
+        pending[key] = g if previous is None else previous + g
+
+    for t, g in zip(roots, starts):
+        arrive(t, g)
+    order = _topological_order([t._ctx for t in roots if t._ctx is not None
+                                and id(t) not in stop], stop)
+    # A leaf's gradient is final after the last op that uses it: hooks and accumulation
+    # happen there (for parameters used once per step, as soon as their layer is done).
+    final_at: dict = {}
+    for i, op in enumerate(order):
+        for t, needed in zip(op.parents, op.needs_input_grad):
+            if needed and (t._ctx is None or id(t) in stop):
+                final_at[id(t)] = i
+    by_step: dict = {}
+    for key, i in final_at.items():
+        by_step.setdefault(i, []).append(key)
+    for key in [k for k in leaves if k not in final_at]:  # roots that are leaves
+        _finish_leaf(leaves.pop(key), wanted, captured, accumulate, run_hooks, create_graph)
+
+    for i, op in enumerate(order):
+        g = pending.pop(id(op), None)
+        if g is not None:
+            out = outputs.pop(id(op))
+            if run_hooks and hooks.tensor_hooks:
+                g = _run_tensor_hooks(hooks.tensor_hooks.get(id(op)), g, create_graph)
+            position = wanted.get(id(out))
+            if position is not None:
+                captured[position] = g
+            if op.epoch != now:
+                check_saved(op)
+            grads = _graph_vjp(op, g, out) if create_graph else op.backward(g)
+            if type(grads) is not tuple:
+                grads = (grads,)
+            for t, gi, needed in zip(op.parents, grads, op.needs_input_grad):
+                if not needed or gi is None:
+                    continue
+                if gi.dtype != t.data.dtype:
+                    gi = gi.astype(t.data.dtype)
+                if gi.shape != t.data.shape:
+                    raise_shape_mismatch(op, gi.shape, t.data.shape)
+                arrive(t, gi)
+            if not retain_graph:
+                op.saved = _released
+                op.parents = None
+        for key in by_step.get(i, ()):
+            entry = leaves.pop(key, None)
+            if entry is not None:
+                _finish_leaf(entry, wanted, captured, accumulate, run_hooks, create_graph)
+    return captured
+
+
+def _finish_leaf(entry, wanted, captured, accumulate, run_hooks, create_graph) -> None:
+    t, g = entry
+    if run_hooks and hooks.tensor_hooks:
+        g = _run_tensor_hooks(hooks.tensor_hooks.get(id(t)), g, create_graph)
+    position = wanted.get(id(t))
+    if position is not None:
+        captured[position] = g
+    if accumulate and t._ctx is None:
+        array = g.data if isinstance(g, Tensor) else g
+        _accumulate_leaf(t, array, copy=True)
+        if run_hooks and t.requires_grad:
+            for fn in list(hooks.post_accumulate_hooks.get(id(t), ())):
+                fn(t)
+
+
+def _run_tensor_hooks(fns, g, create_graph):
+    if not fns:
+        return g
+    for fn in list(fns):
+        array = g.data if isinstance(g, Tensor) else g
+        replaced = fn(array)
+        if replaced is None:
+            continue
+        replaced = np.asarray(replaced.data if isinstance(replaced, Tensor) else replaced,
+                              dtype=array.dtype)
+        if replaced.shape != array.shape:
+            raise EveryOError(f"a gradient hook returned shape {replaced.shape} for a gradient "
+                              f"of shape {array.shape}")
+        if create_graph:
+            # NOTE: a hook works on arrays, so the replacement carries no graph: mark it so that
+            # differentiating through it raises instead of silently giving zero.
+            g = _opaque(replaced, (g,), "gradient hook " + getattr(fn, "__name__", "?"))
+        else:
+            g = replaced
+    return g
+
+
+# -- differentiable vector-Jacobian products -------------------------------------------------
+
+def _graph_vjp(op, g: Tensor, out: Tensor) -> tuple:
+    cls = type(op)
+    if cls.backward_graph is not None:
+        grads = op.backward_graph(g, out)
+    elif cls.composite is not None:
+        grads = _composite_vjp(op, g)
+    else:
+        return _opaque_vjp(op, g)
+    if type(grads) is not tuple:
+        grads = tuple(grads) if isinstance(grads, list) else (grads,)
+    return tuple(gi if gi is None or isinstance(gi, Tensor) else Tensor._make(
+        np.asarray(gi), False, None) for gi in grads)
+
+
+def _composite_vjp(op, g: Tensor) -> tuple:
+    parents = op.parents
+    with enable_grad():
+        recomputed = op.composite(*parents)
+    targets, positions, seen = [], [], set()
+    for i, (t, needed) in enumerate(zip(parents, op.needs_input_grad)):
+        # NOTE: one tensor passed twice (mul(x, x)) gets its total gradient once.
+        if needed and id(t) not in seen:
+            seen.add(id(t))
+            targets.append(t)
+            positions.append(i)
+    found = _execute([recomputed], [g], True, True, inputs=targets, stop_at_inputs=True,
+                     run_hooks=False)
+    grads: list = [None] * len(parents)
+    for i, gi in zip(positions, found):
+        grads[i] = gi
+    return tuple(grads)
+
+
+def _opaque_vjp(op, g: Tensor) -> tuple:
+    arrays = op.backward(g.data)
+    if type(arrays) is not tuple:
+        arrays = (arrays,)
+    sources = (g,) + tuple(op.parents)
+    return tuple(None if a is None else _opaque(a, sources, f"op {op_name(op)!r}")
+                 for a in arrays)
+
+
+class NoSecondDerivative(Op):
+    """Stands for a gradient whose own derivative EveryO cannot compute; backward raises."""
+
+    __slots__ = ("what",)
+    name = "no_second_derivative"
+    saved_inputs = ()
+    saves_output = False
+
+    def backward(self, g):
+        raise EveryOError(
+            f"second derivative through {self.what}: it has neither backward_graph nor "
+            f"composite, so its gradient cannot be differentiated. Use create_graph=False, or "
+            f"give the op a backward_graph/composite (see docs/autograd.md)"
+        )
+
+
+def _opaque(array: np.ndarray, sources, what: str) -> Tensor:
+    parents = tuple(t for t in sources if t.requires_grad)
+    if not parents:
+        return Tensor._make(array, False, None)
+    node = object.__new__(NoSecondDerivative)
+    node.what = what
+    node.parents = parents
+    node.needs_input_grad = (True,) * len(parents)
+    node.saved = None
+    node.epoch = clock[0]
+    return Tensor._make(array, True, node)

@@ -1,0 +1,83 @@
+"""Gradient hooks: ``Tensor.register_hook`` and ``Parameter.register_post_accumulate_grad_hook``.
+
+Hooks live in two tables keyed by object id (Tensor and Op have ``__slots__``, so there is no
+room on them that would not cost every tensor a store): a tensor hook of a leaf is keyed by
+the tensor, of a non-leaf by the op that produced it (so it runs even after the Python tensor
+object is gone, as in PyTorch). An entry disappears with its key object.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+# id(leaf tensor or producing op) -> list of fn(grad) -> grad | None
+tensor_hooks: dict[int, list] = {}
+# id(parameter) -> list of fn(param) -> None
+post_accumulate_hooks: dict[int, list] = {}
+
+
+class RemovableHandle:
+    """Returned by the ``register_*hook`` methods; ``handle.remove()`` unregisters the hook.
+
+    Example:
+        >>> import everyo as eo
+        >>> x = eo.ones(2, requires_grad=True)
+        >>> handle = x.register_hook(lambda g: g * 2)
+        >>> handle.remove()
+    """
+
+    __slots__ = ("_table", "_key", "_fn")
+
+    def __init__(self, table: dict, key: int, fn) -> None:
+        self._table, self._key, self._fn = table, key, fn
+
+    def remove(self) -> None:
+        """Unregister the hook (a second call does nothing)."""
+        fns = self._table.get(self._key)
+        if fns is not None and self._fn in fns:
+            fns.remove(self._fn)
+            if not fns:
+                del self._table[self._key]
+
+
+def add_hook(table: dict, owner, fn) -> RemovableHandle:
+    """Register ``fn`` in ``table`` under ``owner`` (dropped when ``owner`` is collected)."""
+    if not callable(fn):
+        raise TypeError(f"a hook must be callable, got {type(fn).__name__}")
+    key = id(owner)
+    fns = table.get(key)
+    if fns is None:
+        table[key] = fns = []
+        weakref.finalize(owner, table.pop, key, None)
+    fns.append(fn)
+    return RemovableHandle(table, key, fn)
+
+
+def register_hook(tensor, fn) -> RemovableHandle:
+    """Run ``fn(grad)`` when the gradient with respect to ``tensor`` has been computed.
+
+    ``grad`` is the NumPy array of the total gradient for this backward pass; ``fn`` may
+    return a replacement (same shape) that is used instead, or None to keep it.
+    """
+    from everyo.errors import EveryOError
+
+    if not tensor.requires_grad:
+        raise EveryOError(f"register_hook on a tensor (shape {tensor.shape}) that does not "
+                          f"require grad: no gradient will ever reach it")
+    owner = tensor if tensor._ctx is None else tensor._ctx
+    return add_hook(tensor_hooks, owner, fn)
+
+
+def register_post_accumulate_grad_hook(param, fn) -> RemovableHandle:
+    """Run ``fn(param)`` once per backward pass, right after ``param.grad`` is final."""
+    from everyo.errors import EveryOError
+
+    if param._ctx is not None or not param.requires_grad:
+        raise EveryOError("register_post_accumulate_grad_hook needs a leaf tensor that "
+                          "requires grad (a Parameter)")
+    return add_hook(post_accumulate_hooks, param, fn)
+
+
+def active() -> bool:
+    """True when some hook is registered (backward then takes the general engine)."""
+    return bool(tensor_hooks) or bool(post_accumulate_hooks)

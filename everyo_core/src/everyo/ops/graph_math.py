@@ -1,0 +1,54 @@
+"""Small Tensor-level helpers the ops' ``backward_graph`` methods share.
+
+They are the differentiable twins of the array helpers the fast ``backward`` methods use
+(:func:`everyo.autograd.unbroadcast`, ``np.broadcast_to``, ``np.expand_dims``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from everyo.dispatch import dispatch
+
+
+def unbroadcast_tensor(g, shape: tuple):
+    """Sum Tensor ``g`` over the axes along which an operand of ``shape`` was broadcast."""
+    if g.shape == shape:
+        return g
+    extra = g.ndim - len(shape)
+    axes = tuple(range(extra)) + tuple(
+        i + extra for i, n in enumerate(shape) if n == 1 and g.shape[i + extra] != 1)
+    if axes:
+        g = dispatch("sum", g, axis=axes, keepdims=True)
+    return dispatch("reshape", g, shape=shape)
+
+
+def expand_reduced(g, axes: tuple, keepdims: bool, shape: tuple):
+    """Tensor ``g`` (a reduction's output gradient) broadcast back to the operand's ``shape``."""
+    if not keepdims and axes:
+        kept = list(shape)
+        for a in axes:
+            kept[a] = 1
+        g = dispatch("reshape", g, shape=tuple(kept))
+    return broadcast_tensor(g, shape)
+
+
+def broadcast_tensor(t, shape: tuple):
+    """Tensor ``t`` broadcast to ``shape`` (its gradient sums back)."""
+    if t.shape == tuple(shape):
+        return t
+    return dispatch("add", t, np.zeros(shape, t.data.dtype))
+
+
+def swap_last(t):
+    """Tensor ``t`` with its last two axes swapped."""
+    axes = list(range(t.ndim))
+    axes[-1], axes[-2] = axes[-2], axes[-1]
+    return dispatch("transpose", t, axes=tuple(axes))
+
+
+def constant(array: np.ndarray):
+    """A Tensor that does not require grad (a mask, a share)."""
+    from everyo.tensor import Tensor
+
+    return Tensor._make(array, False, None)

@@ -1,0 +1,108 @@
+"""Version counters: backward through a value that was modified in place raises, never lies.
+
+Every in-place write EveryO performs (optimizer steps, ``Tensor.add_``/``copy_``/...,
+``t[i] = v``, ``Module.load_state_dict``, ``eo.init`` functions) calls :func:`bump_version`.
+A counter belongs to the *storage*, i.e. the NumPy base array a tensor's ``data`` is a view
+of: views made by ``reshape``/``transpose``/indexing/``detach`` share their base's counter,
+as PyTorch's views do.
+
+Cost model: a recording op stores one integer, the global ``clock`` at forward time. The
+clock moves only when something is modified in place, so backward compares one integer per
+op and looks at the op's saved tensors only when some write happened after its forward.
+
+Writes straight into the ndarray behind ``.data`` (``t.data[0] = 1``) bypass EveryO and are
+not counted (the same contract as PyTorch's ``.data``).
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import numpy as np
+
+from everyo.errors import EveryOError
+
+#: ``clock[0]`` increases by one at every in-place write; ops record it at forward time.
+clock = [0]
+
+# id(base ndarray) -> [clock value of its last write, number of writes]
+_storage: dict[int, list] = {}
+
+
+def _base(array: np.ndarray) -> np.ndarray:
+    """The ndarray that owns the memory ``array`` views (``array`` itself if it owns it)."""
+    while isinstance(array.base, np.ndarray):
+        array = array.base
+    return array
+
+
+def bump_version(tensor) -> None:
+    """Record that ``tensor``'s values were changed in place (also marks its views).
+
+    Call this after writing into ``tensor.data`` in place from code that owns the write
+    (an optimizer, an initializer); EveryO's own in-place paths already call it.
+
+    Args:
+        tensor: a Tensor (or Parameter) whose storage was just modified.
+
+    Example:
+        >>> import everyo as eo
+        >>> w = eo.ones(2)
+        >>> w.data *= 2
+        >>> eo.bump_version(w)
+        >>> w._version
+        1
+    """
+    base = _base(tensor.data)
+    clock[0] += 1
+    entry = _storage.get(id(base))
+    if entry is None:
+        _storage[id(base)] = [clock[0], 1]
+        weakref.finalize(base, _storage.pop, id(base), None)
+    else:
+        entry[0] = clock[0]
+        entry[1] += 1
+
+
+def version(tensor) -> int:
+    """How many times ``tensor``'s storage was written in place through EveryO."""
+    entry = _storage.get(id(_base(tensor.data)))
+    return 0 if entry is None else entry[1]
+
+
+def _written_since(tensor, stamp: int) -> bool:
+    entry = _storage.get(id(_base(tensor.data)))
+    return entry is not None and entry[0] > stamp
+
+
+def check_saved(op, output=None) -> None:
+    """Raise if a tensor ``op`` saved for backward was written in place after its forward.
+
+    Called by the engine only when the clock moved since ``op``'s forward. ``op``'s class
+    declares what it saved: ``saved_inputs`` (operand indices, None for all) and
+    ``saves_output``.
+    """
+    stamp = op.epoch
+    indices = op.saved_inputs
+    parents = op.parents
+    for i in range(len(parents)) if indices is None else indices:
+        if i < len(parents) and _written_since(parents[i], stamp):
+            _raise(op, parents[i], f"its operand {i}")
+    if output is not None and op.saves_output and _written_since(output, stamp):
+        _raise(op, output, "its output")
+
+
+def _raise(op, tensor, which: str) -> None:
+    raise EveryOError(
+        f"backward through op {op_name(op)!r}: {which} (shape {tensor.shape}, "
+        f"{tensor.dtype}) was modified in place after the forward pass (its version is now "
+        f"{version(tensor)}; the op saved it before that write). The gradient would use values "
+        f"the forward pass never saw. Compute the forward again after the in-place update "
+        f"(e.g. call optimizer.step() after backward()), or use an out-of-place operation."
+    )
+
+
+def op_name(op) -> str:
+    """The registered name of ``op`` (its class name if it was never registered)."""
+    name = type(op).name
+    return type(op).__name__ if name == "op" else name

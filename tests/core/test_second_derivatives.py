@@ -1,0 +1,50 @@
+"""Second derivatives of every core op: eo.gradgradcheck in float64, and
+torch.autograd.grad(create_graph=True) as the oracle."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import everyo as eo
+from support.op_cases import CASES
+
+IDS = [case[0] for case in CASES]
+
+
+def _inputs(builders, seed=0):
+    rng = np.random.default_rng(seed)
+    return [build(rng) for build in builders]
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_gradgradcheck(case):
+    _, fn, _, builders, *options = case
+    assert eo.gradgradcheck(fn, *_inputs(builders, 5), **(options[0] if options else {}))
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_second_derivative_against_pytorch(case, torch):
+    _, fn, torch_fn, builders, *_ = case
+    arrays = _inputs(builders, seed=7)
+    ours = [eo.tensor(a, requires_grad=True) for a in arrays]
+    theirs = [torch.tensor(a, requires_grad=True) for a in arrays]
+    out, expected = fn(*ours), torch_fn(*theirs)
+    rng = np.random.default_rng(2)
+    v = rng.standard_normal(out.shape)
+    v_ours = eo.tensor(v, requires_grad=True)
+    v_theirs = torch.tensor(v, requires_grad=True)
+    g_ours = eo.grad(out, ours, grad_outputs=v_ours, create_graph=True)
+    g_theirs = torch.autograd.grad(expected, theirs, grad_outputs=v_theirs, create_graph=True)
+    for a, b in zip(g_ours, g_theirs):
+        np.testing.assert_allclose(a.data, b.detach().numpy(), rtol=1e-10, atol=1e-12)
+    weights = [rng.standard_normal(a.shape) for a in arrays]
+    total_ours = sum(((g * w).sum() for g, w in zip(g_ours, weights)), eo.tensor(np.float64(0)))
+    total_theirs = sum((g * torch.tensor(w)).sum() for g, w in zip(g_theirs, weights))
+    second_ours = eo.grad(total_ours, ours + [v_ours], allow_unused=True)
+    second_theirs = torch.autograd.grad(total_theirs, theirs + [v_theirs], allow_unused=True)
+    for a, b, x in zip(second_ours, second_theirs, arrays + [v]):
+        a = np.zeros(x.shape) if a is None else a.data
+        b = np.zeros(x.shape) if b is None else b.numpy(force=True)
+        np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-11)

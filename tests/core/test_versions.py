@@ -1,0 +1,176 @@
+"""Version counters: backward through a value modified in place after the forward pass raises
+an EveryOError naming the op, instead of computing a wrong gradient."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import everyo as eo
+
+
+def test_optimizer_step_between_forward_and_backward_raises():
+    w = eo.Parameter(np.array([2., 3.], np.float32))
+    x = eo.tensor([1., 1.], requires_grad=True)
+    opt = eo.SGD([w], lr=1.0)
+    w.grad = np.ones(2, np.float32)
+    y = (x * w).sum()
+    opt.step()
+    with pytest.raises(eo.EveryOError, match=r"'mul'.*operand 1 \(shape \(2,\).*version is now 1"):
+        y.backward()
+
+
+def test_step_before_forward_is_fine_and_uses_the_new_values():
+    w = eo.Parameter(np.array([2., 3.], np.float32))
+    x = eo.tensor([1., 1.], requires_grad=True)
+    opt = eo.SGD([w], lr=1.0)
+    w.grad = np.ones(2, np.float32)
+    opt.step()
+    (x * w).sum().backward()
+    np.testing.assert_array_equal(x.grad, [1., 2.])
+
+
+def test_a_saved_output_modified_in_place_raises():
+    x = eo.tensor([0.5, 1.0], requires_grad=True)
+    y = x.exp()
+    z = y + 1.0  # add saves nothing: only exp's saved output is at stake
+    with eo.no_grad():
+        y.add_(1.0)
+    with pytest.raises(eo.EveryOError, match=r"'exp'.*its output \(shape \(2,\)"):
+        z.sum().backward()
+
+
+def test_an_op_that_saved_nothing_ignores_the_write():
+    w = eo.Parameter(np.array([2., 3.]))
+    x = eo.tensor(np.array([1., 1.]), requires_grad=True)
+    y = (x + w).sum()  # add needs neither operand's values in backward
+    with eo.no_grad():
+        w.mul_(10.0)
+    y.backward()
+    np.testing.assert_array_equal(x.grad, [1., 1.])
+
+
+@pytest.mark.parametrize("make_view", [
+    lambda base: base.reshape(4).reshape(2, 2),
+    lambda base: base.T,
+    lambda base: base[::-1],
+    lambda base: base.detach(),
+], ids=["reshape", "transpose", "slice", "detach"])
+def test_views_share_the_counter_of_their_storage(make_view):
+    base = eo.tensor(np.arange(4.0).reshape(2, 2))
+    x = eo.tensor(np.ones((2, 2)), requires_grad=True)
+    y = (x * make_view(base)).sum()
+    base.add_(1.0)
+    with pytest.raises(eo.EveryOError, match="'mul'"):
+        y.backward()
+
+
+def test_a_copy_is_not_a_view():
+    base = eo.tensor(np.arange(4.0).reshape(2, 2))
+    x = eo.tensor(np.ones(4), requires_grad=True)
+    y = (x * base.T.reshape(4)).sum()  # a transposed reshape copies: the write cannot reach it
+    base.add_(1.0)
+    y.backward()
+    np.testing.assert_array_equal(x.grad, [0.0, 2.0, 1.0, 3.0])
+
+
+def test_writing_through_a_view_marks_the_base():
+    base = eo.tensor(np.arange(6.0))
+    x = eo.tensor(np.ones(6), requires_grad=True)
+    y = (x * base).sum()
+    view = base[1:3]
+    view[0] = 100.0
+    assert base._version == 1 and view._version == 1
+    with pytest.raises(eo.EveryOError, match="'mul'"):
+        y.backward()
+
+
+def test_load_state_dict_bumps_parameters():
+    model = eo.Linear(3, 2)
+    state = {k: v * 2 for k, v in model.state_dict().items()}
+    x = eo.ones(4, 3, requires_grad=True)
+    loss = model(x).sum()
+    model.load_state_dict(state)
+    with pytest.raises(eo.EveryOError, match="modified in place"):
+        loss.backward()
+
+
+def test_bump_version_is_public_for_code_writing_data_itself():
+    w = eo.Parameter(np.ones(3))
+    x = eo.tensor(np.ones(3), requires_grad=True)
+    y = (w * x).sum()
+    w.data *= 3  # a raw write: not seen ...
+    eo.bump_version(w)  # ... until the writer says so
+    with pytest.raises(eo.EveryOError, match="'mul'"):
+        y.backward()
+
+
+def test_raw_data_writes_are_not_tracked():
+    w = eo.Parameter(np.ones(3))
+    x = eo.tensor(np.ones(3), requires_grad=True)
+    y = (w * x).sum()
+    w.data[0] = 5.0  # documented: the user's responsibility, as with PyTorch's .data
+    y.backward()
+    assert w._version == 0
+
+
+def test_retained_graph_checks_again_on_the_second_backward():
+    w = eo.Parameter(np.ones(2))
+    x = eo.tensor(np.ones(2), requires_grad=True)
+    y = (w * x).sum()
+    y.backward(retain_graph=True)
+    with eo.no_grad():
+        w.zero_()
+    with pytest.raises(eo.EveryOError, match="'mul'"):
+        y.backward()
+
+
+def test_eo_grad_checks_versions_too():
+    w = eo.Parameter(np.ones(2))
+    y = (w * w).sum()
+    with eo.no_grad():
+        w.fill_(2.0)
+    with pytest.raises(eo.EveryOError, match="'mul'"):
+        eo.grad(y, w)
+
+
+# -- in-place methods -------------------------------------------------------------------------
+
+def test_in_place_methods_compute_and_count():
+    t = eo.tensor(np.array([1.0, 2.0]))
+    t.add_(1.0).mul_(eo.tensor(np.array([2.0, 3.0]))).sub_(1.0).div_(2.0)
+    np.testing.assert_allclose(t.data, [1.5, 4.0])
+    t.clamp_(max=2.0)
+    np.testing.assert_allclose(t.data, [1.5, 2.0])
+    t.copy_(np.array([7.0, 8.0]))
+    t[0] = 0.0
+    np.testing.assert_allclose(t.data, [0.0, 8.0])
+    t.zero_()
+    assert t._version == 8 and not t.data.any()
+
+
+def test_in_place_refuses_a_tensor_that_records_gradients():
+    w = eo.Parameter(np.ones(2))
+    with pytest.raises(eo.EveryOError, match="add_ on a tensor of shape \\(2,\\).*no_grad"):
+        w.add_(1.0)
+    plain = eo.zeros(2)
+    with pytest.raises(eo.EveryOError, match="copy_"):
+        plain.copy_(w)
+    with eo.no_grad():
+        w.add_(1.0)
+    np.testing.assert_array_equal(w.data, [2.0, 2.0])
+
+
+def test_in_place_bad_values_are_everyo_errors():
+    t = eo.zeros(2, 3)
+    with pytest.raises(eo.EveryOError, match="shape \\(4,\\)"):
+        t.add_(np.ones(4))
+    with pytest.raises(eo.EveryOError, match="shape \\(5,\\)"):
+        t.copy_(np.ones(5))
+    with pytest.raises(eo.EveryOIndexError, match="invalid index"):
+        t[7] = 1.0
+    with pytest.raises(eo.EveryOError, match="does not fit"):
+        t[0] = np.ones(4)
+    ints = eo.tensor(np.array([1, 2]))
+    with pytest.raises(eo.EveryOError, match="int64"):
+        ints.add_(0.5)

@@ -27,6 +27,8 @@ class _ElementwiseOp(Op):
     """``forward`` stores the float32-or-wider input; subclasses give ``value``/``slope``."""
 
     __slots__ = ("attrs",)
+    saved_inputs = (0,)  # the input itself (or its float32 copy)
+    saves_output = False
 
     def forward(self, x, **attrs):
         self.attrs = attrs

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from everyo import EveryOError, Op
+from everyo import EveryOError, Op, dispatch
 from everyo_layers.padding import output_size
 from everyo_layers.precision import accumulation_dtype
 from everyo_layers.windows import pad_hw, window_arguments, window_slices, window_view
@@ -43,6 +43,8 @@ class GroupedConv2DOp(Op):
     ``groups`` independent channel groups, plus ``bias``; as :class:`Conv2DOp` otherwise."""
 
     __slots__ = ("stride", "dilation", "pads", "groups", "x_shape", "out_hw", "w_shape", "dtype")
+    saved_inputs = (0, 1)  # the (unpadded) input and the weight may be saved as they are
+    saves_output = False
 
     def forward(self, x, weight, bias=None, stride=(1, 1), padding=((0, 0), (0, 0)),
                 dilation=(1, 1), groups=1):
@@ -58,6 +60,18 @@ class GroupedConv2DOp(Op):
         if bias is not None:
             out += bias
         return out.astype(self.dtype, copy=False)
+
+    def composite(self, x, weight, bias=None):
+        """One ``conv2d`` per group on its channel slice, concatenated."""
+        cin_g, cout_g = self.w_shape[2], self.w_shape[3] // self.groups
+        outs = []
+        for k in range(self.groups):
+            part = (x[..., k * cin_g:(k + 1) * cin_g], weight[..., k * cout_g:(k + 1) * cout_g])
+            if bias is not None:
+                part += (bias[k * cout_g:(k + 1) * cout_g],)
+            outs.append(dispatch("conv2d", *part, stride=self.stride, padding=self.pads,
+                                 dilation=self.dilation))
+        return dispatch("concatenate", *outs, axis=3)
 
     def _positions(self):
         kh, kw = self.w_shape[:2]

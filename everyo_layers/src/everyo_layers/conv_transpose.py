@@ -37,12 +37,27 @@ def transpose_output_size(size: int, kernel: int, stride: int, padding: str) -> 
     return size * stride + max(kernel - stride, 0), 0
 
 
+def _spread(x, sh: int, sw: int):
+    """NHWC ``x`` with ``sh - 1`` zero rows / ``sw - 1`` zero columns between its entries."""
+    n, h, w, c = x.shape
+    if sh > 1:
+        x = dispatch("stack", x, *[x * 0.0] * (sh - 1), axis=2)
+        x = dispatch("reshape", x, shape=(n, h * sh, w, c))[:, :(h - 1) * sh + 1]
+        h = (h - 1) * sh + 1
+    if sw > 1:
+        x = dispatch("stack", x, *[x * 0.0] * (sw - 1), axis=3)
+        x = dispatch("reshape", x, shape=(n, h, w * sw, c))[:, :, :(w - 1) * sw + 1]
+    return x
+
+
 class Conv2DTransposeOp(Op):
     """Transposed 2-D convolution of NHWC ``x`` with ``weight`` (kh, kw, out, in), plus
     ``bias``; ``out_hw`` is the output size and ``crop`` the leading (top, left) entries of the
     full scatter that are dropped."""
 
     __slots__ = ("stride", "crop", "out_hw", "x_shape", "w_shape", "full_hw")
+    saved_inputs = (0,)  # the input (a reshaped view); the weight is saved as a copy
+    saves_output = False
 
     def forward(self, x, weight, bias=None, stride=(1, 1), out_hw=None, crop=(0, 0)):
         if x.ndim != 4 or weight.ndim != 4 or x.shape[3] != weight.shape[3]:
@@ -76,6 +91,28 @@ class Conv2DTransposeOp(Op):
         needs = self.needs_input_grad
         self.saved = (x2 if needs[1] else None, w2 if needs[0] else None)
         return np.ascontiguousarray(out, dtype=dtype)
+
+    def composite(self, x, weight, bias=None):
+        """The same scatter with differentiable ops: one matmul, then per kernel position the
+        contributions spread ``stride`` apart (zeros interleaved) and padded into place."""
+        n, h, w, cin = self.x_shape
+        kh, kw, cout, _ = self.w_shape
+        (sh, sw), (fh, fw) = self.stride, self.full_hw
+        w2 = dispatch("reshape", dispatch("transpose", weight, axes=(3, 0, 1, 2)),
+                      shape=(cin, kh * kw * cout))
+        cols = dispatch("reshape", dispatch("matmul", dispatch("reshape", x, shape=(-1, cin)),
+                                            w2), shape=(n, h, w, kh, kw, cout))
+        full = None
+        for i in range(kh):
+            for j in range(kw):
+                piece = _spread(cols[:, :, :, i, j, :], sh, sw)
+                ph, pw = piece.shape[1:3]
+                piece = dispatch("pad", piece, pad_width=((0, 0), (i, fh - i - ph),
+                                                          (j, fw - j - pw), (0, 0)))
+                full = piece if full is None else full + piece
+        (top, left), (ho, wo) = self.crop, self.out_hw
+        out = full[:, top:top + ho, left:left + wo, :]
+        return out if bias is None else out + bias
 
     @staticmethod
     def _weight_matrix(weight: np.ndarray) -> np.ndarray:

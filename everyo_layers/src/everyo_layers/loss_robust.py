@@ -21,6 +21,8 @@ class SmoothL1LossOp(_ElementwiseLossOp):
     """``0.5 d**2 / beta`` where ``|d| < beta``, ``|d| - 0.5 beta`` elsewhere (``d = x - y``)."""
 
     __slots__ = ("beta",)
+    saved_inputs = ()  # backward reads the difference, a private array
+    saves_output = False
 
     def elementwise(self, x, y, beta=1.0):
         self.beta = beta
@@ -46,6 +48,8 @@ class HuberLossOp(_ElementwiseLossOp):
     """``0.5 d**2`` where ``|d| < delta``, ``delta (|d| - 0.5 delta)`` elsewhere."""
 
     __slots__ = ("delta",)
+    saved_inputs = ()
+    saves_output = False
 
     def elementwise(self, x, y, delta=1.0):
         self.delta = delta
@@ -70,6 +74,8 @@ class KLDivLossOp(_ElementwiseLossOp):
     ``log_target`` the target is given as log-probabilities too. ``0 log 0 = 0``."""
 
     __slots__ = ("log_target",)
+    saved_inputs = (0, 1)
+    saves_output = False
 
     def elementwise(self, x, t, log_target=False):
         self.log_target = log_target

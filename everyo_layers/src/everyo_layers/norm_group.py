@@ -17,6 +17,8 @@ class GroupNormOp(Op):
     (and all its positions), then scale and shift per channel."""
 
     __slots__ = ("groups", "eps", "shape")
+    saved_inputs = (1,)  # the weight; the normalised input is a private copy
+    saves_output = False
 
     def forward(self, x, weight=None, bias=None, groups=1, eps=1e-5):
         n, c = x.shape[0], x.shape[-1]
@@ -70,6 +72,8 @@ class RMSNormOp(Op):
     """``x / sqrt(mean(x**2) + eps) * weight`` over the trailing ``ndims`` axes."""
 
     __slots__ = ("axes", "eps")
+    saved_inputs = (1,)
+    saves_output = False
 
     def forward(self, x, weight=None, ndims=1, eps=None):
         compute = accumulation_dtype(x.dtype)

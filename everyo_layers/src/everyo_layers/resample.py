@@ -54,6 +54,8 @@ class Resample2DOp(Op):
     ``(Ho, H)`` and ``cols`` ``(Wo, W)`` (constant attributes, not differentiated)."""
 
     __slots__ = ("rows", "cols")
+    saved_inputs = ()
+    saves_output = False
 
     def forward(self, x, rows=None, cols=None):
         if x.ndim != 4 or rows.shape[1] != x.shape[1] or cols.shape[1] != x.shape[2]:

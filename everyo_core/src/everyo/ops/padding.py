@@ -67,6 +67,8 @@ class PadModeOp(Op):
     """Pad (or, with negative widths, crop) ``x`` by ``pad_width`` in ``mode``."""
 
     __slots__ = ("plan", "shape", "value")
+    saved_inputs = ()
+    saves_output = False
 
     def forward(self, x, pad_width=0, mode="constant", value=0.0):
         if mode not in MODES:

@@ -7,4 +7,8 @@ MODULES = (
     "everyo_onnx.converters.conv",
     "everyo_onnx.converters.norm",
     "everyo_onnx.converters.activation",
+    "everyo_onnx.converters.conv_breadth",
+    "everyo_onnx.converters.resample",
+    "everyo_onnx.converters.norm_group",
+    "everyo_onnx.converters.activation_smooth",
 )

@@ -14,7 +14,7 @@ from everyo import EveryOError, Module, Op, dispatch
 from everyo_layers.checks import check_float
 from everyo_layers.initializers import fan_in_bound, uniform_parameter
 from everyo_layers.precision import accumulation_dtype
-from everyo_layers.windows import check_geometry, window_slices, window_view
+from everyo_layers.windows import check_geometry, pad_hw, window_view
 
 
 def transpose_output_size(size: int, kernel: int, stride: int, padding: str) -> tuple:
@@ -53,10 +53,18 @@ def _spread(x, sh: int, sw: int):
 class Conv2DTransposeOp(Op):
     """Transposed 2-D convolution of NHWC ``x`` with ``weight`` (kh, kw, out, in), plus
     ``bias``; ``out_hw`` is the output size and ``crop`` the leading (top, left) entries of the
-    full scatter that are dropped."""
+    full scatter that are dropped.
 
-    __slots__ = ("stride", "crop", "out_hw", "x_shape", "w_shape", "full_hw")
-    saved_inputs = (0,)  # the input (a reshaped view); the weight is saved as a copy
+    Computed as a sub-pixel convolution: output row ``y = stride * q + p`` only meets kernel
+    rows ``p, p + stride, ...``, so every phase ``p`` is an ordinary stride-1 correlation of the
+    input with a ``ceil(k / stride)``-tap slice of the kernel. All phases share one window
+    matrix of the input and run as ONE matmul whose columns are (phase, output channel); the
+    result interleaves into the output with one reshape. Backward is the same two matmuls
+    transposed and a ``ceil(k / stride)**2``-position col2im.
+    """
+
+    __slots__ = ("stride", "crop", "out_hw", "x_shape", "w_shape", "taps", "ext_hw")
+    saved_inputs = ()  # backward reads the window matrix and regrouped weight, private copies
     saves_output = False
 
     def forward(self, x, weight, bias=None, stride=(1, 1), out_hw=None, crop=(0, 0)):
@@ -73,31 +81,58 @@ class Conv2DTransposeOp(Op):
             out_hw = ((h - 1) * stride[0] + kh, (w - 1) * stride[1] + kw)
         self.stride, self.crop, self.out_hw = stride, tuple(crop), tuple(out_hw)
         self.x_shape, self.w_shape = x.shape, weight.shape
-        # the scatter's extent, large enough for the crop plus the output
-        self.full_hw = (max((h - 1) * stride[0] + kh, crop[0] + out_hw[0]),
-                        max((w - 1) * stride[1] + kw, crop[1] + out_hw[1]))
+        self.taps = taps = (-(-kh // stride[0]), -(-kw // stride[1]))
+        q = (h + taps[0] - 1, w + taps[1] - 1)  # positions per phase
+        self.ext_hw = (max(q[0] * stride[0], crop[0] + out_hw[0]),
+                       max(q[1] * stride[1], crop[1] + out_hw[1]))
         dtype = np.result_type(x, weight) if bias is None else np.result_type(x, weight, bias)
         compute = accumulation_dtype(dtype)
-        x2 = x.reshape(-1, cin).astype(compute, copy=False)
-        w2 = self._weight_matrix(weight.astype(compute, copy=False))
-        cols = np.matmul(x2, w2).reshape(n, h, w, kh, kw, cout)
-        full = np.zeros((n,) + self.full_hw + (cout,), compute)
-        for i in range(kh):
-            for j in range(kw):
-                full[window_slices((i, j), stride, (1, 1), (h, w))] += cols[:, :, :, i, j, :]
+        xp = pad_hw(x.astype(compute, copy=False), ((taps[0] - 1,) * 2, (taps[1] - 1,) * 2))
+        cols = window_view(xp, taps, (1, 1), (1, 1), q).reshape(-1, taps[0] * taps[1] * cin)
+        w_sub = self._phase_weight(weight.astype(compute, copy=False))
+        phases = np.matmul(cols, w_sub).reshape(n, q[0], q[1], stride[0], stride[1], cout)
+        full = np.zeros((n,) + self.ext_hw + (cout,), compute)
+        full[:, :q[0] * stride[0], :q[1] * stride[1]].reshape(
+            n, q[0], stride[0], q[1], stride[1], cout)[...] = phases.transpose(0, 1, 3, 2, 4, 5)
         out = full[:, crop[0]:crop[0] + out_hw[0], crop[1]:crop[1] + out_hw[1], :]
-        if bias is not None:
-            out = out + bias
+        out = out + bias if bias is not None else np.ascontiguousarray(out)
         needs = self.needs_input_grad
-        self.saved = (x2 if needs[1] else None, w2 if needs[0] else None)
-        return np.ascontiguousarray(out, dtype=dtype)
+        self.saved = (cols if needs[1] else None, w_sub if needs[0] else None)
+        return out.astype(dtype, copy=False)
+
+    def _tap_index(self):
+        """Kernel row/column met by window position t in phase p: ``s * (A - 1 - t) + p``."""
+        return [stride * (a - 1 - np.arange(a))[:, None] + np.arange(stride)[None, :]
+                for a, stride in zip(self.taps, self.stride)]
+
+    def _phase_weight(self, weight: np.ndarray) -> np.ndarray:
+        """``(A_h*A_w*in, s_h*s_w*out)``: per window position the kernel taps of every phase
+        (zero where a phase has fewer taps)."""
+        kh, kw, cout, cin = weight.shape
+        (ah, aw), (sh, sw) = self.taps, self.stride
+        padded = np.zeros((ah * sh, aw * sw, cout, cin), weight.dtype)
+        padded[:kh, :kw] = weight
+        rows, cols = self._tap_index()
+        sub = padded[rows[:, :, None, None], cols[None, None, :, :]]  # (ah, sh, aw, sw, o, i)
+        return np.ascontiguousarray(sub.transpose(0, 2, 5, 1, 3, 4)).reshape(
+            ah * aw * cin, sh * sw * cout)
+
+    def _weight_grad(self, g_sub: np.ndarray) -> np.ndarray:
+        """The inverse regrouping of :meth:`_phase_weight` (each tap appears once)."""
+        kh, kw, cout, cin = self.w_shape
+        (ah, aw), (sh, sw) = self.taps, self.stride
+        sub = g_sub.reshape(ah, aw, cin, sh, sw, cout).transpose(0, 3, 1, 4, 5, 2)
+        padded = np.empty((ah * sh, aw * sw, cout, cin), g_sub.dtype)
+        rows, cols = self._tap_index()
+        padded[rows[:, :, None, None], cols[None, None, :, :]] = sub
+        return padded[:kh, :kw]
 
     def composite(self, x, weight, bias=None):
         """The same scatter with differentiable ops: one matmul, then per kernel position the
         contributions spread ``stride`` apart (zeros interleaved) and padded into place."""
         n, h, w, cin = self.x_shape
         kh, kw, cout, _ = self.w_shape
-        (sh, sw), (fh, fw) = self.stride, self.full_hw
+        (sh, sw), (fh, fw) = self.stride, self.ext_hw
         w2 = dispatch("reshape", dispatch("transpose", weight, axes=(3, 0, 1, 2)),
                       shape=(cin, kh * kw * cout))
         cols = dispatch("reshape", dispatch("matmul", dispatch("reshape", x, shape=(-1, cin)),
@@ -114,29 +149,31 @@ class Conv2DTransposeOp(Op):
         out = full[:, top:top + ho, left:left + wo, :]
         return out if bias is None else out + bias
 
-    @staticmethod
-    def _weight_matrix(weight: np.ndarray) -> np.ndarray:
-        """``(in, kh*kw*out)``: each input channel's contributions at every kernel position."""
-        kh, kw, cout, cin = weight.shape
-        return np.ascontiguousarray(weight.transpose(3, 0, 1, 2)).reshape(cin, kh * kw * cout)
-
     def backward(self, g):
-        x2, w2 = self.saved
+        cols, w_sub = self.saved
         needs = self.needs_input_grad
         n, h, w, cin = self.x_shape
-        kh, kw, cout, _ = self.w_shape
+        cout = self.w_shape[2]
+        (ah, aw), (sh, sw) = self.taps, self.stride
+        q = (h + ah - 1, w + aw - 1)
         compute = accumulation_dtype(g.dtype)
-        gfull = np.zeros((n,) + self.full_hw + (cout,), compute)
         (top, left), (ho, wo) = self.crop, self.out_hw
+        gfull = np.zeros((n,) + self.ext_hw + (cout,), compute)
         gfull[:, top:top + ho, left:left + wo, :] = g
-        # every input pixel's kh*kw output contributions, gathered as one window matrix
-        gcols = window_view(gfull, (kh, kw), self.stride, (1, 1), (h, w)).reshape(-1, kh * kw * cout)
+        g_phases = gfull[:, :q[0] * sh, :q[1] * sw].reshape(n, q[0], sh, q[1], sw, cout)
+        g_rows = np.ascontiguousarray(g_phases.transpose(0, 1, 3, 2, 4, 5)).reshape(
+            -1, sh * sw * cout)
         gx = gw = gb = None
         if needs[0]:
-            gx = np.matmul(gcols, w2.T).reshape(self.x_shape).astype(g.dtype, copy=False)
+            blocks = np.matmul(g_rows, w_sub.T).reshape(n, q[0], q[1], ah, aw, cin)
+            gxp = np.zeros((n, h + 2 * (ah - 1), w + 2 * (aw - 1), cin), compute)
+            for i in range(ah):
+                for j in range(aw):
+                    gxp[:, i:i + q[0], j:j + q[1]] += blocks[:, :, :, i, j]
+            gx = gxp[:, ah - 1:ah - 1 + h, aw - 1:aw - 1 + w].astype(g.dtype)
         if needs[1]:
-            gw = np.matmul(x2.T, gcols).reshape(cin, kh, kw, cout).transpose(1, 2, 3, 0)
-            gw = np.ascontiguousarray(gw, dtype=g.dtype)
+            gw = np.ascontiguousarray(self._weight_grad(np.matmul(cols.T, g_rows)),
+                                      dtype=g.dtype)
         if len(needs) > 2 and needs[2]:
             gb = g.reshape(-1, cout).sum(axis=0, dtype=compute).astype(g.dtype)
         return gx, gw, gb

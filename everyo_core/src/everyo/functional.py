@@ -134,8 +134,8 @@ def pad(x, pad_width, value=0.0, mode="constant"):
 
     Example:
         >>> import everyo as eo
-        >>> eo.pad(eo.tensor([1.0, 2.0, 3.0]), (2, -1), mode="reflect").data
-        array([3., 2., 1., 2.], dtype=float32)
+        >>> eo.pad(eo.tensor([1.0, 2.0, 3.0, 4.0]), (2, -1), mode="reflect").data
+        array([3., 2., 1., 2., 3.], dtype=float32)
     """
     if mode == "constant" and np.all(np.asarray(pad_width) >= 0):
         return dispatch("pad", x, pad_width=pad_width, value=value)

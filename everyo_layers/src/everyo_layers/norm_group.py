@@ -163,8 +163,8 @@ class RMSNorm(Module):
     Example:
         >>> import everyo as eo
         >>> out = eo.RMSNorm(2)(eo.tensor([[3.0, 4.0]]))
-        >>> out.data.round(4).tolist()
-        [[0.8485, 1.1314]]
+        >>> [round(float(v), 4) for v in out.data[0]]
+        [0.8485, 1.1314]
     """
 
     def __init__(self, normalized_shape, eps=None, elementwise_affine: bool = True):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import everyo as eo
-from tests.support.torch_oracle import assert_composite_matches, compare_with_torch, leaf
+from support.torch_oracle import assert_composite_matches, compare_with_torch, leaf
 
 DTYPES = ["float64", "float32"]
 

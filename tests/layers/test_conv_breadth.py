@@ -8,7 +8,7 @@ import pytest
 import everyo as eo
 from everyo_layers.conv_transpose import transpose_output_size
 from everyo_layers.padding import resolve_padding
-from tests.support.torch_oracle import compare_with_torch, leaf
+from support.torch_oracle import compare_with_torch, leaf
 
 DTYPES = ["float64", "float32"]
 
@@ -74,7 +74,7 @@ def test_conv1d_matches_torch(torch, rng, dtype, kernel, stride, padding, dilati
     layer = eo.Conv1D(4, 8, kernel, stride=stride, padding=padding, dilation=dilation,
                       groups=groups, seed=2).to(dtype)
     x = rng.standard_normal((3, 11, 4))
-    (_, _), (left, right) = layer._pads_2d(padding, x.shape[1])
+    (_, _), (left, right) = layer.pads_2d(padding, x.shape[1])
     F = torch.nn.functional
     tw = leaf(torch, layer.weight.data.transpose(2, 1, 0), dtype)
     tb = leaf(torch, layer.bias.data, dtype)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import everyo as eo
-from tests.support.torch_oracle import assert_composite_matches, compare_with_torch
+from support.torch_oracle import assert_composite_matches, compare_with_torch
 
 DTYPES = ["float64", "float32"]
 REDUCTIONS = ["mean", "sum", "none"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import everyo as eo
-from tests.support.torch_oracle import assert_composite_matches, compare_with_torch
+from support.torch_oracle import assert_composite_matches, compare_with_torch
 
 CASES = [  # (mode, pad_width per axis of a (2, 3, 5, 4) input; torch pads the last 2 axes)
     ("constant", ((0, 0), (0, 0), (2, -1), (1, 3))),

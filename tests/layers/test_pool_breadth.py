@@ -7,7 +7,7 @@ import pytest
 
 import everyo as eo
 from everyo_layers.padding import resolve_padding
-from tests.support.torch_oracle import compare_with_torch
+from support.torch_oracle import compare_with_torch
 
 DTYPES = ["float64", "float32"]
 

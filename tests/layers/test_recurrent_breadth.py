@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import everyo as eo
-from tests.support.sequence_torch import copy_recurrent, recurrent_grad_pairs
+from support.sequence_torch import copy_recurrent, recurrent_grad_pairs
 
 KINDS = ["RNN", "LSTM", "GRU"]
 

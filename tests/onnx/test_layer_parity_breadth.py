@@ -3,10 +3,18 @@ sizes 1, 3 and 17 (the export sample has batch 2), against the layer in eval mod
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import everyo as eo
-from tests.onnx.test_layer_parity import randomized
+
+
+def randomized(layer, seed=0):
+    """Non-trivial scale and shift, so a swapped or ignored parameter would show."""
+    rng = np.random.default_rng(seed)
+    for param in layer.parameters():
+        param.data[...] = rng.uniform(-1.5, 1.5, param.shape)
+    return layer
 
 CASES = {
     "conv_depthwise_same": lambda: (eo.Conv2D(4, 4, 3, padding="same", groups=4, seed=0),

@@ -56,7 +56,7 @@ class Conv1D(Module):
         self.kernel_size, self.stride, self.dilation = k, s, d
         self.groups = check_groups("Conv1D", groups, self.in_channels, self.out_channels)
         if padding != "causal":
-            self._pads_2d(padding, 1)  # validate the form early
+            self.pads_2d(padding, 1)  # validate the form early
         self.padding = padding
         rng = np.random.default_rng(seed)
         per_group = self.in_channels // self.groups
@@ -64,8 +64,15 @@ class Conv1D(Module):
         self.weight = uniform_parameter(rng, (k, per_group, self.out_channels), bound)
         self.bias = uniform_parameter(rng, (self.out_channels,), bound) if bias else None
 
-    def _pads_2d(self, padding, length: int) -> tuple:
-        """The padding as the 2-D ops' ``((0, 0), (left, right))``."""
+    def pads_2d(self, padding, length: int) -> tuple:
+        """``padding`` for an input of ``length`` steps as the 2-D ops' explicit pads
+        ``((0, 0), (left, right))`` (also what the ONNX exporter writes).
+
+        Example:
+            >>> import everyo as eo
+            >>> eo.Conv1D(2, 2, 3, dilation=2, padding="causal").pads_2d("causal", 10)
+            ((0, 0), (4, 0))
+        """
         if padding == "causal":
             return (0, 0), (effective_kernel(self.kernel_size, self.dilation) - 1, 0)
         if isinstance(padding, str):
@@ -87,7 +94,7 @@ class Conv1D(Module):
             raise EveryOError(f"{self.label}: expected NWC input with {self.in_channels} "
                               f"channels, got shape {data.shape}{hint}")
         n, length, _ = data.shape
-        pads = self._pads_2d(self.padding, length)
+        pads = self.pads_2d(self.padding, length)
         if length + sum(pads[1]) < effective_kernel(self.kernel_size, self.dilation):
             raise EveryOError(f"{self.label}: a kernel of {self.kernel_size} (dilation "
                               f"{self.dilation}) does not fit input {data.shape} with padding "

@@ -11,7 +11,7 @@ from everyo_onnx.converters.conv import in_nchw
 
 
 def convert_conv1d(layer, ctx, x: str) -> str:
-    (_, _), (left, right) = layer._pads_2d(layer.padding, ctx.shape(x)[1])
+    (_, _), (left, right) = layer.pads_2d(layer.padding, ctx.shape(x)[1])
     inputs = [ctx.constant(np.transpose(layer.weight.data, (2, 1, 0)), "weight")]
     if layer.bias is not None:
         inputs.append(ctx.constant(layer.bias.data, "bias"))

@@ -8,7 +8,7 @@ import pytest
 import everyo as eo
 from everyo_layers.conv_transpose import transpose_output_size
 from everyo_layers.padding import resolve_padding
-from support.torch_oracle import compare_with_torch, leaf
+from support.torch_oracle import assert_composite_matches, compare_with_torch, leaf
 
 DTYPES = ["float64", "float32"]
 
@@ -138,3 +138,36 @@ def test_conv2d_transpose_gradcheck_and_errors(rng):
         layer(eo.zeros(1, 3, 3, 3))
     with pytest.raises(eo.EveryOError, match="Conv2DTranspose: padding must be"):
         eo.Conv2DTranspose(2, 3, 3, padding="full")
+
+
+@pytest.mark.parametrize("groups, cout", [(4, 4), (4, 8), (2, 6)])
+def test_grouped_conv2d_composite_matches_kernel(rng, groups, cout):
+    layer = eo.Conv2D(4, cout, 3, stride=2, padding="same", dilation=1, groups=groups,
+                      seed=0).to("float64")
+    assert_composite_matches(layer(eo.tensor(rng.standard_normal((2, 5, 6, 4)),
+                                             requires_grad=True)))
+
+
+@pytest.mark.parametrize("kernel, stride, padding", [(4, 2, "same"), (3, 2, "same"),
+                                                     (2, 3, "valid"), ((3, 2), (1, 2), "valid")])
+def test_conv2d_transpose_composite_matches_kernel(rng, kernel, stride, padding):
+    layer = eo.Conv2DTranspose(3, 2, kernel, stride=stride, padding=padding, seed=0).to("float64")
+    assert_composite_matches(layer(eo.tensor(rng.standard_normal((2, 3, 4, 3)),
+                                             requires_grad=True)))
+
+
+def test_float16_input_computes_in_float32_and_rounds_once(rng):
+    """float16 input: the result is the float32 computation rounded to float16 once."""
+    x = rng.standard_normal((2, 6, 6, 4)).astype(np.float16)
+    for layer in (eo.Conv2D(4, 4, 3, padding="same", groups=4, seed=0),
+                  eo.Conv2D(4, 6, 3, groups=2, seed=1),
+                  eo.Conv2DTranspose(4, 3, 4, stride=2, padding="same", seed=2)):
+        w = [p.data for p in layer.parameters()]
+        for p in layer.parameters():
+            p.data = p.data.astype(np.float16)
+        half = layer(eo.tensor(x)).data
+        for p, original in zip(layer.parameters(), w):
+            p.data = original.astype(np.float16).astype(np.float32)
+        single = layer(eo.tensor(x.astype(np.float32))).data
+        assert half.dtype == np.float16
+        np.testing.assert_array_equal(half, single.astype(np.float16))

@@ -24,7 +24,9 @@ def assert_same_snapshot(a, b):
     for k in wa:
         np.testing.assert_array_equal(wa[k], wb[k])
     assert sa["step_count"] == sb["step_count"]
-    for da, db in zip(sa["state"], sb["state"]):
+    assert sa["state"].keys() == sb["state"].keys()
+    for index in sa["state"]:
+        da, db = sa["state"][index], sb["state"][index]
         assert da.keys() == db.keys()
         for k in da:
             np.testing.assert_array_equal(da[k], db[k])

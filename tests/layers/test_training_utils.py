@@ -81,14 +81,15 @@ def test_cosine_annealing_matches_torch(torch, eta_min):
 
 
 def test_scheduler_state_dict_round_trip():
+    # The groups' current learning rates live in the optimizer: resume both.
     opt = eo.SGD([eo.Parameter([1.0])], lr=1.0)
     sched = eo.CosineAnnealingLR(opt, T_max=10)
     for _ in range(4):
         sched.step()
-    state = sched.state_dict()
     opt2 = eo.SGD([eo.Parameter([1.0])], lr=123.0)
     sched2 = eo.CosineAnnealingLR(opt2, T_max=10)
-    sched2.load_state_dict(state)
+    opt2.load_state_dict(opt.state_dict())
+    sched2.load_state_dict(sched.state_dict())
     sched.step()
     sched2.step()
     assert opt2.lr == opt.lr == pytest.approx(0.5 * (1 + math.cos(math.pi * 5 / 10)))

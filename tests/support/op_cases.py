@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 import everyo as eo
+from support.convenience_cases import CONVENIENCE_CASES
 
 
 def normal(*shape):
@@ -118,3 +119,5 @@ CASES = [
     ("cast_roundtrip", lambda a: a.astype("float32").astype("float64") * 2,
      lambda a: a.float().double() * 2, [normal(3)], {"eps": 1e-2, "atol": 1e-5}),
 ]
+
+CASES += CONVENIENCE_CASES

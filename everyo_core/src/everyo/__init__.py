@@ -9,8 +9,27 @@ everyo-layers, ``eo.autocast`` from everyo-amp, ``eo.export_onnx`` from everyo-o
 from __future__ import annotations
 
 from everyo import functional as _functional
+from everyo import init
 from everyo import inplace as _inplace  # noqa: F401  (adds add_, copy_, t[i] = v, ... to Tensor)
 from everyo.autograd import Op, unbroadcast
+from everyo.containers import ModuleDict, ModuleList
+from everyo.conveniences import (
+    argmax,
+    argmin,
+    chunk,
+    cumsum,
+    einsum,
+    expand,
+    gather,
+    masked_fill,
+    permute,
+    split,
+    swapaxes,
+    tril,
+    triu,
+    unsqueeze,
+    view,
+)
 from everyo.data import DataLoader, TensorDataset
 from everyo.dispatch import dispatch
 from everyo.engine import grad
@@ -60,6 +79,7 @@ from everyo.hookspecs import hookimpl
 from everyo.module import Module, Parameter, Sequential
 from everyo.optim import SGD, Adam, AdamW, Optimizer
 from everyo.plugins import register_plugin, registry
+from everyo.random import default_generator, get_rng_state, manual_seed, set_rng_state
 from everyo.serialization import load, save
 from everyo.tensor import (
     Tensor,
@@ -119,6 +139,10 @@ _FORWARDING_MODULES = ("distributed", "distributed_tcp")
 
 def _op_function(name: str):
     def op_function(*operands, **attrs):
+        # NOTE: a trailing optional operand given as None (``eo.conv2d(x, w, None)``) is
+        # absent, as the same keyword left out.
+        while operands and operands[-1] is None:
+            operands = operands[:-1]
         return dispatch(name, *operands, **attrs)
 
     op_function.__name__ = op_function.__qualname__ = name

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections import OrderedDict
 from typing import Iterator
 
@@ -66,6 +67,13 @@ class Module:
         if "_parameter_names" not in self.__dict__:
             raise EveryOError(f"{type(self).__name__}.__init__ must call super().__init__() "
                               f"before assigning attributes")
+        if (name in self._parameter_names and value is not None
+                and not isinstance(value, Parameter)):
+            raise TypeError(
+                f"cannot assign a {type(value).__name__} to {type(self).__name__}.{name}, which "
+                f"is a Parameter: the new value would be neither trained nor saved. Copy values "
+                f"in place with `{name}.data[...] = array`, or use model.load_state_dict(...); "
+                f"assign an eo.Parameter to replace it")
         for names in (self._parameter_names, self._module_names):
             if name in names:
                 names.remove(name)
@@ -85,7 +93,11 @@ class Module:
         raise NotImplementedError(f"{type(self).__name__} does not implement forward()")
 
     def __call__(self, *args, **kwargs):
-        return self.forward(*args, **kwargs)
+        try:
+            return self.forward(*args, **kwargs)
+        except EveryOError as exc:
+            name_failing_layer(exc, self)
+            raise
 
     # -- traversal ------------------------------------------------------------------------------
     def named_children(self) -> Iterator[tuple[str, "Module"]]:
@@ -97,6 +109,7 @@ class Module:
             yield module
 
     def named_modules(self, prefix: str = "") -> Iterator[tuple[str, "Module"]]:
+        warn_about_plain_containers(self)
         yield prefix, self
         for name, child in self.named_children():
             yield from child.named_modules(f"{prefix}.{name}" if prefix else name)
@@ -205,6 +218,57 @@ class Module:
             return f"{type(self).__name__}({self.extra_repr()})"
         lines = [f"  ({name}): " + repr(child).replace("\n", "\n  ") for name, child in children]
         return f"{type(self).__name__}(\n" + "\n".join(lines) + "\n)"
+
+
+def name_failing_layer(exc: EveryOError, module: Module) -> None:
+    """Prefix ``exc``'s message with the path of the layer that raised it, seen from
+    ``module`` (e.g. ``features.3 (MaxPool2D): ...``).
+
+    Called by every ``Module.__call__`` the error passes through, innermost first: each call
+    finds the previous module among its children, adds that name to the path kept on the
+    exception and rewrites the message, so the outermost call leaves the full path. Only
+    plain values are kept on the exception, so it still pickles (e.g. from a worker process).
+    """
+    state = getattr(exc, "_everyo_layer_path", None)
+    if state is None:
+        message = str(exc.args[0]) if exc.args else str(exc)
+        state = {"names": [], "layer": type(module).__name__, "message": message}
+    else:
+        child = state["module_id"]
+        state["names"].insert(0, next((n for n, c in module.named_children() if id(c) == child),
+                                      "?"))
+    state["module_id"] = id(module)
+    try:
+        exc._everyo_layer_path = state
+    except AttributeError:  # an exception class with __slots__: leave it as it is
+        return
+    label = f"{'.'.join(state['names'])} ({state['layer']})" if state["names"] else state["layer"]
+    exc.args = (f"{label}: {state['message']}",) + tuple(exc.args[1:])
+
+
+_warned_containers: set = set()
+
+
+def warn_about_plain_containers(module: Module) -> None:
+    """Warn once per class and attribute when modules sit in a plain list, tuple or dict
+    attribute: they are not registered, so their parameters are neither trained nor saved."""
+    for name, value in vars(module).items():
+        if isinstance(value, dict):
+            items = value.values()
+        elif isinstance(value, (list, tuple)):
+            items = value
+        else:
+            continue
+        key = (type(module), name)
+        if key in _warned_containers or not any(isinstance(v, Module) for v in items):
+            continue
+        _warned_containers.add(key)
+        fix = "eo.ModuleDict" if isinstance(value, dict) else "eo.ModuleList"
+        warnings.warn(
+            f"{type(module).__name__}.{name} is a plain {type(value).__name__} holding "
+            f"Modules: their parameters are not registered (neither trained by an optimizer "
+            f"given model.parameters() nor saved in state_dict). Wrap it in {fix}(...)",
+            UserWarning, stacklevel=3)
 
 
 class Sequential(Module):

@@ -1,38 +1,122 @@
 """Optimizers: SGD (momentum, Nesterov, weight decay), Adam and AdamW, with PyTorch's update
-rules and defaults. They update ``param.data`` in place."""
+rules, defaults and parameter groups. They update ``param.data`` in place.
+
+An optimizer holds ``param_groups``: a list of dicts, each with its ``params`` and its own value
+of every option (``lr``, ``weight_decay``, ...). Options a group does not give come from the
+constructor's keyword arguments. Schedulers change ``group["lr"]``.
+"""
 
 from __future__ import annotations
 
 import numpy as np
 
 from everyo.errors import EveryOError
+from everyo.tensor import Tensor
 from everyo.versioning import bump_version
 
 
 class Optimizer:
-    """Base class: holds the parameters, hyper-parameters and per-parameter state.
+    """Base class: holds parameter groups and the per-parameter state.
 
-    Hyper-parameters are attributes (``optimizer.lr = 0.01`` is how schedulers change them).
+    Subclasses list their options in ``defaults`` (passed to ``__init__``), the names of their
+    per-parameter arrays in ``state_names``, and implement ``_update``.
+
+    ``optimizer.lr`` (or any other option) reads the value every group shares and sets it in
+    every group; with groups that differ, use ``optimizer.param_groups[i]["lr"]``.
     """
 
-    hyperparameters: tuple[str, ...] = ("lr",)
     state_names: tuple[str, ...] = ()
 
-    def __init__(self, params, **hyper):
-        self.params = list(params)
-        if not self.params:
+    def __init__(self, params, defaults: dict):
+        object.__setattr__(self, "defaults", dict(defaults))
+        object.__setattr__(self, "param_groups", [])
+        object.__setattr__(self, "state", {})
+        object.__setattr__(self, "step_count", 0)
+        if isinstance(params, Tensor):
+            raise EveryOError(f"{type(self).__name__} takes an iterable of parameters (or of "
+                              f"dicts), got a single tensor of shape {params.shape}; wrap it "
+                              f"in a list")
+        groups = list(params)
+        if not groups:
             raise EveryOError(f"{type(self).__name__} got an empty parameter list")
-        for p in self.params:
-            if not getattr(p, "requires_grad", False):
-                raise EveryOError(f"{type(self).__name__}: every parameter must require grad; "
-                                  f"got a {type(p).__name__} of shape {getattr(p, 'shape', '?')}")
-        for name, value in hyper.items():
-            if isinstance(value, (int, float)) and value < 0:
-                raise EveryOError(f"{type(self).__name__}: {name} must be >= 0, got {value}")
-            setattr(self, name, value)
-        self.state: list[dict] = [{} for _ in self.params]
-        self.step_count = 0
+        if not isinstance(groups[0], dict):
+            groups = [{"params": groups}]
+        for group in groups:
+            self.add_param_group(group)
 
+    # -- groups -----------------------------------------------------------------------------
+    def add_param_group(self, param_group: dict) -> None:
+        """Add a group of parameters with its own options (e.g. when unfreezing layers).
+
+        Args:
+            param_group: a dict with ``params`` (a tensor or an iterable of tensors) and any
+                options; the missing ones take the optimizer's defaults.
+
+        Example:
+            >>> import everyo as eo
+            >>> a, b = eo.Parameter([1.0]), eo.Parameter([2.0])
+            >>> opt = eo.SGD([a], lr=0.1)
+            >>> opt.add_param_group({"params": [b], "lr": 0.01})
+            >>> [g["lr"] for g in opt.param_groups]
+            [0.1, 0.01]
+        """
+        name = type(self).__name__
+        if not isinstance(param_group, dict):
+            raise EveryOError(f"{name}: a parameter group is a dict with 'params', got a "
+                              f"{type(param_group).__name__}")
+        if "params" not in param_group:
+            raise EveryOError(f"{name}: parameter group {len(self.param_groups)} has no "
+                              f"'params' key")
+        params = param_group["params"]
+        params = [params] if isinstance(params, Tensor) else list(params)
+        for p in params:
+            if not isinstance(p, Tensor) or not p.requires_grad:
+                raise EveryOError(f"{name}: every parameter must be a tensor that requires "
+                                  f"grad; got a {type(p).__name__} of shape "
+                                  f"{getattr(p, 'shape', '?')}")
+        if len({id(p) for p in params}) != len(params):
+            raise EveryOError(f"{name}: a parameter appears twice in group "
+                              f"{len(self.param_groups)}")
+        taken = {id(p) for g in self.param_groups for p in g["params"]}
+        if any(id(p) in taken for p in params):
+            raise EveryOError(f"{name}: some parameters appear in more than one parameter group")
+        group = {"params": params}
+        for key, value in param_group.items():
+            if key != "params":
+                group[key] = value
+        for key, value in self.defaults.items():
+            group.setdefault(key, value)
+        self._check_options(group)
+        self.param_groups.append(group)
+
+    def _check_options(self, group: dict) -> None:
+        for key, value in group.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
+                raise EveryOError(f"{type(self).__name__}: {key} must be >= 0, got {value}")
+
+    @property
+    def params(self) -> list:
+        """Every parameter of every group, in order."""
+        return [p for group in self.param_groups for p in group["params"]]
+
+    def __getattr__(self, name: str):
+        defaults = self.__dict__.get("defaults", {})
+        if name not in defaults:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        values = [group[name] for group in self.param_groups]
+        if any(v != values[0] for v in values[1:]):
+            raise EveryOError(f"{type(self).__name__}.{name}: the parameter groups have "
+                              f"different values {values}; read param_groups[i][{name!r}]")
+        return values[0]
+
+    def __setattr__(self, name: str, value) -> None:
+        if name in self.__dict__.get("defaults", {}):
+            for group in self.param_groups:
+                group[name] = value
+        else:
+            object.__setattr__(self, name, value)
+
+    # -- stepping -----------------------------------------------------------------------------
     def zero_grad(self) -> None:
         """Set every parameter's ``.grad`` to None."""
         for p in self.params:
@@ -41,48 +125,107 @@ class Optimizer:
     def step(self) -> None:
         """Apply one update to every parameter that has a gradient."""
         self.step_count += 1
-        for p, state in zip(self.params, self.state):
-            if p.grad is not None:
-                self._update(p.data, p.grad, state)
-                bump_version(p)  # a graph that saved p before this step must not run backward
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    self._update(p.data, p.grad, self.state.setdefault(p, {}), group)
+                    # NOTE: a graph that saved p before this step must not run backward
+                    bump_version(p)
 
-    def _update(self, w: np.ndarray, g: np.ndarray, state: dict) -> None:  # pragma: no cover
+    def _update(self, w: np.ndarray, g: np.ndarray, state: dict,
+                group: dict) -> None:  # pragma: no cover - interface
         raise NotImplementedError
 
+    # -- checkpoints ----------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        """Hyper-parameters, step count and per-parameter buffers (copies)."""
-        return {
-            "type": type(self).__name__,
-            "hyperparameters": {name: getattr(self, name) for name in self.hyperparameters},
-            "step_count": self.step_count,
-            "state": [{k: np.array(v, copy=True) for k, v in s.items()} for s in self.state],
-        }
+        """Options of every group and per-parameter buffers (copies), PyTorch's layout.
+
+        ``state`` maps a parameter's position (counted across groups) to its buffers;
+        ``param_groups`` holds each group's options with ``params`` as those positions.
+        """
+        index = {id(p): i for i, p in enumerate(self.params)}
+        groups = []
+        for group in self.param_groups:
+            packed = {k: v for k, v in group.items() if k != "params"}
+            packed["params"] = [index[id(p)] for p in group["params"]]
+            groups.append(packed)
+        state = {index[id(p)]: {k: np.array(v, copy=True) if isinstance(v, np.ndarray) else v
+                                for k, v in s.items()}
+                 for p, s in self.state.items() if id(p) in index and s}
+        return {"type": type(self).__name__, "step_count": self.step_count,
+                "state": state, "param_groups": groups}
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore what :meth:`state_dict` returned; refuses another optimizer's state."""
-        if state.get("type") != type(self).__name__:
-            raise EveryOError(f"{type(self).__name__}.load_state_dict: the state belongs to "
+        """Restore what :meth:`state_dict` returned; refuses another optimizer's state or a
+        state whose groups or buffer shapes do not fit, before changing anything."""
+        name = type(self).__name__
+        if state.get("type") != name:
+            raise EveryOError(f"{name}.load_state_dict: the state belongs to "
                               f"{state.get('type')!r}")
-        buffers = list(state["state"])
-        if len(buffers) != len(self.params):
-            raise EveryOError(f"{type(self).__name__}.load_state_dict: the state has "
-                              f"{len(buffers)} parameters, the optimizer {len(self.params)}")
-        for i, (p, s) in enumerate(zip(self.params, buffers)):
-            for name, value in s.items():
-                if name in self.state_names and np.shape(value) != p.shape:
-                    raise EveryOError(f"{type(self).__name__}.load_state_dict: buffer {name!r} "
-                                      f"of parameter {i} has shape {np.shape(value)}, the "
-                                      f"parameter {p.shape}")
-        for name, value in state["hyperparameters"].items():
-            setattr(self, name, value)
-        self.step_count = int(state["step_count"])
-        self.state = [{k: np.array(v, dtype=p.data.dtype) if k in self.state_names
-                       else np.array(v, copy=True) for k, v in s.items()}
-                      for p, s in zip(self.params, buffers)]
+        if "hyperparameters" in state:
+            state = _from_single_group_layout(state)
+        saved_groups = list(state["param_groups"])
+        if len(saved_groups) != len(self.param_groups):
+            raise EveryOError(f"{name}.load_state_dict: the state has {len(saved_groups)} "
+                              f"parameter groups, the optimizer {len(self.param_groups)}")
+        for i, (saved, group) in enumerate(zip(saved_groups, self.param_groups)):
+            if len(saved["params"]) != len(group["params"]):
+                raise EveryOError(f"{name}.load_state_dict: group {i} has "
+                                  f"{len(saved['params'])} parameters in the state, "
+                                  f"{len(group['params'])} in the optimizer")
+        by_index = {}
+        for saved, group in zip(saved_groups, self.param_groups):
+            for i, p in zip(saved["params"], group["params"]):
+                by_index[int(i)] = p
+        buffers = {int(k): v for k, v in state["state"].items()}
+        for i, s in buffers.items():
+            if i not in by_index:
+                raise EveryOError(f"{name}.load_state_dict: the state has buffers for "
+                                  f"parameter {i}, which no group lists")
+            p = by_index[i]
+            for key, value in s.items():
+                if key in self.state_names and np.shape(value) != p.shape:
+                    raise EveryOError(f"{name}.load_state_dict: buffer {key!r} of parameter "
+                                      f"{i} has shape {np.shape(value)}, the parameter "
+                                      f"{p.shape}")
+        updated = []
+        for saved, group in zip(saved_groups, self.param_groups):
+            new = dict(group)
+            new.update({key: _plain(value) for key, value in saved.items() if key != "params"})
+            self._check_options(new)
+            updated.append(new)
+        for group, new in zip(self.param_groups, updated):
+            group.update(new)
+        self.step_count = int(state.get("step_count", 0))
+        self.state = {}
+        for i, s in buffers.items():
+            p = by_index[i]
+            self.state[p] = {k: np.array(v, dtype=p.data.dtype) if k in self.state_names
+                             else _plain(v) for k, v in s.items()}
+
+
+def _plain(value):
+    """A saved scalar (possibly a 0-d array after a round trip) as a Python number."""
+    if isinstance(value, np.ndarray):
+        return value.item() if value.ndim == 0 else value.copy()
+    return value
+
+
+def _from_single_group_layout(state: dict) -> dict:
+    """Read a checkpoint written before parameter groups: one group, a list of buffers."""
+    buffers = list(state["state"])
+    group = dict(state["hyperparameters"])
+    group["params"] = list(range(len(buffers)))
+    return {"type": state["type"], "step_count": state.get("step_count", 0),
+            "state": {i: s for i, s in enumerate(buffers) if s}, "param_groups": [group]}
 
 
 class SGD(Optimizer):
     """Stochastic gradient descent with PyTorch's momentum/dampening/Nesterov rule.
+
+    Args:
+        params: parameters, or a list of dicts (parameter groups) each with ``params``.
+        lr, momentum, dampening, nesterov, weight_decay: PyTorch's options and defaults.
 
     Example:
         >>> import everyo as eo
@@ -93,51 +236,77 @@ class SGD(Optimizer):
         array([0.8], dtype=float32)
     """
 
-    hyperparameters = ("lr", "momentum", "dampening", "nesterov", "weight_decay")
     state_names = ("momentum_buffer",)
 
     def __init__(self, params, lr: float = 0.01, momentum: float = 0.0, dampening: float = 0.0,
                  nesterov: bool = False, weight_decay: float = 0.0):
-        if nesterov and (momentum <= 0 or dampening != 0):
-            raise EveryOError("SGD: nesterov needs momentum > 0 and dampening == 0")
-        super().__init__(params, lr=lr, momentum=momentum, dampening=dampening,
-                         nesterov=nesterov, weight_decay=weight_decay)
+        super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening,
+                                      nesterov=nesterov, weight_decay=weight_decay))
 
-    def _update(self, w, g, state):
-        if self.weight_decay:
-            g = g + self.weight_decay * w
-        if self.momentum:
+    def _check_options(self, group):
+        super()._check_options(group)
+        if group["nesterov"] and (group["momentum"] <= 0 or group["dampening"] != 0):
+            raise EveryOError("SGD: nesterov needs momentum > 0 and dampening == 0")
+
+    def _update(self, w, g, state, group):
+        momentum, weight_decay = group["momentum"], group["weight_decay"]
+        if weight_decay:
+            g = g + weight_decay * w
+        if momentum:
             buf = state.get("momentum_buffer")
             if buf is None:
                 buf = state["momentum_buffer"] = np.array(g, dtype=w.dtype, copy=True)
             else:
-                buf *= self.momentum
-                buf += (1 - self.dampening) * g
-            g = g + self.momentum * buf if self.nesterov else buf
-        w -= (self.lr * g).astype(w.dtype, copy=False)
+                buf *= momentum
+                buf += (1 - group["dampening"]) * g
+            g = g + momentum * buf if group["nesterov"] else buf
+        w -= (group["lr"] * g).astype(w.dtype, copy=False)
 
 
 class Adam(Optimizer):
-    """Adam (Kingma & Ba) with bias correction; ``weight_decay`` adds L2 to the gradient."""
+    """Adam (Kingma & Ba) with bias correction; ``weight_decay`` adds L2 to the gradient.
 
-    hyperparameters = ("lr", "betas", "eps", "weight_decay")
-    state_names = ("exp_avg", "exp_avg_sq")
+    Args:
+        params: parameters, or a list of dicts (parameter groups) each with ``params``.
+        lr, betas, eps, weight_decay, amsgrad: PyTorch's options and defaults.
+
+    Example:
+        >>> import everyo as eo
+        >>> decay, no_decay = eo.Parameter([[1.0]]), eo.Parameter([0.0])
+        >>> opt = eo.Adam([{"params": [decay], "weight_decay": 0.1},
+        ...                {"params": [no_decay]}], lr=1e-3)
+        >>> [g["weight_decay"] for g in opt.param_groups]
+        [0.1, 0.0]
+    """
+
+    state_names = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
     decoupled = False
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.0):
-        super().__init__(params, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
+                 weight_decay: float = 0.0, amsgrad: bool = False):
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps,
+                                      weight_decay=weight_decay, amsgrad=amsgrad))
 
-    def _update(self, w, g, state):
-        beta1, beta2 = self.betas
-        if self.weight_decay:
+    def _check_options(self, group):
+        super()._check_options(group)
+        group["betas"] = tuple(group["betas"])
+        if not all(0.0 <= b < 1.0 for b in group["betas"]):
+            raise EveryOError(f"{type(self).__name__}: betas must be in [0, 1), got "
+                              f"{group['betas']}")
+
+    def _update(self, w, g, state, group):
+        beta1, beta2 = group["betas"]
+        lr, weight_decay = group["lr"], group["weight_decay"]
+        if weight_decay:
             if self.decoupled:
-                w *= 1 - self.lr * self.weight_decay
+                w *= 1 - lr * weight_decay
             else:
-                g = g + self.weight_decay * w
+                g = g + weight_decay * w
         if "exp_avg" not in state:
             state["exp_avg"] = np.zeros_like(w)
             state["exp_avg_sq"] = np.zeros_like(w)
+            if group["amsgrad"]:
+                state["max_exp_avg_sq"] = np.zeros_like(w)
         # NOTE: the bias correction counts this parameter's own updates, as PyTorch's: a
         # parameter whose first gradient arrives late starts from t = 1.
         t = state["step"] = int(state.get("step", 0)) + 1
@@ -146,14 +315,15 @@ class Adam(Optimizer):
         m += (1 - beta1) * g
         v *= beta2
         v += (1 - beta2) * (g * g)
-        step_size = self.lr / (1 - beta1 ** t)
-        denom = np.sqrt(v / (1 - beta2 ** t)) + self.eps
+        if group["amsgrad"]:
+            v = np.maximum(state["max_exp_avg_sq"], v, out=state["max_exp_avg_sq"])
+        step_size = lr / (1 - beta1 ** t)
+        denom = np.sqrt(v) / np.sqrt(1 - beta2 ** t) + group["eps"]
         w -= (step_size * m / denom).astype(w.dtype, copy=False)
-
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
-        for buffers in self.state:
+        for buffers in self.state.values():
             # NOTE: a checkpoint written before steps were counted per parameter has none;
             # the optimizer's own count is what its bias correction used then.
             if "exp_avg" in buffers and "step" not in buffers:
@@ -161,10 +331,18 @@ class Adam(Optimizer):
 
 
 class AdamW(Adam):
-    """Adam with decoupled weight decay (Loshchilov & Hutter); default ``weight_decay=0.01``."""
+    """Adam with decoupled weight decay (Loshchilov & Hutter); default ``weight_decay=0.01``.
+
+    Example:
+        >>> import everyo as eo
+        >>> w = eo.Parameter([1.0])
+        >>> eo.AdamW([{"params": [w], "weight_decay": 0.1}], lr=3e-4).param_groups[0]["lr"]
+        0.0003
+    """
 
     decoupled = True
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.01):
-        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+                 weight_decay: float = 0.01, amsgrad: bool = False):
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                         amsgrad=amsgrad)

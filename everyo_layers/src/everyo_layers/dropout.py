@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from everyo import EveryOError, Module, Op, dispatch
+from everyo import EveryOError, Module, Op, default_generator, dispatch
 from everyo_layers.checks import check_float
 
 
@@ -30,8 +30,9 @@ class Dropout(Module):
 
     Args:
         p: drop probability in [0, 1).
-        seed: seed of the mask generator; two layers with the same seed drop the same
-            elements on the same calls.
+        seed: seed of the layer's own mask generator; two layers with the same seed drop
+            the same elements on the same calls. Without it the layer draws from the global
+            generator (``eo.manual_seed``), as PyTorch's dropout does.
 
     Example:
         >>> import everyo as eo
@@ -47,13 +48,14 @@ class Dropout(Module):
         if not 0.0 <= p < 1.0:
             raise EveryOError(f"Dropout: p must be in [0, 1), got {p}")
         self.p = float(p)
-        self.rng = np.random.default_rng(seed)
+        self.rng = None if seed is None else np.random.default_rng(seed)
 
     def forward(self, x):
         check_float(f"Dropout(p={self.p})", x)
         if not self.training or self.p == 0.0:
             return x
-        return dispatch("dropout", x, p=self.p, rng=self.rng)
+        rng = self.rng if self.rng is not None else default_generator()
+        return dispatch("dropout", x, p=self.p, rng=rng)
 
     def extra_repr(self) -> str:
         return f"p={self.p}"

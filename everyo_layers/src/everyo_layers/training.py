@@ -1,6 +1,5 @@
-"""Training utilities: ``clip_grad_norm_`` and the learning-rate schedulers ``StepLR`` and
-``CosineAnnealingLR`` (PyTorch semantics: they set ``optimizer.lr``; call ``step()`` once per
-epoch, after the optimizer's steps)."""
+"""Training utilities: ``clip_grad_norm_`` (the learning-rate schedulers are in
+``schedulers.py`` and ``schedulers_composite.py``)."""
 
 from __future__ import annotations
 
@@ -61,89 +60,5 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0,
     return total
 
 
-class LRScheduler:
-    """Base of the schedulers: remembers the optimizer's initial ``lr`` and sets a new one on
-    every :meth:`step` from a closed form of the epoch count ``last_epoch``."""
-
-    def __init__(self, optimizer, last_epoch: int = -1):
-        if not hasattr(optimizer, "lr"):
-            raise EveryOError(f"{type(self).__name__}: {type(optimizer).__name__} has no lr")
-        self.optimizer = optimizer
-        if last_epoch == -1:
-            self.base_lr = float(optimizer.lr)
-        elif not hasattr(self, "base_lr"):
-            self.base_lr = float(getattr(optimizer, "initial_lr", optimizer.lr))
-        optimizer.initial_lr = self.base_lr
-        self.last_epoch = last_epoch
-        self.step()  # epoch 0 (as PyTorch): sets lr for the first epoch
-
-    def lr_at(self, epoch: int) -> float:  # pragma: no cover - interface
-        raise NotImplementedError
-
-    def step(self) -> None:
-        """Advance one epoch and set ``optimizer.lr``."""
-        self.last_epoch += 1
-        self.optimizer.lr = self.lr_at(self.last_epoch)
-
-    def get_last_lr(self) -> list:
-        """The learning rate set by the last :meth:`step`, as a one-element list (PyTorch)."""
-        return [self.optimizer.lr]
-
-    def state_dict(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if k != "optimizer"}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.__dict__.update(state)
-
-
-class StepLR(LRScheduler):
-    """Multiply the learning rate by ``gamma`` every ``step_size`` epochs.
-
-    Example:
-        >>> import everyo as eo
-        >>> opt = eo.SGD([eo.Parameter([1.0])], lr=1.0)
-        >>> sched = eo.StepLR(opt, step_size=2, gamma=0.5)
-        >>> lrs = []
-        >>> for _ in range(5):
-        ...     lrs.append(opt.lr); sched.step()
-        >>> lrs
-        [1.0, 1.0, 0.5, 0.5, 0.25]
-    """
-
-    def __init__(self, optimizer, step_size: int, gamma: float = 0.1, last_epoch: int = -1):
-        if step_size <= 0:
-            raise EveryOError(f"StepLR: step_size must be positive, got {step_size}")
-        self.step_size, self.gamma = int(step_size), float(gamma)
-        super().__init__(optimizer, last_epoch)
-
-    def lr_at(self, epoch: int) -> float:
-        return self.base_lr * self.gamma ** (epoch // self.step_size)
-
-
-class CosineAnnealingLR(LRScheduler):
-    """Anneal the learning rate from its initial value to ``eta_min`` along half a cosine
-    over ``T_max`` epochs (and back up after, as PyTorch's curve does).
-
-    Example:
-        >>> import everyo as eo
-        >>> opt = eo.SGD([eo.Parameter([1.0])], lr=1.0)
-        >>> sched = eo.CosineAnnealingLR(opt, T_max=2)
-        >>> sched.step(); opt.lr
-        0.5
-    """
-
-    def __init__(self, optimizer, T_max: int, eta_min: float = 0.0,  # noqa: N803 (torch's name)
-                 last_epoch: int = -1):
-        if T_max <= 0:
-            raise EveryOError(f"CosineAnnealingLR: T_max must be positive, got {T_max}")
-        self.T_max, self.eta_min = int(T_max), float(eta_min)
-        super().__init__(optimizer, last_epoch)
-
-    def lr_at(self, epoch: int) -> float:
-        cosine = (1 + math.cos(math.pi * epoch / self.T_max)) / 2
-        return self.eta_min + (self.base_lr - self.eta_min) * cosine
-
-
 OPS: dict = {}
-LAYERS = {"clip_grad_norm_": clip_grad_norm_, "StepLR": StepLR,
-          "CosineAnnealingLR": CosineAnnealingLR}
+LAYERS = {"clip_grad_norm_": clip_grad_norm_}

@@ -253,7 +253,9 @@ def _independent_copy(layer: Module, index: int) -> Module:
     generator state, and every copy would drop the same elements)."""
     clone = copy.deepcopy(layer)
     for module in clone.modules():
-        if isinstance(module, Dropout):
+        # NOTE: dropouts without a generator of their own draw from the global one: already
+        # different masks in every copy.
+        if isinstance(module, Dropout) and module.rng is not None:
             module.rng = np.random.default_rng([index, int(module.rng.integers(2**63))])
     return clone
 

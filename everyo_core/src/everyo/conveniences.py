@@ -1,0 +1,200 @@
+"""Tensor functions ported PyTorch code uses, as ``eo.<name>`` and as Tensor methods:
+``split``, ``chunk``, ``view``, ``masked_fill``, ``tril``, ``triu``, ``unsqueeze``, ``permute``,
+``swapaxes``, ``expand``, ``gather``, ``cumsum``, ``argmax``, ``argmin`` and ``einsum``.
+
+They keep PyTorch's meanings (``split`` by piece size, ``chunk`` by number of pieces) with
+EveryO's ``axis=`` where PyTorch says ``dim=``. Most are compositions of existing ops; ``expand``,
+``tril``/``triu``, ``gather``, ``cumsum`` and ``einsum`` are ops of their own (``everyo.ops``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from everyo.dispatch import dispatch
+from everyo.errors import EveryOError
+from everyo.tensor import Tensor
+
+
+def _shape_args(shape) -> tuple:
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        return tuple(shape[0])
+    return tuple(shape)
+
+
+def _axis(axis: int, ndim: int, op: str) -> int:
+    if not -ndim <= axis < ndim:
+        raise EveryOError(f"{op}: axis {axis} is out of range for a tensor with {ndim} axes")
+    return axis % ndim
+
+
+def _pieces(x: Tensor, sizes: list, axis: int) -> tuple:
+    out, start = [], 0
+    lead = (slice(None),) * axis
+    for n in sizes:
+        out.append(dispatch("getitem", x, index=lead + (slice(start, start + n),)))
+        start += n
+    return tuple(out)
+
+
+def split(x, split_size_or_sections, axis: int = 0) -> tuple:
+    """Split into pieces of ``split_size_or_sections`` elements along ``axis`` (the last may
+    be shorter), or into pieces of the listed sizes — PyTorch's ``split``.
+
+    Example:
+        >>> import everyo as eo
+        >>> [p.shape for p in eo.split(eo.zeros(5, 2), 2)]
+        [(2, 2), (2, 2), (1, 2)]
+    """
+    axis = _axis(axis, x.ndim, "split")
+    n = x.shape[axis]
+    if isinstance(split_size_or_sections, (list, tuple)):
+        sizes = [int(s) for s in split_size_or_sections]
+        if sum(sizes) != n or min(sizes, default=0) < 0:
+            raise EveryOError(f"split: sizes {sizes} do not add up to {n}, the length of axis "
+                              f"{axis} (shape {x.shape})")
+    else:
+        size = int(split_size_or_sections)
+        if size <= 0:
+            raise EveryOError(f"split: the piece size must be positive, got {size}")
+        sizes = [min(size, n - start) for start in range(0, n, size)] or [0]
+    return _pieces(x, sizes, axis)
+
+
+def chunk(x, chunks: int, axis: int = 0) -> tuple:
+    """Split into ``chunks`` pieces of ``ceil(n / chunks)`` elements along ``axis`` (fewer
+    pieces when they run out, as PyTorch's ``chunk``).
+
+    Example:
+        >>> import everyo as eo
+        >>> [p.shape for p in eo.chunk(eo.zeros(6, 2), 4)]
+        [(2, 2), (2, 2), (2, 2)]
+    """
+    if int(chunks) <= 0:
+        raise EveryOError(f"chunk: chunks must be positive, got {chunks}")
+    n = x.shape[_axis(axis, x.ndim, "chunk")]
+    return split(x, max(-(-n // int(chunks)), 1), axis)
+
+
+def view(x, *shape) -> Tensor:
+    """``reshape`` under PyTorch's name (EveryO tensors have no strides to keep)."""
+    return dispatch("reshape", x, shape=_shape_args(shape))
+
+
+def masked_fill(x, mask, value) -> Tensor:
+    """``x`` with ``value`` wherever ``mask`` (broadcast against ``x``) is True.
+
+    Example:
+        >>> import everyo as eo, numpy as np
+        >>> eo.masked_fill(eo.zeros(3), np.array([True, False, True]), -1.0).data
+        array([-1.,  0., -1.], dtype=float32)
+    """
+    mask = mask.data if isinstance(mask, Tensor) else np.asarray(mask)
+    if mask.dtype != bool:
+        raise EveryOError(f"masked_fill: the mask must be boolean, got {mask.dtype}")
+    if np.broadcast_shapes(mask.shape, x.shape) != x.shape:
+        raise EveryOError(f"masked_fill: mask shape {mask.shape} does not broadcast to the "
+                          f"tensor's {x.shape}")
+    return dispatch("where", mask, value, x)
+
+
+def tril(x, k: int = 0) -> Tensor:
+    """The lower triangle of the last two axes (on and below diagonal ``k``), zeros above."""
+    return dispatch("tril", x, k=k)
+
+
+def triu(x, k: int = 0) -> Tensor:
+    """The upper triangle of the last two axes (on and above diagonal ``k``), zeros below."""
+    return dispatch("triu", x, k=k)
+
+
+def unsqueeze(x, axis: int) -> Tensor:
+    """``x`` with a new axis of length 1 at ``axis``."""
+    at = _axis(axis, x.ndim + 1, "unsqueeze")
+    return dispatch("reshape", x, shape=x.shape[:at] + (1,) + x.shape[at:])
+
+
+def permute(x, *axes) -> Tensor:
+    """Reorder the axes: ``x.permute(0, 3, 1, 2)`` turns NHWC into NCHW."""
+    return dispatch("transpose", x, axes=_shape_args(axes))
+
+
+def swapaxes(x, axis0: int, axis1: int) -> Tensor:
+    """Exchange two axes (PyTorch's ``transpose(dim0, dim1)``)."""
+    order = list(range(x.ndim))
+    a, b = _axis(axis0, x.ndim, "swapaxes"), _axis(axis1, x.ndim, "swapaxes")
+    order[a], order[b] = order[b], order[a]
+    return dispatch("transpose", x, axes=tuple(order))
+
+
+def expand(x, *sizes) -> Tensor:
+    """Broadcast ``x`` to ``sizes``; ``-1`` keeps an axis' length, as in PyTorch.
+
+    Example:
+        >>> import everyo as eo
+        >>> eo.expand(eo.ones(3, 1), 3, 4).shape
+        (3, 4)
+    """
+    sizes = _shape_args(sizes)
+    extra = len(sizes) - x.ndim
+    if extra < 0:
+        raise EveryOError(f"expand: {len(sizes)} sizes for a tensor with {x.ndim} axes")
+    shape = tuple(x.shape[i - extra] if s == -1 and i >= extra else s
+                  for i, s in enumerate(sizes))
+    return dispatch("expand", x, shape=shape)
+
+
+def gather(x, axis: int, index) -> Tensor:
+    """``out[i][j][k] = x[i][index[i][j][k]][k]`` for ``axis=1`` (PyTorch's ``gather``).
+
+    Example:
+        >>> import everyo as eo, numpy as np
+        >>> eo.gather(eo.tensor([[1.0, 2.0], [3.0, 4.0]]), 1, np.array([[1], [0]])).data
+        array([[2.],
+               [3.]], dtype=float32)
+    """
+    index = index.data if isinstance(index, Tensor) else np.asarray(index)
+    return dispatch("gather", x, axis=axis, index=index)
+
+
+def cumsum(x, axis: int) -> Tensor:
+    """Running sum along ``axis``."""
+    return dispatch("cumsum", x, axis=axis)
+
+
+def _arg(reducer, name):
+    def fn(x, axis=None, keepdims: bool = False) -> Tensor:
+        data = x.data if isinstance(x, Tensor) else np.asarray(x)
+        if axis is not None:
+            _axis(axis, data.ndim, name)
+        return Tensor._make(np.asarray(reducer(data, axis=axis, keepdims=keepdims)), False, None)
+
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = (f"Index of the {name[3:]}imum over ``axis`` (of the flattened tensor by "
+                  f"default); an integer tensor with no gradient.")
+    return fn
+
+
+argmax = _arg(np.argmax, "argmax")
+argmin = _arg(np.argmin, "argmin")
+
+
+def einsum(equation: str, *operands) -> Tensor:
+    """Einstein summation, differentiable in every operand (``...`` supported).
+
+    Example:
+        >>> import everyo as eo
+        >>> eo.einsum("bij,bjk->bik", eo.ones(2, 3, 4), eo.ones(2, 4, 5)).shape
+        (2, 3, 5)
+    """
+    if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
+        operands = tuple(operands[0])
+    return dispatch("einsum", *operands, equation=equation)
+
+
+TENSOR_METHODS = ("split", "chunk", "view", "masked_fill", "tril", "triu", "unsqueeze",
+                  "permute", "swapaxes", "expand", "gather", "cumsum", "argmax", "argmin")
+
+for _name in TENSOR_METHODS:
+    setattr(Tensor, _name, globals()[_name])
+del _name

@@ -1,0 +1,354 @@
+"""Learning-rate schedulers with PyTorch's semantics, one learning rate per parameter group.
+
+A scheduler changes ``group["lr"]`` of every parameter group of its optimizer. Call
+``scheduler.step()`` after ``optimizer.step()``, once per epoch (or per batch, for schedules
+counted in batches). Most schedules are *chainable*, as PyTorch's: ``step()`` multiplies the
+learning rate the group has *now* by the change the schedule makes at this step, so a manual
+``group["lr"] = ...`` or a second scheduler on the same optimizer composes instead of being
+overwritten. ``LambdaLR``, ``CosineAnnealingWarmRestarts`` and ``OneCycleLR`` compute the rate
+from the step count alone, as PyTorch's do.
+
+The arithmetic follows PyTorch's operation for operation, so the sequences agree exactly.
+"""
+
+from __future__ import annotations
+
+import math
+
+from everyo import EveryOError
+
+
+def per_group(name: str, optimizer, value) -> list:
+    """``value`` for every parameter group: a list of one per group, or one for all."""
+    if isinstance(value, (list, tuple)):
+        if len(value) != len(optimizer.param_groups):
+            raise EveryOError(f"{name} has {len(value)} values, the optimizer "
+                              f"{len(optimizer.param_groups)} parameter groups")
+        return list(value)
+    return [value] * len(optimizer.param_groups)
+
+
+def current_lrs(optimizer) -> list:
+    return [group["lr"] for group in optimizer.param_groups]
+
+
+class LRScheduler:
+    """Base of the schedulers: records each group's ``initial_lr`` and, on every
+    :meth:`step`, sets each group's ``lr`` to what :meth:`get_lr` computes.
+
+    Subclasses implement ``get_lr()`` (reading ``self.last_epoch``, ``self.base_lrs`` and the
+    groups' current ``lr``) and, where a closed form exists, ``closed_form_lr()``.
+    """
+
+    _is_initial = False
+
+    def __init__(self, optimizer, last_epoch: int = -1):
+        if not hasattr(optimizer, "param_groups"):
+            raise EveryOError(f"{type(self).__name__}: {type(optimizer).__name__} is not an "
+                              f"optimizer (it has no param_groups)")
+        self.optimizer = optimizer
+        if last_epoch == -1:
+            for group in optimizer.param_groups:
+                group.setdefault("initial_lr", group["lr"])
+        else:
+            for i, group in enumerate(optimizer.param_groups):
+                if "initial_lr" not in group:
+                    raise EveryOError(f"{type(self).__name__}(last_epoch={last_epoch}): "
+                                      f"param_groups[{i}] has no 'initial_lr'; load the "
+                                      f"optimizer's state_dict before resuming a schedule")
+        self.base_lrs = [group["initial_lr"] for group in optimizer.param_groups]
+        self.last_epoch = last_epoch
+        self._initial_step()
+
+    def _initial_step(self) -> None:
+        """Set the learning rate of epoch 0 (creating a scheduler does this, as in PyTorch)."""
+        self._step_count = 0
+        self._is_initial = True
+        try:
+            self.step()
+        finally:
+            self._is_initial = False
+
+    def get_lr(self) -> list:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def step(self) -> None:
+        """Advance one epoch and set every group's ``lr``."""
+        self._step_count += 1
+        self._update_lr()
+
+    def _update_lr(self, epoch: int | None = None) -> None:
+        if epoch is None:
+            self.last_epoch += 1
+            values = self.get_lr()
+        else:
+            self.last_epoch = epoch
+            closed_form = getattr(self, "closed_form_lr", None)
+            values = closed_form() if closed_form is not None else self.get_lr()
+        for group, lr in zip(self.optimizer.param_groups, values):
+            group["lr"] = lr
+        self._last_lr = current_lrs(self.optimizer)
+
+    def get_last_lr(self) -> list:
+        """The learning rate of every group, as the last :meth:`step` left it."""
+        return list(self._last_lr)
+
+    def state_dict(self) -> dict:
+        """Everything but the optimizer (and functions, which are not data)."""
+        return {k: v for k, v in self.__dict__.items()
+                if k not in ("optimizer", "lr_lambdas", "_is_initial")}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what :meth:`state_dict` returned (restore the optimizer's state too: the
+        groups' current learning rates live there)."""
+        state = dict(state)
+        for key in ("base_lrs", "_last_lr"):
+            if key in state:
+                state[key] = list(state[key])
+        self.__dict__.update(state)
+
+
+class LambdaLR(LRScheduler):
+    """``lr = initial_lr * lr_lambda(epoch)``; one function for all groups or one per group.
+
+    Example:
+        >>> import everyo as eo
+        >>> opt = eo.SGD([eo.Parameter([1.0])], lr=1.0)
+        >>> sched = eo.LambdaLR(opt, lambda epoch: 1 / (epoch + 1))
+        >>> sched.step(); sched.get_last_lr()
+        [0.5]
+    """
+
+    def __init__(self, optimizer, lr_lambda, last_epoch: int = -1):
+        self.lr_lambdas = per_group("lr_lambda", optimizer, lr_lambda)
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self):
+        return [base_lr * lmbda(self.last_epoch)
+                for lmbda, base_lr in zip(self.lr_lambdas, self.base_lrs)]
+
+
+class MultiplicativeLR(LRScheduler):
+    """Multiply each group's current ``lr`` by ``lr_lambda(epoch)`` on every step.
+
+    Example:
+        >>> import everyo as eo
+        >>> opt = eo.SGD([eo.Parameter([1.0])], lr=1.0)
+        >>> sched = eo.MultiplicativeLR(opt, lambda epoch: 0.5)
+        >>> sched.step(); sched.step(); sched.get_last_lr()
+        [0.25]
+    """
+
+    def __init__(self, optimizer, lr_lambda, last_epoch: int = -1):
+        self.lr_lambdas = per_group("lr_lambda", optimizer, lr_lambda)
+        for fn in self.lr_lambdas:
+            if not callable(fn):
+                raise EveryOError(f"MultiplicativeLR: lr_lambda must be a function, got "
+                                  f"{type(fn).__name__}")
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self):
+        if self._is_initial:
+            return current_lrs(self.optimizer)
+        return [group["lr"] * lmbda(self.last_epoch)
+                for lmbda, group in zip(self.lr_lambdas, self.optimizer.param_groups)]
+
+
+class StepLR(LRScheduler):
+    """Multiply the learning rate by ``gamma`` every ``step_size`` epochs.
+
+    Example:
+        >>> import everyo as eo
+        >>> opt = eo.SGD([eo.Parameter([1.0])], lr=1.0)
+        >>> sched = eo.StepLR(opt, step_size=2, gamma=0.5)
+        >>> lrs = []
+        >>> for _ in range(5):
+        ...     lrs.append(opt.lr); sched.step()
+        >>> lrs
+        [1.0, 1.0, 0.5, 0.5, 0.25]
+    """
+
+    def __init__(self, optimizer, step_size: int, gamma: float = 0.1, last_epoch: int = -1):
+        if step_size <= 0:
+            raise EveryOError(f"StepLR: step_size must be positive, got {step_size}")
+        self.step_size, self.gamma = int(step_size), gamma
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self):
+        if self.last_epoch == 0 or self.last_epoch % self.step_size != 0:
+            return current_lrs(self.optimizer)
+        return [group["lr"] * self.gamma for group in self.optimizer.param_groups]
+
+    def closed_form_lr(self):
+        return [base_lr * self.gamma ** (self.last_epoch // self.step_size)
+                for base_lr in self.base_lrs]
+
+
+class LinearLR(LRScheduler):
+    """Warm-up: scale the learning rate linearly from ``start_factor`` to ``end_factor``
+    times its initial value over ``total_iters`` steps, then leave it.
+
+    Example:
+        >>> import everyo as eo
+        >>> opt = eo.SGD([eo.Parameter([1.0])], lr=1.0)
+        >>> sched = eo.LinearLR(opt, start_factor=0.5, total_iters=2)
+        >>> lrs = [opt.lr]
+        >>> for _ in range(3):
+        ...     sched.step(); lrs.append(opt.lr)
+        >>> lrs
+        [0.5, 0.75, 1.0, 1.0]
+    """
+
+    def __init__(self, optimizer, start_factor: float = 1.0 / 3, end_factor: float = 1.0,
+                 total_iters: int = 5, last_epoch: int = -1):
+        if not 0 < start_factor <= 1:
+            raise EveryOError(f"LinearLR: start_factor must be in (0, 1], got {start_factor}")
+        if not 0 <= end_factor <= 1:
+            raise EveryOError(f"LinearLR: end_factor must be in [0, 1], got {end_factor}")
+        self.start_factor, self.end_factor = start_factor, end_factor
+        self.total_iters = total_iters
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self):
+        if self.last_epoch == 0:
+            return [group["lr"] * self.start_factor for group in self.optimizer.param_groups]
+        if self._is_initial or self.last_epoch > self.total_iters:
+            return current_lrs(self.optimizer)
+        change = self.end_factor - self.start_factor
+        factor = 1.0 + change / (self.total_iters * self.start_factor
+                                 + (self.last_epoch - 1) * change)
+        return [group["lr"] * factor for group in self.optimizer.param_groups]
+
+    def closed_form_lr(self):
+        progress = min(self.total_iters, self.last_epoch) / self.total_iters
+        return [base_lr * (self.start_factor + (self.end_factor - self.start_factor) * progress)
+                for base_lr in self.base_lrs]
+
+
+class ExponentialLR(LRScheduler):
+    """Multiply the learning rate by ``gamma`` every epoch.
+
+    Example:
+        >>> import everyo as eo
+        >>> opt = eo.SGD([eo.Parameter([1.0])], lr=1.0)
+        >>> sched = eo.ExponentialLR(opt, gamma=0.5)
+        >>> sched.step(); sched.get_last_lr()
+        [0.5]
+    """
+
+    def __init__(self, optimizer, gamma: float, last_epoch: int = -1):
+        self.gamma = gamma
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self):
+        if self._is_initial:
+            return current_lrs(self.optimizer)
+        return [group["lr"] * self.gamma for group in self.optimizer.param_groups]
+
+    def closed_form_lr(self):
+        return [base_lr * self.gamma ** self.last_epoch for base_lr in self.base_lrs]
+
+
+class CosineAnnealingLR(LRScheduler):
+    """Anneal the learning rate from its initial value to ``eta_min`` along half a cosine
+    over ``T_max`` epochs (and back up after, as PyTorch's curve does).
+
+    Example:
+        >>> import everyo as eo
+        >>> opt = eo.SGD([eo.Parameter([1.0])], lr=1.0)
+        >>> sched = eo.CosineAnnealingLR(opt, T_max=2)
+        >>> sched.step(); opt.lr
+        0.5
+    """
+
+    def __init__(self, optimizer, T_max: int, eta_min: float = 0.0,  # noqa: N803 (torch's name)
+                 last_epoch: int = -1):
+        if T_max <= 0:
+            raise EveryOError(f"CosineAnnealingLR: T_max must be positive, got {T_max}")
+        self.T_max, self.eta_min = T_max, eta_min
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self):
+        epoch, t_max, eta_min = self.last_epoch, self.T_max, self.eta_min
+        groups = self.optimizer.param_groups
+        if self._is_initial:
+            return current_lrs(self.optimizer)
+        if self._step_count == 1 and epoch > 0:  # resumed with last_epoch=...
+            return [eta_min + (base_lr - eta_min) * (1 + math.cos(epoch * math.pi / t_max)) / 2
+                    for base_lr in self.base_lrs]
+        if (epoch - 1 - t_max) % (2 * t_max) == 0:
+            return [group["lr"] + (base_lr - eta_min) * (1 - math.cos(math.pi / t_max)) / 2
+                    for base_lr, group in zip(self.base_lrs, groups)]
+        return [(1 + math.cos(math.pi * epoch / t_max))
+                / (1 + math.cos(math.pi * (epoch - 1) / t_max))
+                * (group["lr"] - eta_min) + eta_min for group in groups]
+
+    def closed_form_lr(self):
+        return [self.eta_min + (base_lr - self.eta_min)
+                * (1 + math.cos(math.pi * self.last_epoch / self.T_max)) / 2
+                for base_lr in self.base_lrs]
+
+
+class CosineAnnealingWarmRestarts(LRScheduler):
+    """Cosine annealing restarted every ``T_0`` epochs, each period ``T_mult`` times longer
+    than the last (SGDR). ``step(epoch)`` accepts a fractional epoch for per-batch updates.
+
+    Example:
+        >>> import everyo as eo
+        >>> opt = eo.SGD([eo.Parameter([1.0])], lr=1.0)
+        >>> sched = eo.CosineAnnealingWarmRestarts(opt, T_0=2)
+        >>> [round(opt.lr, 3) for _ in range(4) if sched.step() is None]
+        [0.5, 1.0, 0.5, 1.0]
+    """
+
+    def __init__(self, optimizer, T_0: int, T_mult: int = 1,  # noqa: N803 (torch's names)
+                 eta_min: float = 0.0, last_epoch: int = -1):
+        if not isinstance(T_0, int) or T_0 <= 0:
+            raise EveryOError(f"CosineAnnealingWarmRestarts: T_0 must be a positive integer, "
+                              f"got {T_0}")
+        if not isinstance(T_mult, int) or T_mult < 1:
+            raise EveryOError(f"CosineAnnealingWarmRestarts: T_mult must be an integer >= 1, "
+                              f"got {T_mult}")
+        self.T_0, self.T_i, self.T_mult, self.eta_min = T_0, T_0, T_mult, eta_min
+        self.T_cur = last_epoch
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self):
+        return [self.eta_min + (base_lr - self.eta_min)
+                * (1 + math.cos(math.pi * self.T_cur / self.T_i)) / 2
+                for base_lr in self.base_lrs]
+
+    def step(self, epoch=None) -> None:
+        """Advance one epoch, or jump to ``epoch`` (may be fractional)."""
+        self._step_count += 1
+        if epoch is None and self.last_epoch < 0:
+            epoch = 0
+        if epoch is None:
+            epoch = self.last_epoch + 1
+            self.T_cur += 1
+            if self.T_cur >= self.T_i:
+                self.T_cur %= self.T_i
+                self.T_i *= self.T_mult
+        elif epoch < 0:
+            raise EveryOError(f"CosineAnnealingWarmRestarts.step: epoch must be >= 0, got "
+                              f"{epoch}")
+        elif epoch >= self.T_0:
+            if self.T_mult == 1:
+                self.T_cur = epoch % self.T_0
+            else:
+                n = int(math.log(epoch / self.T_0 * (self.T_mult - 1) + 1, self.T_mult))
+                self.T_cur = epoch - self.T_0 * (self.T_mult ** n - 1) / (self.T_mult - 1)
+                self.T_i = self.T_0 * self.T_mult ** n
+        else:
+            self.T_i, self.T_cur = self.T_0, epoch
+        self.last_epoch = math.floor(epoch)
+        for group, lr in zip(self.optimizer.param_groups, self.get_lr()):
+            group["lr"] = lr
+        self._last_lr = current_lrs(self.optimizer)
+
+
+OPS: dict = {}
+LAYERS = {"LRScheduler": LRScheduler, "LambdaLR": LambdaLR, "MultiplicativeLR": MultiplicativeLR,
+          "StepLR": StepLR, "LinearLR": LinearLR, "ExponentialLR": ExponentialLR,
+          "CosineAnnealingLR": CosineAnnealingLR,
+          "CosineAnnealingWarmRestarts": CosineAnnealingWarmRestarts}

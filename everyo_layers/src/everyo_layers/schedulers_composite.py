@@ -1,0 +1,255 @@
+"""Schedulers built from phases or from other schedulers: ``OneCycleLR``, ``SequentialLR``
+(e.g. warm-up then cosine) and ``ReduceLROnPlateau`` (driven by a metric). PyTorch's
+semantics and arithmetic, one learning rate per parameter group."""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+
+from everyo import EveryOError
+from everyo_layers.schedulers import LRScheduler, current_lrs, per_group
+
+
+class OneCycleLR(LRScheduler):
+    """The 1cycle policy: the learning rate rises from ``max_lr / div_factor`` to ``max_lr``
+    over ``pct_start`` of ``total_steps``, then falls to ``initial_lr / final_div_factor``;
+    momentum (or Adam's beta1) moves the opposite way. Step it after every batch.
+
+    Example:
+        >>> import everyo as eo
+        >>> opt = eo.SGD([eo.Parameter([1.0])], lr=0.1, momentum=0.9)
+        >>> sched = eo.OneCycleLR(opt, max_lr=1.0, total_steps=10)
+        >>> round(opt.lr, 6), opt.momentum  # starts at max_lr / 25, momentum at its top
+        (0.04, 0.95)
+    """
+
+    def __init__(self, optimizer, max_lr, total_steps: int | None = None,
+                 epochs: int | None = None, steps_per_epoch: int | None = None,
+                 pct_start: float = 0.3, anneal_strategy: str = "cos",
+                 cycle_momentum: bool = True, base_momentum=0.85, max_momentum=0.95,
+                 div_factor: float = 25.0, final_div_factor: float = 1e4,
+                 three_phase: bool = False, last_epoch: int = -1):
+        if total_steps is None:
+            if epochs is None or steps_per_epoch is None:
+                raise EveryOError("OneCycleLR: give total_steps, or epochs and steps_per_epoch")
+            total_steps = epochs * steps_per_epoch
+        if not isinstance(total_steps, int) or total_steps <= 0:
+            raise EveryOError(f"OneCycleLR: total_steps must be a positive integer, got "
+                              f"{total_steps}")
+        if not 0 <= pct_start <= 1:
+            raise EveryOError(f"OneCycleLR: pct_start must be in [0, 1], got {pct_start}")
+        if anneal_strategy not in ("cos", "linear"):
+            raise EveryOError(f"OneCycleLR: anneal_strategy must be 'cos' or 'linear', got "
+                              f"{anneal_strategy!r}")
+        self.total_steps, self.anneal_strategy = total_steps, anneal_strategy
+        warm_end = float(pct_start * total_steps) - 1
+        if three_phase:
+            self.phases = [(warm_end, "initial_lr", "max_lr", "max_momentum", "base_momentum"),
+                           (float(2 * pct_start * total_steps) - 2, "max_lr", "initial_lr",
+                            "base_momentum", "max_momentum"),
+                           (total_steps - 1, "initial_lr", "min_lr", "max_momentum",
+                            "max_momentum")]
+        else:
+            self.phases = [(warm_end, "initial_lr", "max_lr", "max_momentum", "base_momentum"),
+                           (total_steps - 1, "max_lr", "min_lr", "base_momentum",
+                            "max_momentum")]
+        groups = optimizer.param_groups
+        if last_epoch == -1:
+            for group, top in zip(groups, per_group("max_lr", optimizer, max_lr)):
+                group["initial_lr"] = top / div_factor
+                group["max_lr"] = top
+                group["min_lr"] = group["initial_lr"] / final_div_factor
+        self.cycle_momentum = cycle_momentum
+        if cycle_momentum:
+            defaults = getattr(optimizer, "defaults", {})
+            if "momentum" not in defaults and "betas" not in defaults:
+                raise EveryOError(f"OneCycleLR: {type(optimizer).__name__} has neither "
+                                  f"momentum nor betas; pass cycle_momentum=False")
+            self.use_beta1 = "betas" in defaults
+            if last_epoch == -1:
+                tops = per_group("max_momentum", optimizer, max_momentum)
+                bottoms = per_group("base_momentum", optimizer, base_momentum)
+                for group, top, bottom in zip(groups, tops, bottoms):
+                    self._set_momentum(group, top)
+                    group["max_momentum"], group["base_momentum"] = top, bottom
+        super().__init__(optimizer, last_epoch)
+
+    def _set_momentum(self, group: dict, value: float) -> None:
+        if self.use_beta1:
+            group["betas"] = (value, *group["betas"][1:])
+        else:
+            group["momentum"] = value
+
+    def _anneal(self, start: float, end: float, pct: float) -> float:
+        if self.anneal_strategy == "cos":
+            return end + (start - end) / 2.0 * (math.cos(math.pi * pct) + 1)
+        return (end - start) * pct + start
+
+    def get_lr(self):
+        step = self.last_epoch
+        if step > self.total_steps:
+            raise EveryOError(f"OneCycleLR: stepped {step} times, but total_steps is "
+                              f"{self.total_steps}")
+        lrs = []
+        for group in self.optimizer.param_groups:
+            start_step = 0.0
+            for i, (end_step, lr_from, lr_to, mom_from, mom_to) in enumerate(self.phases):
+                if step <= end_step or i == len(self.phases) - 1:
+                    pct = (step - start_step) / (end_step - start_step)
+                    lrs.append(self._anneal(group[lr_from], group[lr_to], pct))
+                    if self.cycle_momentum:
+                        self._set_momentum(group, self._anneal(group[mom_from], group[mom_to],
+                                                               pct))
+                    break
+                start_step = end_step
+        return lrs
+
+
+class SequentialLR(LRScheduler):
+    """Run ``schedulers`` one after another, switching at the epochs in ``milestones``
+    (e.g. ``LinearLR`` warm-up, then ``CosineAnnealingLR``).
+
+    Example:
+        >>> import everyo as eo
+        >>> opt = eo.SGD([eo.Parameter([1.0])], lr=1.0)
+        >>> warm = eo.LinearLR(opt, start_factor=0.5, total_iters=2)
+        >>> decay = eo.ExponentialLR(opt, gamma=0.5)
+        >>> sched = eo.SequentialLR(opt, [warm, decay], milestones=[2])
+        >>> lrs = [opt.lr]
+        >>> for _ in range(4):
+        ...     sched.step(); lrs.append(opt.lr)
+        >>> lrs
+        [0.5, 0.75, 1.0, 0.5, 0.25]
+    """
+
+    def __init__(self, optimizer, schedulers: list, milestones: list, last_epoch: int = -1):
+        if not schedulers:
+            raise EveryOError("SequentialLR needs at least one scheduler")
+        for i, scheduler in enumerate(schedulers):
+            if isinstance(scheduler, ReduceLROnPlateau):
+                raise EveryOError(f"SequentialLR: scheduler {i} is a ReduceLROnPlateau, which "
+                                  f"needs a metric in step(); step it yourself")
+            if getattr(scheduler, "optimizer", None) is not optimizer:
+                raise EveryOError(f"SequentialLR: scheduler {i} "
+                                  f"({type(scheduler).__name__}) belongs to another optimizer")
+        if len(milestones) != len(schedulers) - 1:
+            raise EveryOError(f"SequentialLR: {len(schedulers)} schedulers need "
+                              f"{len(schedulers) - 1} milestones, got {len(milestones)}")
+        self._schedulers, self._milestones = list(schedulers), list(milestones)
+        self.last_epoch = last_epoch + 1
+        self.optimizer = optimizer
+        # NOTE: each scheduler's constructor already stepped once; undo that and start over
+        # from the initial rates with the first scheduler, as PyTorch does.
+        for group in optimizer.param_groups:
+            group["lr"] = group["initial_lr"]
+        for scheduler in self._schedulers:
+            _rewind(scheduler)
+        first = self._schedulers[bisect_right(self._milestones, 0)]
+        first._initial_step()
+        self._last_lr = first.get_last_lr()
+
+    def step(self) -> None:
+        """Advance one epoch with the scheduler whose stretch this epoch is in."""
+        self.last_epoch += 1
+        index = bisect_right(self._milestones, self.last_epoch)
+        scheduler = self._schedulers[index]
+        if index > 0 and self._milestones[index - 1] == self.last_epoch:
+            scheduler._update_lr(0)
+        else:
+            scheduler.step()
+        self._last_lr = scheduler.get_last_lr()
+
+    def state_dict(self) -> dict:
+        state = {k: v for k, v in self.__dict__.items()
+                 if k not in ("optimizer", "_schedulers")}
+        state["_schedulers"] = [s.state_dict() for s in self._schedulers]
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        state = dict(state)
+        for scheduler, saved in zip(self._schedulers, state.pop("_schedulers")):
+            scheduler.load_state_dict(saved)
+        state["_milestones"] = list(state["_milestones"])
+        super().load_state_dict(state)
+
+
+def _rewind(scheduler) -> None:
+    nested = getattr(scheduler, "_schedulers", None)
+    if nested is not None:
+        for inner in nested:
+            _rewind(inner)
+    elif hasattr(scheduler, "last_epoch"):
+        scheduler.last_epoch -= 1
+
+
+class ReduceLROnPlateau(LRScheduler):
+    """Multiply the learning rate by ``factor`` when a metric has stopped improving for
+    ``patience`` epochs: ``scheduler.step(validation_loss)``.
+
+    Example:
+        >>> import everyo as eo
+        >>> opt = eo.SGD([eo.Parameter([1.0])], lr=1.0)
+        >>> sched = eo.ReduceLROnPlateau(opt, factor=0.5, patience=1)
+        >>> for loss in [1.0, 1.0, 1.0]:
+        ...     sched.step(loss)
+        >>> sched.get_last_lr()
+        [0.5]
+    """
+
+    def __init__(self, optimizer, mode: str = "min", factor: float = 0.1, patience: int = 10,
+                 threshold: float = 1e-4, threshold_mode: str = "rel", cooldown: int = 0,
+                 min_lr=0, eps: float = 1e-8):
+        if factor >= 1.0:
+            raise EveryOError(f"ReduceLROnPlateau: factor must be < 1, got {factor}")
+        if mode not in ("min", "max"):
+            raise EveryOError(f"ReduceLROnPlateau: mode must be 'min' or 'max', got {mode!r}")
+        if threshold_mode not in ("rel", "abs"):
+            raise EveryOError(f"ReduceLROnPlateau: threshold_mode must be 'rel' or 'abs', "
+                              f"got {threshold_mode!r}")
+        if not hasattr(optimizer, "param_groups"):
+            raise EveryOError(f"ReduceLROnPlateau: {type(optimizer).__name__} is not an "
+                              f"optimizer")
+        self.optimizer, self.factor = optimizer, factor
+        self.min_lrs = per_group("min_lr", optimizer, min_lr)
+        self.patience, self.cooldown, self.eps = patience, cooldown, eps
+        self.mode, self.threshold, self.threshold_mode = mode, threshold, threshold_mode
+        self.last_epoch = 0
+        self._last_lr = current_lrs(optimizer)
+        self.best = math.inf if mode == "min" else -math.inf
+        self.cooldown_counter = 0
+        self.num_bad_epochs = 0
+
+    def _is_better(self, value: float, best: float) -> bool:
+        if self.threshold_mode == "rel":
+            scale = 1.0 - self.threshold if self.mode == "min" else self.threshold + 1.0
+            return value < best * scale if self.mode == "min" else value > best * scale
+        if self.mode == "min":
+            return value < best - self.threshold
+        return value > best + self.threshold
+
+    def step(self, metrics) -> None:  # noqa: D417 - one argument, named as in PyTorch
+        """Record this epoch's metric; reduce the learning rate after a plateau."""
+        current = float(metrics.item() if hasattr(metrics, "item") else metrics)
+        self.last_epoch += 1
+        if self._is_better(current, self.best):
+            self.best, self.num_bad_epochs = current, 0
+        else:
+            self.num_bad_epochs += 1
+        if self.cooldown_counter > 0:
+            self.cooldown_counter -= 1
+            self.num_bad_epochs = 0
+        if self.num_bad_epochs > self.patience:
+            for group, min_lr in zip(self.optimizer.param_groups, self.min_lrs):
+                old_lr = float(group["lr"])
+                new_lr = max(old_lr * self.factor, min_lr)
+                if old_lr - new_lr > self.eps:
+                    group["lr"] = new_lr
+            self.cooldown_counter = self.cooldown
+            self.num_bad_epochs = 0
+        self._last_lr = current_lrs(self.optimizer)
+
+
+OPS: dict = {}
+LAYERS = {"OneCycleLR": OneCycleLR, "SequentialLR": SequentialLR,
+          "ReduceLROnPlateau": ReduceLROnPlateau}

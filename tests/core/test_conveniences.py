@@ -1,0 +1,69 @@
+"""Tensor conveniences beyond the shared gradient/PyTorch table: argmax/argmin, second
+derivatives through composites, and bad input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import everyo as eo
+
+
+def test_argmax_argmin_match_pytorch(torch):
+    a = np.random.default_rng(0).standard_normal((3, 4, 5))
+    t = torch.tensor(a)
+    for axis in (None, 0, -1):
+        for keepdims in (False, True):
+            if axis is None and keepdims:
+                continue
+            ours = eo.argmax(eo.tensor(a), axis=axis, keepdims=keepdims)
+            theirs = t.argmax() if axis is None else t.argmax(dim=axis, keepdim=keepdims)
+            np.testing.assert_array_equal(ours.data, theirs.numpy())
+            ours = eo.tensor(a).argmin(axis=axis, keepdims=keepdims)
+            theirs = t.argmin() if axis is None else t.argmin(dim=axis, keepdim=keepdims)
+            np.testing.assert_array_equal(ours.data, theirs.numpy())
+
+
+def test_split_chunk_shapes_match_pytorch(torch):
+    x = np.zeros((7, 3))
+    for n in (1, 2, 3, 7, 9):
+        assert [p.shape for p in eo.split(eo.tensor(x), n)] == [
+            tuple(p.shape) for p in torch.tensor(x).split(n)]
+        assert [p.shape for p in eo.chunk(eo.tensor(x), n)] == [
+            tuple(p.shape) for p in torch.tensor(x).chunk(n)]
+
+
+def test_causal_mask_attention_pattern_matches_pytorch(torch):
+    # the pattern ported GPT code uses: masked_fill with a tril mask, softmax, einsum
+    rng = np.random.default_rng(2)
+    q, k = rng.standard_normal((2, 4, 8)), rng.standard_normal((2, 4, 8))
+    mask = np.tril(np.ones((4, 4), bool))
+    ours_q, ours_k = eo.tensor(q, requires_grad=True), eo.tensor(k, requires_grad=True)
+    scores = eo.einsum("bqd,bkd->bqk", ours_q, ours_k).masked_fill(~mask, -np.inf)
+    out = eo.softmax(scores, axis=-1)
+    tq, tk = torch.tensor(q, requires_grad=True), torch.tensor(k, requires_grad=True)
+    ref = torch.einsum("bqd,bkd->bqk", tq, tk).masked_fill(~torch.tensor(mask), float("-inf"))
+    ref = ref.softmax(-1)
+    np.testing.assert_allclose(out.data, ref.detach().numpy(), rtol=1e-12, atol=1e-14)
+    (out * eo.tensor(np.arange(32.0).reshape(2, 4, 4))).sum().backward()
+    (ref * torch.arange(32.0, dtype=torch.float64).reshape(2, 4, 4)).sum().backward()
+    np.testing.assert_allclose(ours_q.grad, tq.grad.numpy(), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(ours_k.grad, tk.grad.numpy(), rtol=1e-10, atol=1e-12)
+
+
+def test_bad_input_is_named():
+    x = eo.zeros(4, 3)
+    with pytest.raises(eo.EveryOError, match="do not add up to 4"):
+        eo.split(x, [1, 2])
+    with pytest.raises(eo.EveryOError, match="cannot expand shape"):
+        eo.expand(x, 5, 3)
+    with pytest.raises(eo.EveryOError, match="must be boolean"):
+        eo.masked_fill(x, np.zeros((4, 3)), 1.0)
+    with pytest.raises(eo.EveryOError, match=r"index values must be in \[0, 3\)"):
+        eo.gather(x, 1, np.array([[3], [0], [0], [0]]))
+    with pytest.raises(eo.EveryOError, match="at least 2 axes"):
+        eo.tril(eo.zeros(3))
+    with pytest.raises(eo.EveryOError, match="subscripts 'ij' name 2 axes"):
+        eo.einsum("ij->i", eo.zeros(3))
+    with pytest.raises(eo.EveryOError, match="axis 2 is out of range"):
+        eo.cumsum(x, 2)

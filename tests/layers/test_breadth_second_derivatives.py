@@ -75,3 +75,25 @@ def test_conv2d_transpose(rng):
         lambda x, w, b: eo.conv2d_transpose(x, w, b, stride=(2, 1), out_hw=(6, 4), crop=(1, 0)),
         rng.standard_normal((1, 3, 3, 2)), rng.standard_normal((3, 2, 2, 2)),
         rng.standard_normal(2))
+
+
+@_needs("cross_entropy", "nll_loss", "bce_with_logits")
+def test_weighted_losses(rng):
+    weight = rng.uniform(0.5, 2.0, 3)
+    target = np.array([0, 2, 1, -100])
+    assert eo.gradgradcheck(lambda z: eo.cross_entropy(z, target, weight=weight,
+                                                       label_smoothing=0.1),
+                            rng.standard_normal((4, 3)))
+    assert eo.gradgradcheck(lambda z: eo.nll_loss(eo.log_softmax(z), target, weight=weight),
+                            rng.standard_normal((4, 3)))
+    y = rng.uniform(0, 1, (4, 3))
+    assert eo.gradgradcheck(lambda z: eo.binary_cross_entropy_with_logits(
+        z, y, weight=weight, pos_weight=weight[::-1].copy()), rng.standard_normal((4, 3)))
+
+
+@_needs("lstm", "gru")
+def test_recurrent_lengths_and_bidirectional(rng):
+    for kind in (eo.LSTM, eo.GRU):
+        layer = kind(2, 2, bidirectional=True, seed=0).to("float64")
+        assert eo.gradgradcheck(lambda x, layer=layer: layer(x, lengths=np.array([3, 1])),
+                                rng.standard_normal((2, 3, 2)))

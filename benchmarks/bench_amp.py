@@ -5,18 +5,21 @@ Models (batch sizes from the issue):
   mlp_large  Linear 1024-2048-2048-10, ReLU, batch 256
   cnn_cifar  NHWC 32x32x3: Conv 3x3 32 - MaxPool 2 - Conv 3x3 64 - MaxPool 2 - Linear 10, batch 64
 
-A step is zero_grad + forward + cross-entropy + backward + SGD step; the autocast step runs the
-forward under ``eo.autocast()`` and goes through ``eo.GradScaler`` (as a user would). Each figure
-is the median of several steps after a warm-up, as wall-clock and as process CPU time; the
-reference (the float32 step) is measured in the same run, and the ratio printed. Targets: step
-ratio <= 1.3, activation memory <= 0.6.
+A step is zero_grad + forward + cross-entropy + backward + SGD step. The float16 step runs the
+forward under ``eo.autocast()`` and goes through ``eo.GradScaler`` (as a user would); the
+bfloat16 step runs it under ``eo.autocast(dtype="bfloat16")`` without a scaler (bfloat16 has
+float32's range, so it needs none). Each figure is the median of several steps after a warm-up,
+as wall-clock and as process CPU time; the reference (the float32 step) is measured in the same
+run, its steps interleaved with the others' (so load drift hits all alike), and the ratio
+printed. Targets: step ratio <= 1.6 (float16) and <= 1.3 (bfloat16),
+activation memory <= 0.6 for both.
 
 Memory is measured two ways:
   * graph-saved bytes: every array the recorded ops keep for backward, counted once per buffer.
-    "activations" are those derived from the batch; "weight copies" are float16 casts of the
+    "activations" are those derived from the batch; "weight copies" are 16-bit casts of the
     float32 parameters (autocast only; they are freed with the graph);
   * tracemalloc peak of one forward + backward (includes every temporary, e.g. the float32
-    operands float16 matmuls convert to before calling BLAS).
+    operands 16-bit matmuls convert to before calling BLAS).
 
 Also measured: what casting every weight to float16 once costs, relative to one autocast step.
 That is the most a per-region cache of weight casts could save (see docs/mixed_precision.md).
@@ -60,13 +63,20 @@ def cnn_cifar() -> tuple:
 MODELS = {"mlp_large": mlp_large, "cnn_cifar": cnn_cifar}
 
 
-def make_step(model, x, y, amp: bool):
+#: how each step runs: autocast's lower dtype (None: float32) and whether a GradScaler is used
+PRECISIONS = {"float32": (None, False), "float16": ("float16", True),
+              "bfloat16": ("bfloat16", False)}
+TARGETS = {"float16": 1.6, "bfloat16": 1.3}
+
+
+def make_step(model, x, y, precision: str):
+    dtype, scaled = PRECISIONS[precision]
     optimizer = eo.SGD(list(model.parameters()), lr=1e-3)
-    scaler = eo.GradScaler(init_scale=2.0**10) if amp else None
+    scaler = eo.GradScaler(init_scale=2.0**10) if scaled else None
 
     def step():
         optimizer.zero_grad()
-        with eo.autocast(enabled=amp):
+        with eo.autocast(enabled=dtype is not None, dtype=dtype):
             logits = model(x)
         loss = eo.cross_entropy(logits, y)
         if scaler is None:
@@ -78,6 +88,27 @@ def make_step(model, x, y, amp: bool):
             scaler.update()
 
     return step
+
+
+def interleaved_median_times(fns: dict, repeats: int) -> dict:
+    """``median_times`` of several functions, their calls taken in turn (a, b, c, a, b, c...).
+
+    NOTE: on a shared machine the load drifts over a run; interleaving exposes every variant
+    to the same drift, so their ratios stay meaningful when the absolute times do not.
+    """
+    for fn in fns.values():
+        fn()  # warm-up
+    walls: dict = {name: [] for name in fns}
+    cpus: dict = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            gc.collect()
+            wall, cpu = time.perf_counter(), time.process_time()
+            fn()
+            cpus[name].append(time.process_time() - cpu)
+            walls[name].append(time.perf_counter() - wall)
+    return {name: (statistics.median(walls[name]), statistics.median(cpus[name]))
+            for name in fns}
 
 
 def median_times(fn, repeats: int) -> tuple[float, float]:
@@ -126,7 +157,7 @@ def graph_saved_bytes(root: eo.Tensor, params) -> dict:
         ops.append(op)
         for parent in op.parents:
             ctx = parent._ctx
-            # the output of a cast whose input is a parameter: a float16 weight copy
+            # the output of a cast whose input is a parameter: a 16-bit weight copy
             if ctx is not None and type(ctx).__name__ == "Cast" and \
                     id(_root(ctx.parents[0].data)) in param_buffers:
                 weight_copies.add(id(_root(parent.data)))
@@ -145,9 +176,10 @@ def graph_saved_bytes(root: eo.Tensor, params) -> dict:
     return kinds
 
 
-def memory(model, x, y, amp: bool) -> dict:
+def memory(model, x, y, precision: str) -> dict:
+    dtype = PRECISIONS[precision][0]
     params = list(model.parameters())
-    with eo.autocast(enabled=amp):
+    with eo.autocast(enabled=dtype is not None, dtype=dtype):
         logits = model(x)
     loss = eo.cross_entropy(logits, y)
     saved = graph_saved_bytes(loss, params)
@@ -155,7 +187,7 @@ def memory(model, x, y, amp: bool) -> dict:
     model.zero_grad()
     gc.collect()
     tracemalloc.start()
-    with eo.autocast(enabled=amp):
+    with eo.autocast(enabled=dtype is not None, dtype=dtype):
         logits = model(x)
     loss = eo.cross_entropy(logits, y)
     loss.backward()
@@ -166,36 +198,42 @@ def memory(model, x, y, amp: bool) -> dict:
     return saved
 
 
-def weight_cast_time(model, repeats: int) -> float:
+def weight_cast_time(model, dtype: str, repeats: int) -> float:
     arrays = [p.data for p in model.parameters()]
-    return median_times(lambda: [a.astype(np.float16) for a in arrays], repeats)[1]
+    return median_times(lambda: [a.astype(dtype) for a in arrays], repeats)[1]
 
 
 def run(name: str, repeats: int) -> None:
     model, x, y = MODELS[name]()
     # NOTE: memory first, on a fresh process state, so that the timing loops' leftovers
     # (allocator caches, the last graph) do not shift the traced peak.
-    mem32, mem16 = memory(model, x, y, amp=False), memory(model, x, y, amp=True)
-    wall32, cpu32 = median_times(make_step(model, x, y, amp=False), repeats)
-    wall16, cpu16 = median_times(make_step(model, x, y, amp=True), repeats)
-    cast = weight_cast_time(model, repeats)
+    mem = {p: memory(model, x, y, p) for p in PRECISIONS}
+    # NOTE: one model per precision, so that each step sees the weights its own loop trains.
+    steps = {p: make_step(*MODELS[name](), p) for p in PRECISIONS}
+    times = interleaved_median_times(steps, repeats)
     mb = 2.0**20
-    print(f"{name}")
-    print(f"  training step, wall   float32 {wall32 * 1e3:8.1f} ms   autocast+GradScaler "
-          f"{wall16 * 1e3:8.1f} ms   ratio {wall16 / wall32:.2f}x  (target <= 1.3x)")
-    print(f"  training step, CPU    float32 {cpu32 * 1e3:8.1f} ms   autocast+GradScaler "
-          f"{cpu16 * 1e3:8.1f} ms   ratio {cpu16 / cpu32:.2f}x")
-    act32, act16 = mem32["activations"], mem16["activations"]
-    print(f"  graph-saved activations  float32 {act32 / mb:7.2f} MiB   autocast "
-          f"{act16 / mb:7.2f} MiB   ratio {act16 / act32:.2f}x  (target <= 0.6x)")
-    both16 = act16 + mem16["weight copies"]
-    print(f"  + float16 weight copies  autocast {mem16['weight copies'] / mb:7.2f} MiB   "
-          f"activations+copies ratio {both16 / act32:.2f}x")
-    peak32, peak16 = mem32["tracemalloc peak"], mem16["tracemalloc peak"]
-    print(f"  tracemalloc peak fwd+bwd float32 {peak32 / mb:7.2f} MiB   autocast "
-          f"{peak16 / mb:7.2f} MiB   ratio {peak16 / peak32:.2f}x")
-    print(f"  casting all weights to float16 once: {cast * 1e3:.1f} ms CPU "
-          f"= {cast / cpu16:.0%} of an autocast step")
+    (wall32, cpu32), act32 = times["float32"], mem["float32"]["activations"]
+    peak32 = mem["float32"]["tracemalloc peak"]
+    print(f"{name}: float32 step {wall32 * 1e3:.1f} ms wall, {cpu32 * 1e3:.1f} ms CPU; "
+          f"graph-saved activations {act32 / mb:.2f} MiB; tracemalloc peak {peak32 / mb:.2f} MiB")
+    for precision, target in TARGETS.items():
+        (wall, cpu), used = times[precision], mem[precision]
+        scaler = " + GradScaler" if PRECISIONS[precision][1] else ""
+        print(f"  {precision}{scaler}")
+        print(f"    training step, wall  {wall * 1e3:8.1f} ms   ratio {wall / wall32:.2f}x  "
+              f"(target <= {target}x)")
+        print(f"    training step, CPU   {cpu * 1e3:8.1f} ms   ratio {cpu / cpu32:.2f}x")
+        act = used["activations"]
+        print(f"    graph-saved activations {act / mb:7.2f} MiB   ratio {act / act32:.2f}x  "
+              f"(target <= 0.6x)")
+        both = act + used["weight copies"]
+        print(f"    + 16-bit weight copies  {used['weight copies'] / mb:7.2f} MiB   "
+              f"activations+copies ratio {both / act32:.2f}x")
+        peak = used["tracemalloc peak"]
+        print(f"    tracemalloc peak fwd+bwd {peak / mb:7.2f} MiB   ratio {peak / peak32:.2f}x")
+        cast = weight_cast_time(model, precision, repeats)
+        print(f"    casting all weights to {precision} once: {cast * 1e3:.1f} ms CPU "
+              f"= {cast / cpu:.0%} of the step")
 
 
 def main(argv=None) -> None:

@@ -3,10 +3,12 @@
 A small MLP (10 -> 16 -> tanh -> 1, 193 parameters) fits a noisy regression target. Its loss is
 multiplied by 2**-21, which moves every gradient into float16's underflow range without
 changing the problem: SGD's learning rate is multiplied by 2**21 to compensate, so in float32
-the run is the same as an unscaled one. The same training runs three times:
+the run is the same as an unscaled one. The same training runs four times:
 
   * autocast, no scaler  - the float16 gradients flush to zero and the weights barely move;
   * autocast + scaler    - GradScaler lifts them back into range before float16 sees them;
+  * bfloat16, no scaler  - ``autocast(dtype="bfloat16")``: float32's exponent range in 16 bits,
+                           so nothing flushes and no scaler is needed;
   * float32              - the reference.
 
 It prints how many gradient elements were exactly zero after the first backward pass and the
@@ -44,7 +46,8 @@ def make_model() -> eo.Sequential:
 
 
 def train(mode: str, steps: int, x, y):
-    """Train one model; ``mode`` is ``"autocast"``, ``"autocast+scaler"`` or ``"float32"``.
+    """Train one model; ``mode`` is ``"autocast"``, ``"autocast+scaler"``, ``"bfloat16"`` or
+    ``"float32"``.
 
     Returns:
         (ZeroCount after the first backward pass, final MSE, final scale or None).
@@ -55,9 +58,10 @@ def train(mode: str, steps: int, x, y):
     first_zeros = None
     for _ in range(steps):
         optimizer.zero_grad()
-        with eo.autocast(enabled=mode != "float32"):
+        with eo.autocast(enabled=mode != "float32",
+                         dtype="bfloat16" if mode == "bfloat16" else "float16"):
             predictions = model(x)
-        loss = ((predictions - y) ** 2).mean() * LOSS_FACTOR  # float32: float16 - float32
+        loss = ((predictions - y) ** 2).mean() * LOSS_FACTOR  # float32: 16 bits - float32
         if scaler is not None:
             scaler.backward(loss)
         else:
@@ -85,9 +89,10 @@ def main(argv=None) -> dict:
     with eo.no_grad():
         initial = ((make_model()(x) - y) ** 2).mean().item()
     results = {mode: train(mode, steps, x, y)
-               for mode in ("autocast", "autocast+scaler", "float32")}
+               for mode in ("autocast", "autocast+scaler", "bfloat16", "float32")}
     (bare_zeros, bare_mse, _), (scaled_zeros, scaled_mse, scale), (_, fp32_mse, _) = (
         results["autocast"], results["autocast+scaler"], results["float32"])
+    bf16_zeros, bf16_mse, _ = results["bfloat16"]
 
     width = len(str(bare_zeros.total))
     print(f"Loss multiplied by 2**-21; MSE before training {initial:.4f}")
@@ -95,14 +100,17 @@ def main(argv=None) -> dict:
     print(f"Gradient elements flushed to zero ({bare_zeros.total} total)")
     print(f"  no GradScaler ........ {bare_zeros.flushed:>{width}} / {bare_zeros.total}")
     print(f"  with GradScaler ...... {scaled_zeros.flushed:>{width}} / {scaled_zeros.total}")
+    print(f"  bfloat16, no scaler .. {bf16_zeros.flushed:>{width}} / {bf16_zeros.total}")
     print()
     print(f"Final MSE after {steps} steps")
     print(f"  autocast, no scaler .. {bare_mse:.4f}")
     print(f"  autocast + scaler .... {scaled_mse:.4f}      float32 reference: {fp32_mse:.4f}")
+    print(f"  bfloat16, no scaler .. {bf16_mse:.4f}")
     print()
     print(f"GradScaler's scale at the end: {scale:g}")
     return {"zeros_without_scaler": bare_zeros, "zeros_with_scaler": scaled_zeros,
-            "mse_autocast": bare_mse, "mse_scaler": scaled_mse, "mse_float32": fp32_mse}
+            "zeros_bfloat16": bf16_zeros, "mse_autocast": bare_mse, "mse_scaler": scaled_mse,
+            "mse_bfloat16": bf16_mse, "mse_float32": fp32_mse}
 
 
 if __name__ == "__main__":

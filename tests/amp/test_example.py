@@ -28,3 +28,7 @@ def test_mixed_precision_example_quick():
         r"autocast \+ scaler \.+ ([\d.]+) +float32 reference: ([\d.]+)", out).groups())
     assert abs(scaled - reference) <= 0.05 * reference
     assert bare > 10 * reference
+    # bfloat16 keeps float32's exponent range: nothing flushes, no scaler needed
+    assert int(re.search(r"bfloat16, no scaler \.+ +(\d+) / 193", out).group(1)) == 0
+    bf16 = float(re.search(r"bfloat16, no scaler \.+ ([\d.]+)\n", out).group(1))
+    assert abs(bf16 - reference) <= 0.1 * reference

@@ -26,12 +26,12 @@ def test_layer_norm_over_one_element_runs_in_onnxruntime(tmp_path, shape):
 
 
 def test_a_runtime_failure_during_verify_is_a_serialization_error(tmp_path, monkeypatch):
-    import everyo_onnx.export as export
+    import everyo_onnx.verify as verify
 
     def broken_session(data):
         raise RuntimeError("[ONNXRuntimeError] : 1 : FAIL : simulated")
 
-    monkeypatch.setattr(export, "inference_session", broken_session)
+    monkeypatch.setattr(verify, "inference_session", broken_session)
     path = tmp_path / "m.onnx"
     with pytest.raises(eo.EveryOSerializationError, match="ONNX Runtime could not run"):
         eo.export_onnx(eo.Sequential(eo.Linear(2, 2, seed=0)), str(path), input_shape=(1, 2),

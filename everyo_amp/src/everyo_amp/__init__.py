@@ -1,7 +1,8 @@
 """everyo-amp: mixed precision for EveryO, as a plugin.
 
 It registers the default precision policy (matmul and conv2d in float16, reductions,
-exponentials, normalisation and losses in float32) and the public names ``eo.autocast`` and
+exponentials, normalisation and losses in float32), the same lists in bfloat16 (policy
+``"bfloat16"``, or ``eo.autocast(dtype="bfloat16")``) and the public names ``eo.autocast`` and
 ``eo.GradScaler``. See docs/mixed_precision.md.
 """
 
@@ -11,11 +12,18 @@ import everyo  # noqa: F401, I001
 
 from everyo_amp.autocast_mode import active_policy, autocast, is_autocast_enabled, make_interceptor
 from everyo_amp.grad_scaler import GradScaler
-from everyo_amp.policy import DEFAULT_POLICY, FLOAT32_OPS, LOWER_PRECISION_OPS, AutocastPolicy
+from everyo_amp.policy import (
+    BFLOAT16_POLICY,
+    DEFAULT_POLICY,
+    FLOAT32_OPS,
+    LOWER_PRECISION_OPS,
+    AutocastPolicy,
+)
 from everyo_amp.underflow import ZeroCount, flushed_to_zero
 
 __all__ = [
     "AutocastPolicy",
+    "BFLOAT16_POLICY",
     "DEFAULT_POLICY",
     "FLOAT32_OPS",
     "GradScaler",

@@ -1,4 +1,5 @@
-"""``eo.autocast``: run the ops a precision policy names in float16, through cast nodes.
+"""``eo.autocast``: run the ops a precision policy names in float16 or bfloat16, through cast
+nodes.
 
 Autocast is a dispatch interceptor (see ``everyo.dispatch.push_interceptor``). For an op in the
 policy's ``ops``, every float32 operand is routed through the core's differentiable ``cast`` op
@@ -29,6 +30,7 @@ import numpy as np
 
 from everyo import EveryOError, Tensor, dispatch, registry
 from everyo.dispatch import active_interceptors, pop_interceptor, push_interceptor
+from everyo.dtypes import is_floating
 from everyo_amp.policy import AutocastPolicy
 
 _F64 = np.dtype(np.float64)
@@ -42,7 +44,7 @@ def _cast_operand(operand, target: np.dtype, lowering: bool):
         dtype = operand.dtype
     else:
         return operand  # Python scalars take the dtype of the tensor they meet
-    if dtype == target or dtype.kind != "f":
+    if dtype == target or not is_floating(dtype) or dtype.kind == "c":
         return operand
     # NOTE: lowering never touches float64 (as in PyTorch: float64 is an explicit request for
     # precision, and it keeps eo.gradcheck meaningful inside a block); upcasting only widens.
@@ -160,11 +162,13 @@ def is_autocast_enabled() -> bool:
 
 
 class autocast:  # noqa: N801 - a context manager named like PyTorch's
-    """Context manager and decorator: ops in the policy's allowlist run in float16.
+    """Context manager and decorator: ops in the policy's allowlist run in float16 or bfloat16.
 
     Args:
         enabled: ``False`` makes a full-precision island inside an enabled block.
-        dtype: the lower precision; defaults to the policy's (``"float16"`` for the default).
+        dtype: the lower precision, ``"float16"`` or ``"bfloat16"``; defaults to the
+            policy's (``"float16"`` for the default policy, ``"bfloat16"`` for the one named
+            ``"bfloat16"``).
         policy: a registered policy's name, or an ``AutocastPolicy``.
 
     Example:
@@ -176,6 +180,9 @@ class autocast:  # noqa: N801 - a context manager named like PyTorch's
         ...         z = x @ w
         >>> y.dtype, z.dtype, (x @ w).dtype
         ('float16', 'float32', 'float32')
+        >>> with eo.autocast(dtype="bfloat16"):
+        ...     (x @ w).dtype
+        'bfloat16'
     """
 
     def __init__(self, enabled: bool = True, dtype=None, policy="default"):

@@ -5,9 +5,10 @@ from everyo import hookimpl
 
 @hookimpl
 def everyo_register_autocast_policies(register):
-    from everyo_amp.policy import DEFAULT_POLICY
+    from everyo_amp.policy import BFLOAT16_POLICY, DEFAULT_POLICY
 
     register("default", DEFAULT_POLICY)
+    register("bfloat16", BFLOAT16_POLICY)
 
 
 @hookimpl

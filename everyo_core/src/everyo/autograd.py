@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from everyo.dtypes import HALF_DTYPES, is_floating
 from everyo.errors import EveryOError
 from everyo.grad_mode import _grad_enabled
+from everyo.half_precision import narrow, widen
 from everyo.hooks import post_accumulate_hooks, tensor_hooks
 from everyo.tensor import DEFAULT_FLOAT, Tensor
 from everyo.versioning import check_saved, clock
@@ -82,12 +84,21 @@ class Op:
         record = True in needs and _grad_enabled.get()
         op.needs_input_grad = needs
         op.saved = None
-        out = op.forward(*[t.data for t in tensors], **attrs)
+        try:
+            out = op.forward(*[t.data for t in tensors], **attrs)
+        except np.exceptions.DTypePromotionError:
+            raise EveryOError(_no_common_dtype(cls.name, tensors)) from None
         if record:
             op.parents = tensors
             op.epoch = clock[0]
             return Tensor._make(out, True, op)
         return Tensor._make(out, False, None)
+
+
+def _no_common_dtype(name: str, tensors: tuple) -> str:
+    dtypes = sorted({t.data.dtype.name for t in tensors})
+    return (f"op {name!r} cannot combine dtypes {dtypes}: NumPy has no common type for them "
+            f"(float16 with bfloat16 has none); convert one first, e.g. x.to('float32')")
 
 
 def _as_tensors(operands) -> tuple:
@@ -102,7 +113,7 @@ def _as_tensors(operands) -> tuple:
     like = None
     for o in operands:
         if isinstance(o, Tensor):
-            if o.data.dtype.kind == "f":
+            if is_floating(o.data.dtype):
                 like = o.data.dtype
                 break
             if like is None:
@@ -128,7 +139,7 @@ def _constant(value, like: np.dtype | None) -> np.ndarray:
     if like is not None and array.ndim == 0:
         # NOTE: PyTorch's rule: a Python scalar never widens a tensor (float16 * 2.5 stays
         # float16); an int tensor meeting a float scalar becomes the default float.
-        if like.kind == "f" or (like.kind in "iu" and array.dtype.kind in "iub"):
+        if is_floating(like) or (like.kind in "iu" and array.dtype.kind in "iub"):
             return array.astype(like)
         if array.dtype.kind == "f":
             return array.astype(DEFAULT_FLOAT)
@@ -146,9 +157,9 @@ def unbroadcast(grad: np.ndarray, shape: tuple) -> np.ndarray:
         i + extra for i, n in enumerate(shape) if n == 1 and grad.shape[i + extra] != 1
     )
     if axes:
-        # NOTE: float16 gradients are summed in float32 and rounded once, as tensor cores do.
-        if grad.dtype == np.float16:
-            grad = grad.sum(axis=axes, keepdims=True, dtype=np.float32).astype(np.float16)
+        # NOTE: 16-bit gradients are summed in float32 and rounded once, as tensor cores do.
+        if grad.dtype in HALF_DTYPES:
+            grad = narrow(widen(grad).sum(axis=axes, keepdims=True), grad.dtype)
         else:
             grad = grad.sum(axis=axes, keepdims=True)
     return grad.reshape(shape)
@@ -224,7 +235,7 @@ def run_backward(root: Tensor, grad=None, retain_graph: bool | None = None,
             if gi.dtype != t.data.dtype:
                 # NOTE: a gradient arriving at a tensor takes that tensor's dtype: float16
                 # activations get float16 gradients, float32 master weights float32 ones.
-                gi = gi.astype(t.data.dtype)
+                gi = narrow(gi, t.data.dtype)
             if gi.shape != t.data.shape:
                 raise_shape_mismatch(op, gi.shape, t.data.shape)
             ctx = t._ctx

@@ -89,13 +89,15 @@ def masked_fill(x, mask, value) -> Tensor:
         >>> eo.masked_fill(eo.zeros(3), np.array([True, False, True]), -1.0).data
         array([-1.,  0., -1.], dtype=float32)
     """
-    mask = mask.data if isinstance(mask, Tensor) else np.asarray(mask)
-    if mask.dtype != bool:
-        raise EveryOError(f"masked_fill: the mask must be boolean, got {mask.dtype}")
-    if np.broadcast_shapes(mask.shape, x.shape) != x.shape:
-        raise EveryOError(f"masked_fill: mask shape {mask.shape} does not broadcast to the "
-                          f"tensor's {x.shape}")
-    return dispatch("where", mask, value, x)
+    array = mask.data if isinstance(mask, Tensor) else np.asarray(mask)
+    if array.dtype != bool:
+        raise EveryOError(f"masked_fill: the mask must be boolean, got {array.dtype}")
+    if np.broadcast_shapes(array.shape, x.data.shape) != x.data.shape:
+        raise EveryOError(f"masked_fill: mask shape {array.shape} does not broadcast to the "
+                          f"tensor's {x.data.shape}")
+    # NOTE: a Tensor mask goes to the op as itself, so a tracer (ONNX export) sees where it
+    # came from (e.g. a comparison of traced tensors).
+    return dispatch("where", mask if isinstance(mask, Tensor) else array, value, x)
 
 
 def tril(x, k: int = 0) -> Tensor:

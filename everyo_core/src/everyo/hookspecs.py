@@ -68,10 +68,12 @@ def everyo_register_autocast_policies(register: Register) -> None:
 
 @hookspec
 def everyo_register_onnx_converters(register: Register) -> None:
-    """Register an ONNX converter for one layer class: ``register(layer_class, converter)``.
+    """Register an ONNX converter for one class: ``register(cls, converter)``.
 
-    ``converter(layer, ctx, input_name) -> output_name`` appends nodes to the exporter's graph
-    context. A layer class without a converter is refused by name at export time.
+    For a Module subclass, ``converter(layer, ctx, input_name) -> output_name`` emits the whole
+    layer; for an ``everyo.Op`` subclass, ``converter(ctx, *input_names, **attrs) -> output_name``
+    emits the op wherever a traced forward calls it. Both append nodes through the exporter's
+    graph context ``ctx`` (see docs/onnx.md).
     """
 
 

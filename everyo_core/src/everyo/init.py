@@ -22,6 +22,7 @@ import math
 
 import numpy as np
 
+from everyo.dtypes import is_floating
 from everyo.errors import EveryOError
 from everyo.random import resolve_generator
 from everyo.tensor import Tensor
@@ -85,7 +86,7 @@ def _array(tensor, name: str) -> np.ndarray:
     if not isinstance(tensor, Tensor):
         raise EveryOError(f"init.{name}: expected a Parameter or Tensor, got "
                           f"{type(tensor).__name__}")
-    if tensor.data.dtype.kind != "f":
+    if not is_floating(tensor.data.dtype):
         raise EveryOError(f"init.{name}: the tensor must be floating, got {tensor.dtype}")
     return tensor.data
 

@@ -8,6 +8,7 @@ from typing import Iterator
 
 import numpy as np
 
+from everyo.dtypes import is_floating, resolve_dtype
 from everyo.errors import EveryOError
 from everyo.tensor import DEFAULT_FLOAT, Tensor
 from everyo.versioning import bump_version
@@ -31,7 +32,7 @@ class Parameter(Tensor):
         from everyo.tensor import tensor
 
         array = tensor(data, dtype=dtype).data
-        if array.dtype.kind != "f":
+        if not is_floating(array.dtype) or array.dtype.kind == "c":
             array = array.astype(DEFAULT_FLOAT)
         super().__init__(array, requires_grad=requires_grad)
 
@@ -154,15 +155,15 @@ class Module:
 
     def to(self, dtype) -> "Module":
         """Convert floating parameters and buffers to ``dtype`` in place (e.g. ``"float64"``)."""
-        dtype = np.dtype(dtype)
+        dtype = resolve_dtype(dtype, "Module.to")
         for param in self.parameters():
-            if param.data.dtype.kind == "f":
+            if is_floating(param.data.dtype):
                 param.data = param.data.astype(dtype)
                 param.grad = None
         for module in self.modules():
             for name in module._buffer_names:
                 buffer = module.__dict__[name]
-                if buffer is not None and buffer.dtype.kind == "f":
+                if buffer is not None and is_floating(buffer.dtype):
                     object.__setattr__(module, name, buffer.astype(dtype))
         return self
 

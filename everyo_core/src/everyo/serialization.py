@@ -3,6 +3,11 @@
 The tree's structure (keys, lists, scalars, strings) is stored as a JSON document inside the
 archive; every array is its own ``.npy`` member. Loading uses ``allow_pickle=False``, so a
 checkpoint from anywhere can be opened without running code.
+
+A dtype that ``.npy`` cannot describe without pickle (``bfloat16``, which NumPy knows only
+through ml_dtypes) is stored as its raw 16-bit payload (``uint16``) with the dtype's name in the
+structure; such a file is written as format version 2, which older readers refuse rather than
+hand back integers.
 """
 
 from __future__ import annotations
@@ -16,12 +21,17 @@ from collections import OrderedDict
 
 import numpy as np
 
+from everyo.dtypes import BFLOAT16
 from everyo.errors import EveryOSerializationError
 from everyo.tensor import Tensor
 
 FORMAT = "everyo-npz"
-VERSION = 1
+VERSION = 2
 _STRUCTURE_KEY = "__everyo_structure__"
+#: dtype -> the unsigned integer dtype its payload is stored as (format version 2).
+_RAW_PAYLOAD = {BFLOAT16: np.dtype(np.uint16)}
+_RAW_PREFIX = "r"  # archive members holding a raw payload are named r0, r1, ...
+_RAW_BY_NAME = {dtype.name: (dtype, payload) for dtype, payload in _RAW_PAYLOAD.items()}
 
 
 def _encode(value, arrays: dict, where: str):
@@ -30,6 +40,11 @@ def _encode(value, arrays: dict, where: str):
     if isinstance(value, Tensor):
         value = value.data
     if isinstance(value, np.ndarray):
+        payload = _RAW_PAYLOAD.get(value.dtype)
+        if payload is not None:
+            ref = f"{_RAW_PREFIX}{len(arrays)}"
+            arrays[ref] = np.ascontiguousarray(value).view(payload)
+            return {"array": ref, "dtype": value.dtype.name}
         if value.dtype.kind not in "biufc":
             raise EveryOSerializationError(f"save: {where} has dtype {value.dtype}, which cannot "
                                            f"be stored without pickle")
@@ -56,7 +71,14 @@ def _encode(value, arrays: dict, where: str):
 
 def _decode(node, archive):
     if "array" in node:
-        return archive[node["array"]]
+        array = archive[node["array"]]
+        if "dtype" not in node:
+            return array
+        dtype, payload = _RAW_BY_NAME.get(node["dtype"], (None, None))
+        if dtype is None or array.dtype != payload:
+            raise ValueError(f"array {node['array']} claims dtype {node['dtype']!r} with a "
+                             f"{array.dtype} payload")
+        return array.view(dtype)
     if "value" in node:
         return node["value"]
     if "dict" in node:
@@ -83,7 +105,11 @@ def save(obj, path) -> None:
     """
     path = os.fspath(path)
     arrays: dict = {}
-    structure = {"format": FORMAT, "version": VERSION, "tree": _encode(obj, arrays, "the object")}
+    tree = _encode(obj, arrays, "the object")
+    # NOTE: version 1 unless a raw payload needs version 2, so such files stay readable by
+    # EveryO releases that predate bfloat16.
+    version = VERSION if any(ref.startswith(_RAW_PREFIX) for ref in arrays) else 1
+    structure = {"format": FORMAT, "version": version, "tree": tree}
     arrays[_STRUCTURE_KEY] = np.frombuffer(json.dumps(structure).encode(), dtype=np.uint8)
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".everyo-", suffix=".tmp", dir=directory)

@@ -8,6 +8,7 @@ import numpy as np
 
 from everyo import functional
 from everyo.dispatch import dispatch
+from everyo.dtypes import is_floating, resolve_dtype
 from everyo.errors import EveryOError
 
 DEFAULT_FLOAT = np.dtype(np.float32)
@@ -16,14 +17,11 @@ DEFAULT_FLOAT = np.dtype(np.float32)
 def _normalize_dtype(dtype) -> np.dtype | None:
     if dtype is None:
         return None
-    try:
-        return np.dtype(dtype)
-    except TypeError as exc:
-        raise EveryOError(f"unknown dtype {dtype!r}") from exc
+    return resolve_dtype(dtype)
 
 
 def _check_grad_dtype(dtype: np.dtype) -> None:
-    if dtype.kind not in "fc":
+    if not is_floating(dtype):
         raise EveryOError(
             f"only floating-point tensors can require gradients; this one is {dtype.name}"
         )
@@ -142,7 +140,24 @@ class Tensor:
 
     def astype(self, dtype) -> "Tensor":
         """Differentiable cast: the gradient is cast back to this tensor's dtype."""
-        return dispatch("cast", self, dtype=np.dtype(dtype))
+        return dispatch("cast", self, dtype=resolve_dtype(dtype, "astype"))
+
+    def to(self, dtype) -> "Tensor":
+        """This tensor in ``dtype`` (itself when it already is): a differentiable cast.
+
+        Args:
+            dtype: e.g. ``"bfloat16"``, ``"float16"``, ``"float32"``.
+
+        Returns:
+            A tensor whose gradient flows back in this tensor's dtype.
+
+        Example:
+            >>> import everyo as eo
+            >>> eo.tensor([1.0, 3.140625]).to("bfloat16")
+            tensor([1, 3.14062], dtype=bfloat16)
+        """
+        dtype = resolve_dtype(dtype, "Tensor.to")
+        return self if dtype == self.data.dtype else dispatch("cast", self, dtype=dtype)
 
     # -- autograd ---------------------------------------------------------------------------
     def backward(self, grad=None, retain_graph: bool | None = None,

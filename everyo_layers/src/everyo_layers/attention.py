@@ -12,6 +12,7 @@ import math
 import numpy as np
 
 from everyo import EveryOError, Module, Op, Tensor, dispatch, matmul
+from everyo.dtypes import is_floating
 from everyo_layers.checks import check_float
 from everyo_layers.dropout import Dropout
 from everyo_layers.linear import Linear
@@ -55,7 +56,7 @@ def additive_mask(mask, dtype) -> np.ndarray:
         out = np.zeros(data.shape, dtype)
         out[data] = -np.inf
         return out
-    if data.dtype.kind != "f":
+    if not is_floating(data.dtype):
         raise EveryOError(f"attention masks are bool (True = hidden) or additive float, "
                           f"got {data.dtype.name}")
     return data.astype(dtype, copy=False)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from everyo import EveryOError, Tensor
+from everyo.dtypes import is_floating
 
 
 def array_of(x) -> np.ndarray:
@@ -15,7 +16,7 @@ def array_of(x) -> np.ndarray:
 def check_float(layer: str, x) -> np.ndarray:
     """Refuse integer/bool input to a layer that computes in floating point."""
     data = array_of(x)
-    if data.dtype.kind != "f":
+    if not is_floating(data.dtype) or data.dtype.kind == "c":
         raise EveryOError(f"{layer}: expected floating-point input, got {data.dtype.name} "
                           f"(shape {data.shape}); convert it with x.astype('float32')")
     return data

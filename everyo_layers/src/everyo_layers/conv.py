@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from everyo import EveryOError, Module, Op, dispatch
+from everyo.dtypes import HALF_DTYPES
+from everyo.half_precision import narrow, widen
 from everyo.ops.linalg import blas_matmul
 from everyo_layers.checks import check_float, check_groups
 from everyo_layers.initializers import fan_in_bound, uniform_parameter
@@ -12,12 +14,10 @@ from everyo_layers.padding import output_size, resolve_padding
 from everyo_layers.precision import accumulation_dtype
 from everyo_layers.windows import check_geometry, pad_hw, window_arguments, window_slices, window_view
 
-_F16 = np.dtype(np.float16)
-
 
 def _sum_rows(g2: np.ndarray) -> np.ndarray:
-    if g2.dtype == _F16:
-        return g2.sum(axis=0, dtype=np.float32).astype(_F16)
+    if g2.dtype in HALF_DTYPES:
+        return narrow(widen(g2).sum(axis=0), g2.dtype)
     return g2.sum(axis=0)
 
 
@@ -55,16 +55,16 @@ class Conv2DOp(Op):
         w2 = weight.reshape(kh * kw * cin, cout)
         needs = self.needs_input_grad
         out_dtype = np.result_type(x, weight) if bias is None else np.result_type(x, weight, bias)
-        if out_dtype == _F16:
-            # NOTE: float16 has no BLAS: convert the input to float32 *before* gathering the
-            # windows (kh*kw times fewer elements to convert than the window matrix), keep the
-            # small float16 input rather than the window matrix for backward (which regathers
-            # it), and round the product, bias included, once.
-            cols = self._columns(x.astype(np.float32))
-            out = np.matmul(cols, w2.astype(np.float32))
+        if out_dtype in HALF_DTYPES:
+            # NOTE: 16-bit floats have no BLAS: convert the input to float32 *before* gathering
+            # the windows (kh*kw times fewer elements to convert than the window matrix), keep
+            # the small 16-bit input rather than the window matrix for backward (which
+            # regathers it), and round the product, bias included, once.
+            cols = self._columns(widen(x))
+            out = np.matmul(cols, widen(w2))
             if bias is not None:
-                out += bias
-            out = out.astype(_F16)
+                out += widen(bias)
+            out = narrow(out, out_dtype)
             self.saved = (x if needs[1] else None, w2 if needs[0] else None)
         else:
             cols = self._columns(x)
@@ -85,9 +85,9 @@ class Conv2DOp(Op):
         g2 = g.reshape(-1, g.shape[-1])
         gx = gw = gb = None
         if needs[1]:
-            if g.dtype == _F16:  # cols holds the float16 input: regather it in float32
-                gw = np.matmul(self._columns(cols.astype(np.float32)).T,
-                               g2.astype(np.float32)).astype(_F16).reshape(self.w_shape)
+            if g.dtype in HALF_DTYPES:  # cols holds the 16-bit input: regather it in float32
+                gw = narrow(np.matmul(self._columns(widen(cols)).T, widen(g2)),
+                            g.dtype).reshape(self.w_shape)
             else:
                 gw = blas_matmul(cols.T, g2).reshape(self.w_shape)
         if len(needs) > 2 and needs[2]:
@@ -113,14 +113,14 @@ class Conv2DOp(Op):
         accumulate = accumulation_dtype(np.result_type(g2, w2))
         per_position = np.ascontiguousarray(
             w2.reshape(kh * kw, c, cout).transpose(0, 2, 1), dtype=accumulate)
-        blocks = np.matmul(g2.astype(accumulate, copy=False), per_position)
+        blocks = np.matmul(widen(g2).astype(accumulate, copy=False), per_position)
         blocks = blocks.reshape(kh, kw, n, ho, wo, c)
         gxp = np.zeros((n, h + top + bottom, w + left + right, c), dtype=accumulate)
         for i in range(kh):
             for j in range(kw):
                 gxp[window_slices((i, j), self.stride, self.dilation, self.out_hw)] += blocks[i, j]
         out_dtype = np.result_type(g2, w2)
-        return gxp[:, top:top + h, left:left + w, :].astype(out_dtype, copy=False)
+        return narrow(gxp[:, top:top + h, left:left + w, :], out_dtype)
 
 
 class Conv2D(Module):

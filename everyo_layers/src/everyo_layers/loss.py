@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from everyo import EveryOError, Module, Op, dispatch
+from everyo.dtypes import is_floating
 from everyo.ops.reduction import log_softmax_array
 from everyo.ops.unary import stable_sigmoid
 from everyo_layers.checks import array_of, check_float
@@ -234,7 +235,7 @@ def cross_entropy(input, target, reduction: str = "mean", label_smoothing: float
         raise EveryOError(f"cross_entropy: label_smoothing must be in [0, 1], got "
                           f"{label_smoothing}")
     t = array_of(target)
-    if t.dtype.kind == "f":
+    if is_floating(t.dtype):
         if t.shape != scores.shape:
             raise EveryOError(f"cross_entropy: probability targets must match the input shape "
                               f"{scores.shape}, got {t.shape}")

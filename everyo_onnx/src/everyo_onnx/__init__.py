@@ -1,4 +1,5 @@
-"""everyo-onnx: layer-by-layer ONNX export of EveryO models, verified with ONNX Runtime.
+"""everyo-onnx: ONNX export of EveryO models by tracing their forward pass, verified with ONNX
+Runtime and onnx.reference.
 
 Importing this package is cheap: ``onnx`` and ``onnxruntime`` are imported only when a model
 is exported or run. The public functions are reached as ``eo.export_onnx``, ``eo.run_onnx`` and

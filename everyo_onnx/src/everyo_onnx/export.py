@@ -1,10 +1,15 @@
-"""``eo.export_onnx``: walk a model layer by layer, emit ONNX, check it, write it atomically.
+"""``eo.export_onnx``: trace a model's forward pass into ONNX, check it, write it atomically.
 
-The order matters for the guarantees in docs/onnx.md: every unsupported layer is found before
-any conversion; the model is converted, checked (``onnx.checker`` with ``full_check``) and, on
-request, verified in ONNX Runtime entirely in memory; only then is the file written, through a
-temporary file in the same directory and one ``os.replace``. A failed export therefore never
-leaves a file behind nor touches an existing one.
+The order matters for the guarantees in docs/onnx.md. The model is traced four times (see
+``everyo_onnx.trace``): at the given input sizes, then at other sizes (every symbolic axis
+changed, other random values), to learn which axes follow the input's size; then twice more,
+with those axes symbolic, and the two graphs must be identical — a graph that changes with
+the input's size or values comes from Python control flow or constants the tracer cannot
+follow, and is refused. Every refusal is collected before anything is written. The graph is
+checked (``onnx.checker`` with ``full_check``, strict shape inference) and, on request,
+verified in ONNX Runtime and ``onnx.reference`` entirely in memory; only then is the file
+written, through a temporary file in the same directory and one ``os.replace``. A failed
+export therefore never leaves a file behind nor touches an existing one.
 """
 
 from __future__ import annotations
@@ -13,45 +18,51 @@ import contextlib
 import os
 import tempfile
 
-import numpy as np
-
-from everyo import EveryOError, EveryOSerializationError, Module, no_grad, registry, tensor
-from everyo_onnx.converters.dense import convert_sequential
-from everyo_onnx.runtime import import_onnx, inference_session, run_session
+from everyo import EveryOSerializationError, Module, no_grad, registry
+from everyo_onnx.arguments import (
+    check_opset,
+    input_specs,
+    names_for,
+    output_axes,
+)
+from everyo_onnx.runtime import import_onnx
 
 # NOTE: 17 is the first opset with LayerNormalization and is run by every maintained runtime
 # (ONNX Runtime >= 1.13, TensorRT, OpenVINO); GELU uses the native op from opset 20 on.
 DEFAULT_OPSET = 17
 MIN_OPSET = 17
 
-REFUSED_BY_DESIGN = ("RNN", "LSTM", "GRU", "Embedding", "MultiHeadAttention",
-                     "PositionalEncoding", "TransformerEncoderLayer", "TransformerDecoderLayer",
-                     "TransformerEncoder")
-
-# Parity bound of verify=True: float32 rounding from a different order of operations.
-VERIFY_RTOL = 1e-4
-VERIFY_ATOL = 1e-5
-
 
 def export_onnx(model, path, input_shape, input_name: str = "input", output_name: str = "output",
-                opset: int | None = None, verify: bool = False) -> None:
-    """Export ``model`` to an ONNX file whose batch dimension is symbolic.
+                opset: int | None = None, verify: bool = False, *, input_names=None,
+                output_names=None, dynamic_axes=None) -> None:
+    """Export ``model`` to an ONNX file by tracing its forward pass; the batch axis (and any
+    axis named in ``dynamic_axes``) is symbolic.
+
+    Layers with a registered layer converter (Conv2D, BatchNorm, LayerNorm, ...) are emitted
+    whole; any other Module is entered and the ops its forward dispatches are emitted by the
+    op converters registered for them.
 
     Args:
-        model: a Module whose layers (Sequential containers walked recursively) all have a
-            registered ONNX converter.
+        model: the Module to export; its forward takes one tensor per input and returns a
+            tensor or a tuple/list of tensors.
         path: where the ``.onnx`` file goes; written atomically, its directory must exist.
-        input_shape: the input's shape, batch first (e.g. ``(1, 8, 8, 1)``, NHWC); the batch
-            size is not baked in: the graph accepts any.
-        input_name, output_name: names of the graph's input and output.
+        input_shape: the input's shape, batch first (e.g. ``(1, 8, 8, 1)``, NHWC), or a list of
+            shapes, one per input. The sizes of symbolic axes are not baked in.
+        input_name, output_name: names of the graph's only input and output.
         opset: ONNX opset version, at least 17; None picks ``DEFAULT_OPSET`` (17).
-        verify: run the file in ONNX Runtime on a random batch of another batch size and raise
-            if it disagrees with the model beyond float32 rounding (needs onnxruntime).
+        verify: run the file in ONNX Runtime (and ``onnx.reference`` where installed) on
+            random inputs of other sizes and raise if either disagrees with the model.
+        input_names, output_names: names for several inputs/outputs (default ``input_0``...,
+            ``output_0``...).
+        dynamic_axes: ``{input_name: {axis: dim_name}}`` for symbolic axes beyond the batch,
+            e.g. ``{"tokens": {1: "sequence"}}``; an output's entry names its symbolic axes
+            (otherwise they take the name of the input axis they follow).
 
     Raises:
-        EveryOSerializationError: unsupported layers (every one is named, with its position),
-            a refused configuration (e.g. BatchNorm without running statistics), a failed check
-            or verification. Nothing is written in that case.
+        EveryOSerializationError: refused modules and ops (every one, with its module path),
+            a graph that depends on the input's values or size, a failed check or
+            verification. Nothing is written in that case.
 
     Example:
         >>> import everyo as eo, numpy as np, tempfile, os
@@ -65,65 +76,47 @@ def export_onnx(model, path, input_shape, input_name: str = "input", output_name
     if not isinstance(model, Module):
         raise EveryOSerializationError(f"export_onnx: model must be an everyo Module, got "
                                        f"{type(model).__name__}")
-    opset = check_opset(opset, onnx.defs.onnx_opset_version())
-    input_shape = check_input_shape(input_shape)
-    check_names(input_name, output_name)
+    opset = check_opset(opset, DEFAULT_OPSET, MIN_OPSET, onnx.defs.onnx_opset_version())
+    specs = input_specs(input_shape, input_name, input_names, dynamic_axes)
+    from everyo_onnx.trace_passes import trace_model  # imports onnx: only now that we export
+
     converters = registry("onnx_converters").items
-    unsupported = find_unsupported(model, converters)
-    if unsupported:
-        raise EveryOSerializationError(refusal_message(unsupported))
-
-    from everyo_onnx.graph import GraphContext  # imports onnx: only now that we export
-
-    with eval_mode(model):
-        sample = np.random.default_rng(0).standard_normal(input_shape).astype(np.float32)
-        ctx = GraphContext(converters, opset, input_name, output_name, sample)
-        output = ctx.convert(model, input_name)
-        if ctx.problems:
-            raise EveryOSerializationError(ctx.problems_message())
-        proto = ctx.build_model(output, output_name, doc=f"everyo {type(model).__name__}",
-                                producer_version=_version())
-        try:
-            onnx.checker.check_model(proto, full_check=True)
-        except onnx.checker.ValidationError as exc:
-            raise EveryOSerializationError(
-                f"export_onnx: the generated graph fails onnx.checker: {exc}") from exc
+    with eval_mode(model), no_grad():
+        traced = trace_model(model, converters, opset, specs)
+        names = _output_names(traced.outputs, output_name, output_names,
+                              [s.name for s in specs])
+        dims = traced.dimension_names(specs, names, output_axes(
+            dynamic_axes, [s.name for s in specs], names))
+        proto = traced.ctx.build_model(list(zip(traced.outputs, names)), dims,
+                                       doc=f"everyo {type(model).__name__}",
+                                       producer_version=_version())
+        check_graph(onnx, proto)
         data = proto.SerializeToString()
         if verify:
-            verify_export(model, data, input_shape)
+            from everyo_onnx.verify import verify_export
+
+            verify_export(model, data, specs)
     write_atomically(path, data)
 
 
-def find_unsupported(model, converters: dict, path: tuple[int, ...] = ()) -> list[str]:
-    """Position labels (``[2] LSTM``) of every layer without a converter, Sequentials walked.
-
-    Lookup is by exact class: a subclass may compute something else (``LogSoftmax`` subclasses
-    ``Softmax``), so it needs its own registration.
-    """
-    from everyo_onnx.graph import position_label
-
-    converter = converters.get(type(model))
-    if converter is convert_sequential:
-        found = []
-        for index, child in enumerate(model):
-            found += find_unsupported(child, converters, path + (index,))
-        return found
-    if converter is None:
-        return [position_label(path, model) + _subclass_note(model, converters)]
-    return []
+def _output_names(outputs: list[str], output_name: str, output_names, input_names) -> list[str]:
+    names = names_for(output_names, output_name, len(outputs), "output_names",
+                      "outputs the model returns")
+    clash = sorted(set(names) & set(input_names))
+    if clash:
+        raise EveryOSerializationError(f"export_onnx: {clash} name both an input and an "
+                                       f"output; they must differ")
+    return names
 
 
-def _subclass_note(layer, converters: dict) -> str:
-    base = next((cls for cls in type(layer).__mro__[1:] if cls in converters), None)
-    return f" (a subclass of {base.__name__}; register a converter for it)" if base else ""
-
-
-def refusal_message(labels: list[str]) -> str:
-    noun = "layer has" if len(labels) == 1 else f"{len(labels)} layers have"
-    return (f"cannot export to ONNX: {noun} no converter: {', '.join(labels)}. The layer-by-layer "
-            f"exporter refuses {', '.join(REFUSED_BY_DESIGN)} (they need a tracing exporter); "
-            f"a custom layer can get a converter through the everyo_register_onnx_converters "
-            f"hook. Nothing was written.")
+def check_graph(onnx, proto) -> None:
+    """``onnx.checker`` (full check) and strict shape inference, or an error naming why."""
+    try:
+        onnx.checker.check_model(proto, full_check=True)
+        onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
+        raise EveryOSerializationError(
+            f"export_onnx: the generated graph fails onnx.checker: {exc}") from exc
 
 
 @contextlib.contextmanager
@@ -136,39 +129,6 @@ def eval_mode(model: Module):
     finally:
         for module, training in modes:
             object.__setattr__(module, "training", training)
-
-
-def verify_export(model: Module, data: bytes, input_shape: tuple[int, ...]) -> float:
-    """Run the serialized model in ONNX Runtime on a batch of a different size and compare.
-
-    Returns:
-        The maximum absolute difference; raises ``EveryOSerializationError`` beyond the bound.
-    """
-    batch_size = input_shape[0] + 2
-    batch = np.random.default_rng(1).standard_normal(
-        (batch_size, *input_shape[1:])).astype(np.float32)
-    with no_grad():
-        expected = np.asarray(model(tensor(batch)).data)
-    try:
-        actual = run_session(inference_session(data), batch)
-    except EveryOError:
-        raise
-    except Exception as exc:  # onnxruntime raises its own exception types
-        raise EveryOSerializationError(
-            f"export_onnx(verify=True): ONNX Runtime could not run the exported model: "
-            f"{type(exc).__name__}: {exc}. Nothing was written.") from exc
-    if actual.shape != expected.shape:
-        raise EveryOSerializationError(
-            f"export_onnx(verify=True): ONNX Runtime returned shape {actual.shape} for a batch of "
-            f"{batch_size}, the model {expected.shape}. Nothing was written.")
-    difference = float(np.abs(actual.astype(np.float64) - expected).max()) if actual.size else 0.0
-    scale = max(1.0, float(np.abs(expected).max())) if expected.size else 1.0
-    if not np.allclose(actual, expected, rtol=VERIFY_RTOL, atol=VERIFY_ATOL * scale):
-        raise EveryOSerializationError(
-            f"export_onnx(verify=True): ONNX Runtime disagrees with the model on a batch of "
-            f"{batch_size} (max abs difference {difference:.3g}, allowed rtol={VERIFY_RTOL}, "
-            f"atol={VERIFY_ATOL * scale:.3g}). Nothing was written.")
-    return difference
 
 
 def write_atomically(path, data: bytes) -> None:
@@ -190,40 +150,6 @@ def write_atomically(path, data: bytes) -> None:
         with contextlib.suppress(OSError):
             os.unlink(temporary)
         raise
-
-
-def check_opset(opset, newest: int) -> int:
-    if opset is None:
-        return DEFAULT_OPSET
-    if isinstance(opset, bool) or not isinstance(opset, (int, np.integer)) \
-            or not MIN_OPSET <= opset <= newest:
-        raise EveryOSerializationError(f"export_onnx: opset must be an int from {MIN_OPSET} to "
-                                       f"{newest} (the installed onnx's newest), got {opset!r}")
-    return int(opset)
-
-
-def check_input_shape(input_shape) -> tuple[int, ...]:
-    try:
-        shape = tuple(int(d) for d in input_shape)
-        valid = (not isinstance(input_shape, (str, bytes)) and len(shape) >= 1
-                 and all(d > 0 for d in shape)
-                 and all(not isinstance(d, bool) and float(d) == int(d) for d in input_shape))
-    except (TypeError, ValueError):
-        valid = False
-    if not valid:
-        raise EveryOSerializationError(f"export_onnx: input_shape must be a tuple of positive "
-                                       f"ints, batch first, got {input_shape!r}")
-    return shape
-
-
-def check_names(input_name, output_name) -> None:
-    for what, name in (("input_name", input_name), ("output_name", output_name)):
-        if not isinstance(name, str) or not name:
-            raise EveryOSerializationError(f"export_onnx: {what} must be a non-empty str, "
-                                           f"got {name!r}")
-    if input_name == output_name:
-        raise EveryOSerializationError(f"export_onnx: input_name and output_name are both "
-                                       f"{input_name!r}; they must differ")
 
 
 def _version() -> str:

@@ -1,10 +1,17 @@
-"""The ONNX graph being built during one export, and the API converters write it through.
+"""The ONNX graph being built during one trace, and the API converters write it through.
 
-A converter is ``converter(layer, ctx, input_name) -> output_name``: it reads the layer's
-attributes, appends nodes and constants through ``ctx`` and returns the name of the value that
-holds the layer's output. While converting, the context also runs every layer on a sample
-batch (eval mode, no gradients), so a converter can ask for the concrete shape of its input
-(``ctx.shape``) — for padding, say — without guessing.
+Two kinds of converters write through the same context ``ctx``:
+
+* a *layer converter* ``converter(layer, ctx, input_name) -> output_name`` emits a whole layer
+  (a convolution with its layout transposes, a folded batch norm);
+* an *op converter* ``converter(ctx, *input_names, **attrs) -> output_name`` emits one core op
+  (``add``, ``reshape``, ``getitem`` ...) met while tracing a forward pass, with the op's own
+  attributes.
+
+Every value in the graph has a *sample*: the array it held when the traced forward pass ran,
+so a converter can ask for a concrete shape (``ctx.shape``) — for padding, say. A value a
+converter made itself with ``ctx.node`` gets its sample on demand, by running the graph built so
+far in ``onnx.reference`` (so ``ctx.convert`` accepts it).
 
 This module imports ``onnx``; the exporter imports it only when a model is exported.
 """
@@ -14,119 +21,160 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
-from everyo import EveryOSerializationError, Tensor, no_grad, tensor
-
-BATCH_DIM = "batch"
+from everyo import EveryOSerializationError
+from everyo.dtypes import is_floating
+from everyo_onnx.symbolic import ONNX_ARITHMETIC, SymInt
 
 
 class ConversionRefused(EveryOSerializationError):
-    """A converter declined a layer it cannot export faithfully (see ``GraphContext.refuse``)."""
+    """A converter declined what it was given (see ``GraphContext.refuse``)."""
 
 
-def position_label(path: tuple[int, ...], layer) -> str:
-    """How a layer is named in messages: ``[2] LSTM``, ``[1][0] GRU``, or the bare class name
-    for the model itself."""
-    name = type(layer).__name__
-    return "".join(f"[{i}]" for i in path) + f" {name}" if path else name
+def onnx_dtype(dtype: np.dtype) -> np.dtype:
+    """The dtype a value of NumPy ``dtype`` has in the graph: floats are float32 (an exported
+    model is float32 whatever its parameters are), integers int64, booleans bool."""
+    dtype = np.dtype(dtype)
+    if is_floating(dtype):  # bfloat16 (kind "V") included
+        return np.dtype(np.float32)
+    if dtype.kind not in "biu":
+        raise EveryOSerializationError(f"export_onnx: a value of dtype {dtype} has no ONNX "
+                                       f"equivalent here (float, int and bool are exported)")
+    return np.dtype(np.bool_ if dtype.kind == "b" else np.int64)
+
+
+ELEMENT_TYPE = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.int64): TensorProto.INT64,
+                np.dtype(np.bool_): TensorProto.BOOL}
 
 
 class GraphContext:
-    """Nodes, constants and value names of the graph under construction.
+    """Nodes, constants and values of the graph under construction.
 
-    Converters use ``opset``, :meth:`shape`, :meth:`node`, :meth:`constant`, :meth:`refuse`
-    and, for containers, :meth:`convert`.
+    Converters use ``opset``, :meth:`shape`, :meth:`dtype`, :meth:`node`, :meth:`constant`,
+    :meth:`ints`, :meth:`refuse` and :meth:`convert`; op converters also read :attr:`result`
+    (the op's output on the sample) and :meth:`dynamic_axes`.
     """
 
-    def __init__(self, converters: dict, opset: int, input_name: str, output_name: str,
-                 sample: np.ndarray):
-        self.converters = converters
+    def __init__(self, opset: int, tracer):
         self.opset = opset
-        self.input_name = input_name
+        self.tracer = tracer
         self.nodes: list = []
         self.initializers: list = []
-        self.problems: list[str] = []  # refusals, collected so every one is reported at once
-        self._samples: dict[str, np.ndarray] = {input_name: sample}
-        self._taken: set[str] = {input_name, output_name}
-        self._path: list[int] = []
+        self.inputs: list[str] = []
+        self.samples: dict[str, np.ndarray] = {}
+        self.dynamic: dict[str, frozenset] = {}
+        self.result: np.ndarray | None = None
+        self.result_dynamic: frozenset = frozenset()
+        self._taken: set[str] = set()
+        self._dims: dict = {}
 
     # -- what converters call -----------------------------------------------------------------
     def shape(self, name: str) -> tuple[int, ...]:
-        """The concrete shape of value ``name`` on the sample batch.
+        """The concrete shape of value ``name`` on the traced sample.
 
-        Axis 0 is the sample's batch size; it is symbolic in the exported graph, so never
-        write it into an attribute or constant.
+        Axes in :meth:`dynamic_axes` (the batch axis always) are symbolic in the exported
+        graph, so never write their size into an attribute or constant.
         """
-        return tuple(self._samples[name].shape)
+        return tuple(self.sample(name).shape)
 
-    def node(self, op_type: str, inputs, **attributes) -> str:
-        """Append one ONNX node with a single output and return that output's name."""
-        scope = self._scope()
-        output = self._fresh(f"{scope}/{op_type}_output")
-        self.nodes.append(helper.make_node(op_type, list(inputs), [output],
-                                           name=self._fresh(f"{scope}/{op_type}"), **attributes))
-        return output
+    def dtype(self, name: str) -> np.dtype:
+        """The value's dtype in the graph (float32, int64 or bool)."""
+        return onnx_dtype(self.sample(name).dtype)
+
+    def dynamic_axes(self, name: str) -> frozenset:
+        """Axes of value ``name`` whose size follows the input's size (symbolic in the graph)."""
+        return self.dynamic.get(name, frozenset())
+
+    def sample(self, name: str) -> np.ndarray:
+        """The array value ``name`` held on the traced sample."""
+        if name not in self.samples:
+            self.samples[name] = self._evaluate(name)
+        return self.samples[name]
+
+    def node(self, op_type: str, inputs, outputs: int = 1, **attributes):
+        """Append one ONNX node and return its output's name (a list if ``outputs > 1``)."""
+        scope = self.tracer.scope()
+        names = [self.fresh(f"{scope}/{op_type}_output") for _ in range(outputs)]
+        self.nodes.append(helper.make_node(op_type, list(inputs), names,
+                                           name=self.fresh(f"{scope}/{op_type}"), **attributes))
+        return names[0] if outputs == 1 else names
 
     def constant(self, array, hint: str, dtype=np.float32) -> str:
         """Add ``array`` (cast to ``dtype``) as an initializer and return its name."""
-        value = np.ascontiguousarray(np.asarray(array, dtype=dtype))
-        name = self._fresh(f"{self._scope()}/{hint}")
+        value = np.array(array, dtype=dtype, order="C")  # NOTE: ascontiguousarray makes 0-d 1-d
+        name = self.fresh(f"{self.tracer.scope()}/{hint}")
         self.initializers.append(numpy_helper.from_array(value, name=name))
+        self.samples[name] = value
         return name
 
+    def value(self, obj) -> str:
+        """The graph name of ``obj`` (a Tensor, array or number an op received as an
+        attribute): a traced value's own name, else a new constant."""
+        return self.tracer.value_of(obj)
+
+    def ints(self, values, hint: str = "ints") -> str:
+        """A 1-D int64 value holding ``values``; a ``SymInt`` among them is computed from the
+        shape it was read from, so the graph follows the input's size."""
+        values = list(values)
+        if not any(isinstance(v, SymInt) for v in values):
+            return self.constant(np.asarray(values, np.int64).reshape(-1), hint, np.int64)
+        pieces = [self._dim(v.expr) if isinstance(v, SymInt)
+                  else self.constant([int(v)], hint, np.int64) for v in values]
+        if len(pieces) == 1:
+            return pieces[0]
+        return self.node("Concat", pieces, axis=0)
+
+    def cast(self, name: str, dtype) -> str:
+        """``name`` as ``dtype`` (a NumPy dtype) in the graph; no node when it already is."""
+        target = onnx_dtype(dtype)
+        if self.dtype(name) == target:
+            return name
+        return self.node("Cast", [name], to=ELEMENT_TYPE[target])
+
     def refuse(self, reason: str):
-        """Decline the current layer: the export fails naming it and ``reason``."""
+        """Decline what is being converted: the export fails naming it and ``reason``."""
         raise ConversionRefused(reason)
 
-    def convert(self, layer, input_name: str, position: int | None = None) -> str:
-        """Convert ``layer`` (a child at ``position`` of the current container, if given)."""
-        if position is not None:
-            self._path.append(position)
-        try:
-            label = position_label(tuple(self._path), layer)
-            converter = self.converters.get(type(layer))
-            problems_before = len(self.problems)
-            if converter is None:
-                self.problems.append(f"{label}: no ONNX converter is registered for it")
-                output = self._fresh(f"{self._scope()}/unconverted")
-            else:
-                output = self._call(converter, layer, input_name, label)
-            if output not in self._samples:
-                try:
-                    self._samples[output] = self._run(layer, input_name, label)
-                except EveryOSerializationError:
-                    # NOTE: a refused layer may also be unable to run on the sample (BatchNorm
-                    # without running statistics on a batch of one); its refusal says why.
-                    if len(self.problems) > problems_before:
-                        raise EveryOSerializationError(self.problems_message()) from None
-                    raise
-            return output
-        finally:
-            if position is not None:
-                self._path.pop()
+    def convert(self, layer, input_name: str, position=None) -> str:
+        """Convert ``layer`` applied to value ``input_name`` (from a container's converter):
+        its own converter if it has one, else its traced forward pass. Returns its output."""
+        return self.tracer.convert_child(layer, input_name, position)
 
-    # -- used by the exporter -------------------------------------------------------------------
-    def problems_message(self) -> str:
-        """The error message naming every refusal collected so far."""
-        return "cannot export to ONNX: " + "; ".join(self.problems) + ". Nothing was written."
+    # -- used by the tracer and the exporter ----------------------------------------------------
+    def fresh(self, base: str) -> str:
+        name, counter = base, 1
+        while name in self._taken:
+            name, counter = f"{base}_{counter}", counter + 1
+        self._taken.add(name)
+        return name
 
-    def build_model(self, output: str, output_name: str, doc: str, producer_version: str):
-        """The finished ``ModelProto`` whose graph output is ``output`` renamed ``output_name``."""
-        producer = next((n for n in self.nodes if output in n.output), None)
-        if producer is None:  # e.g. an empty Sequential: the output is the input itself
-            self.nodes.append(helper.make_node("Identity", [output], [output_name],
-                                               name=self._fresh("/Identity")))
-        else:
-            producer.output[list(producer.output).index(output)] = output_name
-        sample_out = self._samples[output]
-        if sample_out.ndim == 0:
-            raise EveryOSerializationError("export_onnx: the model returns a scalar; an exported "
-                                           "model must keep the batch axis first")
-        graph = helper.make_graph(
-            self.nodes, "everyo_model",
-            [self._value_info(self.input_name, self._samples[self.input_name])],
-            [self._value_info(output_name, sample_out)],
-            initializer=self.initializers, doc_string=doc,
-        )
+    def add_input(self, name: str, sample: np.ndarray, dynamic: frozenset) -> None:
+        self._taken.add(name)
+        self.inputs.append(name)
+        self.samples[name] = sample
+        self.dynamic[name] = dynamic
+
+    def build_model(self, outputs: list[tuple[str, str]], dim_names: dict, doc: str,
+                    producer_version: str):
+        """The finished ``ModelProto``; ``outputs`` pairs each traced value with its graph
+        output name, ``dim_names`` maps (value name, axis) to a symbolic dimension's name."""
+        nodes = list(self.nodes)
+        producers = {out: node for node in nodes for out in node.output}
+        consumed = {name for node in nodes for name in node.input}
+        values = [value for value, _ in outputs]
+        graph_outputs = []
+        for value, output_name in outputs:
+            producer = producers.get(value)
+            if producer is not None and value not in consumed and values.count(value) == 1:
+                producer.output[list(producer.output).index(value)] = output_name
+            else:  # an input, a constant, a value used inside the graph or returned twice
+                nodes.append(helper.make_node("Identity", [value], [output_name],
+                                              name=f"/{output_name}/Identity"))
+            graph_outputs.append(self.value_info(output_name, self.sample(value),
+                                                 dim_names.get(output_name, {})))
+        graph_inputs = [self.value_info(name, self.samples[name], dim_names.get(name, {}))
+                        for name in self.inputs]
+        graph = helper.make_graph(nodes, "everyo_model", graph_inputs, graph_outputs,
+                                  initializer=self.initializers, doc_string=doc)
         opsets = [helper.make_opsetid("", self.opset)]
         model = helper.make_model(graph, opset_imports=opsets, producer_name="everyo-onnx",
                                   producer_version=producer_version)
@@ -134,48 +182,38 @@ class GraphContext:
         model.ir_version = helper.find_min_ir_version_for(opsets)
         return model
 
-    # -- internals ------------------------------------------------------------------------------
-    def _call(self, converter, layer, input_name: str, label: str) -> str:
-        try:
-            output = converter(layer, self, input_name)
-        except ConversionRefused as refusal:
-            self.problems.append(f"{label}: {refusal}")
-            return self._fresh(f"{self._scope()}/refused")
-        except EveryOSerializationError:
-            raise
-        except Exception as exc:
-            raise EveryOSerializationError(
-                f"export_onnx: the ONNX converter for {label} failed: {exc!r}") from exc
-        if not isinstance(output, str):
-            raise EveryOSerializationError(f"export_onnx: the ONNX converter for {label} must "
-                                           f"return the output's name, got {output!r}")
-        return output
-
-    def _run(self, layer, input_name: str, label: str) -> np.ndarray:
-        sample = self._samples[input_name]
-        try:
-            with no_grad():
-                result = layer(tensor(sample))
-        except Exception as exc:
-            raise EveryOSerializationError(
-                f"export_onnx: {label} cannot run on an input of shape {sample.shape} "
-                f"(check input_shape): {exc}") from exc
-        if not isinstance(result, Tensor):
-            raise EveryOSerializationError(f"export_onnx: {label} returned a "
-                                           f"{type(result).__name__}, not one Tensor")
-        return np.asarray(result.data)
-
-    def _scope(self) -> str:
-        return "/" + "/".join(str(i) for i in self._path) if self._path else ""
-
-    def _fresh(self, base: str) -> str:
-        name, counter = base, 1
-        while name in self._taken:
-            name, counter = f"{base}_{counter}", counter + 1
-        self._taken.add(name)
-        return name
-
     @staticmethod
-    def _value_info(name: str, sample: np.ndarray):
-        return helper.make_tensor_value_info(name, TensorProto.FLOAT,
-                                             [BATCH_DIM, *sample.shape[1:]])
+    def value_info(name: str, sample: np.ndarray, dims: dict):
+        shape = [dims.get(axis, size) for axis, size in enumerate(sample.shape)]
+        return helper.make_tensor_value_info(name, ELEMENT_TYPE[onnx_dtype(sample.dtype)], shape)
+
+    # -- internals ------------------------------------------------------------------------------
+    def _dim(self, expr) -> str:
+        """A 1-element int64 value computing a SymInt expression (cached per expression)."""
+        if isinstance(expr, int):
+            return self.constant([expr], "size", np.int64)
+        if expr in self._dims:
+            return self._dims[expr]
+        if expr[0] == "dim":
+            _, value, axis = expr
+            out = self.node("Shape", [value], start=axis, end=axis + 1)
+        else:
+            operation, left, right = expr
+            out = self.node(ONNX_ARITHMETIC[operation], [self._dim(left), self._dim(right)])
+        self._dims[expr] = out
+        return out
+
+    def _evaluate(self, name: str) -> np.ndarray:
+        """Run the graph built so far in ``onnx.reference`` to get value ``name``'s sample."""
+        from onnx.reference import ReferenceEvaluator
+
+        if not any(name in node.output for node in self.nodes):
+            raise EveryOSerializationError(f"export_onnx: no value named {name!r} in the graph")
+        graph = helper.make_graph(
+            self.nodes, "partial",
+            [self.value_info(n, self.samples[n], {}) for n in self.inputs],
+            [helper.make_tensor_value_info(name, TensorProto.UNDEFINED, None)],
+            initializer=self.initializers)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", self.opset)])
+        feeds = {n: self.samples[n].astype(onnx_dtype(self.samples[n].dtype)) for n in self.inputs}
+        return np.asarray(ReferenceEvaluator(model).run([name], feeds)[0])

@@ -73,29 +73,62 @@ def inference_session(model_or_path):
                                 providers=["CPUExecutionProvider"])
 
 
-def run_session(session, batch) -> np.ndarray:
-    """Feed ``batch`` (cast to float32) to the session's only input and return its first output."""
-    array = np.asarray(batch.data if isinstance(batch, Tensor) else batch, dtype=np.float32)
-    graph_input = session.get_inputs()[0]
-    expected = graph_input.shape
-    fits = len(expected) == array.ndim and all(
-        not isinstance(dim, int) or dim == size for dim, size in zip(expected, array.shape))
-    if not fits:
-        shown = tuple(dim if isinstance(dim, int) else "batch" for dim in expected)
-        raise EveryOError(f"run_onnx: the model's input {graph_input.name!r} has shape {shown} "
-                          f"but the batch has shape {array.shape}")
-    return session.run(None, {graph_input.name: array})[0]
+def feeds_for(graph_inputs, batch) -> dict:
+    """``{input name: float32 array}`` for ``batch``: one array or Tensor for a one-input
+    model, a list/tuple (in input order) or a dict by name for several.
+
+    ``graph_inputs`` are ``(name, shape)`` pairs, a symbolic axis being any non-int.
+    """
+    names = [name for name, _ in graph_inputs]
+    if isinstance(batch, dict):
+        missing = sorted(set(names) - set(batch))
+        unknown = sorted(set(batch) - set(names))
+        if missing or unknown:
+            raise EveryOError(f"run_onnx: the model's inputs are {names}; missing {missing}, "
+                              f"unknown {unknown}")
+        arrays = [batch[name] for name in names]
+    elif isinstance(batch, (list, tuple)) and len(names) > 1:
+        if len(batch) != len(names):
+            raise EveryOError(f"run_onnx: the model has {len(names)} inputs {names}, "
+                              f"got {len(batch)} arrays")
+        arrays = list(batch)
+    else:
+        if len(names) != 1:
+            raise EveryOError(f"run_onnx: the model has {len(names)} inputs {names}; pass a "
+                              f"list or a dict of arrays")
+        arrays = [batch]
+    feeds = {}
+    for (name, expected), value in zip(graph_inputs, arrays):
+        array = np.asarray(value.data if isinstance(value, Tensor) else value, dtype=np.float32)
+        fits = len(expected) == array.ndim and all(
+            not isinstance(dim, int) or dim == size for dim, size in zip(expected, array.shape))
+        if not fits:
+            shown = tuple(dim if isinstance(dim, int) else str(dim) for dim in expected)
+            raise EveryOError(f"run_onnx: the model's input {name!r} has shape {shown} "
+                              f"but the batch has shape {array.shape}")
+        feeds[name] = array
+    return feeds
 
 
-def run_onnx(path, batch) -> np.ndarray:
+def run_session(session, batch):
+    """Run the session on ``batch`` (see :func:`feeds_for`): the output array, or a list of
+    arrays for a model with several outputs."""
+    inputs = [(i.name, i.shape) for i in session.get_inputs()]
+    outputs = session.run(None, feeds_for(inputs, batch))
+    return outputs[0] if len(outputs) == 1 else outputs
+
+
+def run_onnx(path, batch):
     """Run an exported ONNX file on one batch with ONNX Runtime (CPU).
 
     Args:
         path: the ``.onnx`` file written by ``eo.export_onnx``.
         batch: array or Tensor shaped like the exported input, any batch size; cast to float32.
+            For a model with several inputs, a list of them (in input order) or a dict by
+            input name.
 
     Returns:
-        The model's (first) output as a float32 ndarray.
+        The model's output as a float32 ndarray, or a list of them for several outputs.
 
     Raises:
         MissingOnnxPackageError (an ``ImportError``): onnxruntime is not installed.

@@ -6,27 +6,28 @@ import numpy as np
 
 from everyo.autograd import Op, unbroadcast
 from everyo.dispatch import dispatch
+from everyo.dtypes import HALF_DTYPES, result_dtype
 from everyo.errors import EveryOError
+from everyo.half_precision import narrow, widen
 from everyo.ops.graph_math import swap_last, unbroadcast_tensor
-
-_F16 = np.dtype(np.float16)
-_F32 = np.dtype(np.float32)
 
 
 def blas_matmul(a: np.ndarray, b: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
-    """``a @ b (+ bias)``; float16 operands multiply through float32 BLAS and round once.
+    """``a @ b (+ bias)``; 16-bit operands multiply through float32 BLAS and round once.
 
-    NOTE: NumPy has no float16 BLAS path (its float16 matmul is a slow scalar loop). Rounding
-    the inputs to float16, accumulating in float32 (bias included) and rounding the result once
-    is what GPU tensor cores do, and is at least as accurate as accumulating in float16.
+    NOTE: NumPy has no float16 or bfloat16 BLAS path (its float16 matmul is a slow scalar
+    loop). Rounding the inputs to 16 bits, accumulating in float32 (bias included) and rounding
+    the result once is what GPU tensor cores do, and is at least as accurate as accumulating in
+    16 bits.
     """
-    if a.dtype == _F16 or b.dtype == _F16:
-        out_dtype = np.result_type(a, b) if bias is None else np.result_type(a, b, bias)
-        if out_dtype == _F16:
-            out = np.matmul(a.astype(_F32), b.astype(_F32))
-            if bias is not None:
-                out += bias
-            return out.astype(_F16)
+    if a.dtype in HALF_DTYPES or b.dtype in HALF_DTYPES:
+        out_dtype = result_dtype(a, b) if bias is None else result_dtype(a, b, bias)
+        out = np.matmul(widen(a), widen(b))
+        if bias is not None:
+            bias = widen(bias)
+            wider = bias.dtype.itemsize > out.dtype.itemsize  # a float64 bias widens the result
+            out = out + bias if wider else np.add(out, bias, out=out)
+        return narrow(out, out_dtype)
     out = np.matmul(a, b)
     return out if bias is None else out + bias
 

@@ -34,16 +34,20 @@ def convert_leaky_relu(layer, ctx, x: str) -> str:
 
 
 def convert_gelu(layer, ctx, x: str) -> str:
+    return gelu_nodes(ctx, x, layer.approximate)
+
+
+def gelu_nodes(ctx, x: str, approximate: str) -> str:
     """The native Gelu op from opset 20 on; before that, its defining formula."""
-    if layer.approximate not in ("none", "tanh"):
-        ctx.refuse(f"approximate={layer.approximate!r} is not 'none' or 'tanh'")
+    if approximate not in ("none", "tanh"):
+        ctx.refuse(f"approximate={approximate!r} is not 'none' or 'tanh'")
     if ctx.opset >= FIRST_OPSET_WITH_GELU:
-        return ctx.node("Gelu", [x], approximate=layer.approximate)
+        return ctx.node("Gelu", [x], approximate=approximate)
 
     def scalar(value, hint):
         return ctx.constant(value, hint)
 
-    if layer.approximate == "tanh":  # 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+    if approximate == "tanh":  # 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
         cube = ctx.node("Mul", [ctx.node("Mul", [x, x]), x])
         inner = ctx.node("Add", [x, ctx.node("Mul", [cube, scalar(0.044715, "gelu_coefficient")])])
         inner = ctx.node("Mul", [inner, scalar(math.sqrt(2.0 / math.pi), "sqrt_2_over_pi")])

@@ -1,18 +1,11 @@
-"""Containers and the layers that need no layout change: Sequential, Linear, Flatten, Dropout."""
+"""Layers that need no layout change: Linear, Flatten, Dropout. (Containers such as
+Sequential need no converter: the tracer enters them.)"""
 
 from __future__ import annotations
 
-from everyo import Sequential
 from everyo_layers.dropout import Dropout
 from everyo_layers.linear import Linear
 from everyo_layers.reshape import Flatten
-
-
-def convert_sequential(model, ctx, x: str) -> str:
-    """Each child in order; positions feed the ``[i][j] Layer`` labels of error messages."""
-    for position, layer in enumerate(model):
-        x = ctx.convert(layer, x, position=position)
-    return x
 
 
 def convert_linear(layer, ctx, x: str) -> str:
@@ -34,7 +27,6 @@ def convert_dropout(layer, ctx, x: str) -> str:
 
 
 CONVERTERS = {
-    Sequential: convert_sequential,
     Linear: convert_linear,
     Flatten: convert_flatten,
     Dropout: convert_dropout,

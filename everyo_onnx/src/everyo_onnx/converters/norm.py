@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from everyo_layers.norm import BatchNorm1D, BatchNorm2D, LayerNorm
+from everyo_onnx.converters.ops_math import reduce
 
 
 def convert_batch_norm(layer, ctx, x: str) -> str:
@@ -33,27 +34,33 @@ def convert_layer_norm(layer, ctx, x: str) -> str:
     """LayerNormalization (opset 17+) over the trailing ``len(normalized_shape)`` axes."""
     shape = layer.normalized_shape
     weight = np.ones(shape, np.float32) if layer.weight is None else layer.weight.data
-    if int(np.prod(shape)) == 1:
+    bias = None if layer.bias is None else ctx.constant(layer.bias.data, "bias")
+    return layer_norm_nodes(ctx, x, ctx.constant(weight, "weight"), bias, len(shape),
+                            int(np.prod(shape)), layer.eps)
+
+
+def layer_norm_nodes(ctx, x: str, weight: str, bias: str | None, ndims: int, size: int,
+                     eps: float) -> str:
+    """Normalise ``x`` over its trailing ``ndims`` axes (``size`` elements), scale, shift."""
+    if size == 1:
         # NOTE: onnxruntime 1.23 (the newest for Python 3.10) refuses LayerNormalization over
         # a single element; the same arithmetic from primitive nodes runs everywhere.
-        return _layer_norm_from_primitives(layer, ctx, x, weight)
-    inputs = [x, ctx.constant(weight, "weight")]
-    if layer.bias is not None:
-        inputs.append(ctx.constant(layer.bias.data, "bias"))
-    return ctx.node("LayerNormalization", inputs, axis=-len(shape), epsilon=float(layer.eps))
+        return _layer_norm_from_primitives(ctx, x, weight, bias, ndims, eps)
+    inputs = [x, weight] if bias is None else [x, weight, bias]
+    return ctx.node("LayerNormalization", inputs, axis=-ndims, epsilon=float(eps))
 
 
-def _layer_norm_from_primitives(layer, ctx, x: str, weight: np.ndarray) -> str:
-    axes = list(range(-len(layer.normalized_shape), 0))
-    centered = ctx.node("Sub", [x, ctx.node("ReduceMean", [x], axes=axes, keepdims=1)])
-    variance = ctx.node("ReduceMean", [ctx.node("Mul", [centered, centered])], axes=axes,
-                        keepdims=1)
-    eps = ctx.constant(np.array(layer.eps, np.float32), "eps")
-    normalized = ctx.node("Div", [centered, ctx.node("Sqrt", [ctx.node("Add", [variance, eps])])])
-    out = ctx.node("Mul", [normalized, ctx.constant(weight, "weight")])
-    if layer.bias is not None:
-        out = ctx.node("Add", [out, ctx.constant(layer.bias.data, "bias")])
-    return out
+def _layer_norm_from_primitives(ctx, x: str, weight: str, bias: str | None, ndims: int,
+                                eps: float) -> str:
+    axes = list(range(-ndims, 0))
+    centered = ctx.node("Sub", [x, reduce(ctx, "ReduceMean", x, axes, keepdims=True)])
+    variance = reduce(ctx, "ReduceMean", ctx.node("Mul", [centered, centered]), axes,
+                      keepdims=True)
+    epsilon = ctx.constant(np.array(eps, np.float32), "eps")
+    normalized = ctx.node("Div", [centered, ctx.node("Sqrt", [ctx.node("Add", [variance,
+                                                                              epsilon])])])
+    out = ctx.node("Mul", [normalized, weight])
+    return out if bias is None else ctx.node("Add", [out, bias])
 
 
 CONVERTERS = {

@@ -1,0 +1,69 @@
+"""Op converters for everyo-layers' ops, for forwards that reach them outside the layers'
+own converters: a subclass of ``GELU`` or ``Conv2D`` (traced through its own forward), or a
+module calling the op directly. They share the layer converters' node recipes."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from everyo_layers.activation import GELUOp, LeakyReLUOp
+from everyo_layers.conv import Conv2DOp, window_arguments
+from everyo_layers.norm import LayerNormOp
+from everyo_layers.pool import AvgPool2DOp, MaxPool2DOp
+from everyo_onnx.converters.activation import gelu_nodes
+from everyo_onnx.converters.conv import KERNEL_HWIO_TO_OIHW, in_nchw
+from everyo_onnx.converters.norm import layer_norm_nodes
+
+
+def convert_gelu_op(ctx, x, approximate="none"):
+    return gelu_nodes(ctx, x, approximate)
+
+
+def convert_leaky_relu_op(ctx, x, negative_slope=0.01):
+    return ctx.node("LeakyRelu", [x], alpha=float(negative_slope))
+
+
+def convert_layer_norm_op(ctx, x, weight=None, bias=None, ndims=1, eps=1e-5):
+    trailing = ctx.shape(x)[-ndims:]
+    if weight is None:
+        weight = ctx.constant(np.ones(trailing, np.float32), "weight")
+    return layer_norm_nodes(ctx, x, weight, bias, ndims, int(np.prod(trailing)), eps)
+
+
+def _pads(pads) -> list[int]:
+    (top, bottom), (left, right) = pads
+    return [int(top), int(left), int(bottom), int(right)]
+
+
+def convert_conv2d_op(ctx, x, weight, bias=None, stride=(1, 1), padding=((0, 0), (0, 0)),
+                      dilation=(1, 1)):
+    kernel = ctx.shape(weight)[:2]
+    kernel, stride, pads, dilation = window_arguments("conv2d", ctx.sample(x), kernel, stride,
+                                                      padding, dilation)
+    inputs = [ctx.node("Transpose", [weight], perm=list(KERNEL_HWIO_TO_OIHW))]
+    if bias is not None:
+        inputs.append(bias)
+    return in_nchw(ctx, x, "Conv", inputs, kernel_shape=list(kernel), strides=list(stride),
+                   dilations=list(dilation), pads=_pads(pads), group=1)
+
+
+def pool_converter(onnx_op: str, **extra):
+    def convert(ctx, x, pool_size=(2, 2), stride=None, padding=((0, 0), (0, 0))):
+        pool, stride, pads, _ = window_arguments(
+            onnx_op, ctx.sample(x), pool_size, pool_size if stride is None else stride, padding)
+        return in_nchw(ctx, x, onnx_op, kernel_shape=list(pool), strides=list(stride),
+                       pads=_pads(pads), **extra)
+
+    convert.__name__ = f"convert_{onnx_op.lower()}_op"
+    return convert
+
+
+CONVERTERS = {
+    GELUOp: convert_gelu_op,
+    LeakyReLUOp: convert_leaky_relu_op,
+    LayerNormOp: convert_layer_norm_op,
+    Conv2DOp: convert_conv2d_op,
+    MaxPool2DOp: pool_converter("MaxPool"),
+    # NOTE: count_include_pad=0: the op averages over the real cells only, as Keras does.
+    AvgPool2DOp: pool_converter("AveragePool", count_include_pad=0),
+}

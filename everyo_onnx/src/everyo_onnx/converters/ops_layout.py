@@ -1,0 +1,70 @@
+"""Op converters for the ops ported PyTorch code reaches for: ``expand``, ``tril``/``triu``,
+``cumsum``, ``gather``/``scatter_add`` and ``einsum``."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from everyo.ops.einsum import Einsum, parse_equation
+from everyo.ops.gather import Gather, ScatterAdd
+from everyo.ops.layout import CumSum, Expand, Tril, Triu
+from everyo_onnx.converters.ops_shape import symbolic_sizes
+from everyo_onnx.symbolic import SymInt
+
+
+def convert_expand(ctx, x, shape):
+    # NOTE: ONNX's Expand broadcasts both ways, so 1 in the target keeps the input's size.
+    target = symbolic_sizes(ctx, x, shape, keep=1)
+    return ctx.node("Expand", [ctx.cast(x, ctx.result.dtype), ctx.ints(target, "shape")])
+
+
+def triangle_converter(upper: int):
+    def convert(ctx, x, k=0):
+        return ctx.node("Trilu", [x, ctx.constant(int(k), "k", np.int64)], upper=upper)
+
+    convert.__name__ = "convert_triu" if upper else "convert_tril"
+    return convert
+
+
+def convert_cumsum(ctx, x, axis):
+    (x,) = [ctx.cast(x, ctx.result.dtype)]
+    return ctx.node("CumSum", [x, ctx.constant(int(axis), "axis", np.int64)])
+
+
+def convert_gather(ctx, x, axis, index):
+    indices = ctx.cast(ctx.value(index), np.int64)
+    axis = int(axis) % len(ctx.shape(x))
+    # NOTE: like PyTorch's, the index may be shorter than x along the other axes; ONNX's
+    # GatherElements wants them equal, so x is cut to the index's size there first.
+    shorter = [d for d, (n, m) in enumerate(zip(ctx.shape(indices), ctx.shape(x)))
+               if d != axis and n < m]
+    if shorter:
+        ends = [SymInt(ctx.shape(indices)[d], ("dim", indices, d)) for d in shorter]
+        x = ctx.node("Slice", [x, ctx.ints([0] * len(shorter), "starts"), ctx.ints(ends, "ends"),
+                               ctx.ints(shorter, "axes")])
+    return ctx.node("GatherElements", [x, indices], axis=axis)
+
+
+def convert_scatter_add(ctx, src, axis, index, shape):
+    (src,) = [ctx.cast(src, ctx.result.dtype)]
+    zero = ctx.constant(0, "zero", ctx.dtype(src))
+    zeros = ctx.node("Expand", [zero, ctx.ints(shape, "shape")])
+    indices = ctx.cast(ctx.value(index), np.int64)
+    return ctx.node("ScatterElements", [zeros, indices, src], axis=int(axis), reduction="add")
+
+
+def convert_einsum(ctx, *xs, equation):
+    terms, output = parse_equation(equation, [ctx.shape(x) for x in xs])
+    parts = [ctx.cast(x, ctx.result.dtype) for x in xs]
+    return ctx.node("Einsum", parts, equation=",".join(terms) + "->" + output)
+
+
+CONVERTERS = {
+    Expand: convert_expand,
+    Tril: triangle_converter(0),
+    Triu: triangle_converter(1),
+    CumSum: convert_cumsum,
+    Gather: convert_gather,
+    ScatterAdd: convert_scatter_add,
+    Einsum: convert_einsum,
+}

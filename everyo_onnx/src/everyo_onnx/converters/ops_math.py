@@ -1,0 +1,131 @@
+"""Op converters for the core's arithmetic: elementwise ops, reductions, softmax, matmul.
+
+An op converter is ``converter(ctx, *input_names, **attrs) -> output_name``, registered for an
+``Op`` class; ``attrs`` are the op's own keyword attributes. Inputs are cast to the op's result
+dtype first where NumPy would promote (ONNX's elementwise ops take one type).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from everyo.ops import arithmetic, linalg, reduction, unary
+
+FIRST_OPSET_WITH_AXES_INPUTS = 18  # ReduceMean/Max/Min take their axes as an input from 18 on
+
+
+def _typed(ctx, names) -> list[str]:
+    """Each input in the op's result dtype."""
+    return [ctx.cast(name, ctx.result.dtype) for name in names]
+
+
+def elementwise(onnx_op: str):
+    def convert(ctx, *inputs):
+        return ctx.node(onnx_op, _typed(ctx, inputs))
+
+    convert.__name__ = f"convert_{onnx_op.lower()}"
+    return convert
+
+
+def convert_where(ctx, condition, a, b):
+    a, b = _typed(ctx, (a, b))
+    return ctx.node("Where", [ctx.cast(condition, np.bool_), a, b])
+
+
+def convert_clip(ctx, x, min=None, max=None):  # noqa: A002 - the op's own attribute names
+    # NOTE: Max/Min rather than Clip: the bounds may be arrays that broadcast, as in np.clip.
+    (x,) = _typed(ctx, (x,))
+    dtype = ctx.dtype(x)
+    if min is not None:
+        x = ctx.node("Max", [x, ctx.constant(min, "clip_min", dtype)])
+    if max is not None:
+        x = ctx.node("Min", [x, ctx.constant(max, "clip_max", dtype)])
+    return x if min is not None or max is not None else ctx.node("Identity", [x])
+
+
+def convert_cast(ctx, x, dtype):
+    out = ctx.cast(x, dtype)
+    return out if out != x else ctx.node("Identity", [x])
+
+
+def convert_matmul(ctx, a, b, bias=None):
+    a, b = _typed(ctx, (a, b))
+    out = ctx.node("MatMul", [a, b])
+    return out if bias is None else ctx.node("Add", [out, ctx.cast(bias, ctx.result.dtype)])
+
+
+def reduce_axes(ctx, x, axis) -> list[int]:
+    ndim = len(ctx.shape(x))
+    if axis is None:
+        return list(range(ndim))
+    axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
+    return sorted(int(a) % max(ndim, 1) for a in axes)
+
+
+def reduce(ctx, onnx_op: str, x, axes: list[int], keepdims: bool) -> str:
+    if not axes:  # a 0-d input: nothing to reduce
+        return ctx.node("Identity", [x])
+    if onnx_op == "ReduceSum" or ctx.opset >= FIRST_OPSET_WITH_AXES_INPUTS:
+        return ctx.node(onnx_op, [x, ctx.ints(axes, "axes")], keepdims=int(keepdims))
+    return ctx.node(onnx_op, [x], axes=axes, keepdims=int(keepdims))
+
+
+def reduction_converter(onnx_op: str):
+    def convert(ctx, x, axis=None, keepdims=False):
+        (x,) = _typed(ctx, (x,))
+        return reduce(ctx, onnx_op, x, reduce_axes(ctx, x, axis), keepdims)
+
+    convert.__name__ = f"convert_{onnx_op.lower()}"
+    return convert
+
+
+def convert_var(ctx, x, axis=None, keepdims=False, ddof=0):
+    (x,) = _typed(ctx, (x,))
+    axes = reduce_axes(ctx, x, axis)
+    if ddof and set(axes) & ctx.dynamic_axes(x):
+        ctx.refuse(f"ddof={ddof} over an axis whose size follows the input's size")
+    centered = ctx.node("Sub", [x, reduce(ctx, "ReduceMean", x, axes, True)])
+    variance = reduce(ctx, "ReduceMean", ctx.node("Mul", [centered, centered]), axes, keepdims)
+    if not ddof:
+        return variance
+    count = int(np.prod([ctx.shape(x)[a] for a in axes]))
+    return ctx.node("Mul", [variance, ctx.constant(count / (count - ddof), "bessel")])
+
+
+def softmax_converter(onnx_op: str):
+    def convert(ctx, x, axis=-1):
+        (x,) = _typed(ctx, (x,))
+        return ctx.node(onnx_op, [x], axis=int(axis))
+
+    convert.__name__ = f"convert_{onnx_op.lower()}"
+    return convert
+
+
+CONVERTERS = {
+    arithmetic.Add: elementwise("Add"),
+    arithmetic.Sub: elementwise("Sub"),
+    arithmetic.Mul: elementwise("Mul"),
+    arithmetic.Div: elementwise("Div"),
+    arithmetic.Pow: elementwise("Pow"),
+    arithmetic.Maximum: elementwise("Max"),
+    arithmetic.Minimum: elementwise("Min"),
+    arithmetic.Where: convert_where,
+    arithmetic.Clip: convert_clip,
+    unary.Neg: elementwise("Neg"),
+    unary.Abs: elementwise("Abs"),
+    unary.Exp: elementwise("Exp"),
+    unary.Log: elementwise("Log"),
+    unary.Sqrt: elementwise("Sqrt"),
+    unary.Tanh: elementwise("Tanh"),
+    unary.Sigmoid: elementwise("Sigmoid"),
+    unary.ReLU: elementwise("Relu"),
+    unary.Cast: convert_cast,
+    reduction.Sum: reduction_converter("ReduceSum"),
+    reduction.Mean: reduction_converter("ReduceMean"),
+    reduction.Max: reduction_converter("ReduceMax"),
+    reduction.Min: reduction_converter("ReduceMin"),
+    reduction.Var: convert_var,
+    reduction.Softmax: softmax_converter("Softmax"),
+    reduction.LogSoftmax: softmax_converter("LogSoftmax"),
+    linalg.MatMul: convert_matmul,
+}

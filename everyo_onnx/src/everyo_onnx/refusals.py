@@ -1,0 +1,54 @@
+"""Which modules the exporter refuses by name, and how a refusal reads.
+
+Recurrent layers, embeddings, attention and the transformer layers are refused even though
+their forward passes dispatch ordinary ops: exporting them faithfully needs integer lookups,
+time-step loops and masks the tracer would reproduce only for the traced shapes. A model that
+needs them exported writes its attention from core ops (see docs/onnx.md).
+"""
+
+from __future__ import annotations
+
+REFUSED_BY_DESIGN = ("RNN", "LSTM", "GRU", "Embedding", "MultiHeadAttention",
+                     "PositionalEncoding", "TransformerEncoderLayer", "TransformerDecoderLayer",
+                     "TransformerEncoder", "TransformerDecoder", "Transformer")
+
+
+def refusal_reason(module) -> str | None:
+    """Why ``module`` is refused by name, or None when it may be exported.
+
+    Example:
+        >>> import everyo as eo
+        >>> refusal_reason(eo.LSTM(2, 2)), refusal_reason(eo.ReLU())
+        ('refused by design', None)
+    """
+    if type(module).__name__ in REFUSED_BY_DESIGN:
+        return "refused by design"
+    return None
+
+
+def refused_modules(model, layer_converters: dict) -> list[str]:
+    """``path (Class)`` of every module refused by name, outermost only: the inside of a
+    refused module or of one emitted whole by a layer converter is not looked at."""
+    found, skipped = [], []
+    for path, module in model.named_modules():
+        if any(path == s or path.startswith(s + ".") for s in skipped):
+            continue
+        if refusal_reason(module) is not None:
+            found.append(module_label(path, module))
+            skipped.append(path)
+        elif type(module) in layer_converters and path:
+            skipped.append(path)
+    return found
+
+
+def module_label(path: str, module) -> str:
+    """How a module is named in messages: ``blocks.1.attn (MultiHeadAttention)``."""
+    return f"{path or 'the model'} ({type(module).__name__})"
+
+
+def refusal_message(problems: list[str]) -> str:
+    noun = "refusal" if len(problems) == 1 else f"{len(problems)} refusals"
+    return (f"cannot export to ONNX ({noun}): " + "; ".join(problems)
+            + f". Refused by design: {', '.join(REFUSED_BY_DESIGN)}; any other module is traced "
+            f"and needs an ONNX converter for every op its forward reaches (a plugin adds one "
+            f"through the everyo_register_onnx_converters hook). Nothing was written.")

@@ -16,7 +16,14 @@ def randomized(layer, seed=0):
         param.data[...] = rng.uniform(-1.5, 1.5, param.shape)
     return layer
 
+class TracedAvgPool2D(eo.AvgPool2D):
+    """A subclass: exported through the ops its forward dispatches, not the layer converter."""
+
+
 CASES = {
+    "avgpool_count_include_pad_traced": lambda: (TracedAvgPool2D(3, 2, "same",
+                                                                 count_include_pad=True),
+                                                 (2, 7, 6, 2)),
     "conv_depthwise_same": lambda: (eo.Conv2D(4, 4, 3, padding="same", groups=4, seed=0),
                                     (2, 7, 6, 4)),
     "conv_depthwise_multiplier": lambda: (eo.Conv2D(3, 6, 3, stride=2, padding="same", groups=3,

@@ -19,14 +19,14 @@ if HERE not in sys.path:
 def _ours_or_orphaned(names: set[str]) -> set[str]:
     """Segments this test process owns or whose owner is dead: a concurrent test run's live
     jobs (other pytest processes share /dev/shm) are not this test's leaks."""
-    from everyo_dist.segments import parse_name, process_alive
+    from everyo_dist.backends.shm.segments import parse_name, process_alive
 
     return {name for name in names
             if parse_name(name)[0] == os.getpid() or not process_alive(parse_name(name)[0])}
 
 
 def everyo_segments() -> set[str]:
-    from everyo_dist.segments import our_segments
+    from everyo_dist.backends.shm.segments import our_segments
 
     return set(our_segments())
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -137,3 +138,54 @@ def report_blas_pools(group):
     from everyo_dist.blas import blas_thread_pools
 
     return [threads for _, threads in blas_thread_pools()]
+
+
+class BranchyModel(eo.Module):
+    """``build_model()`` plus a branch that only some ranks use: an unused parameter."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = build_model()
+        self.extra = eo.Linear(8, 1, seed=3)
+
+    def forward(self, x, use_extra: bool):
+        out = self.body(x)
+        return out + self.extra(x) if use_extra else out
+
+
+def ddp_or_average(group, inputs, targets, use_ddp: bool, micro_batches: int = 2,
+                   steps: int = 3, amp: bool = False):
+    """Train with DistributedDataParallel (tiny buckets, ``no_sync`` for all but the last
+    micro-batch) or with plain backward + ``average_gradients``; rank 1 never uses the extra
+    branch. With ``amp``: autocast forward and a GradScaler sharing the group."""
+    from everyo.distributed import DistributedDataParallel
+
+    model = BranchyModel()
+    params = list(model.parameters())
+    optimizer = eo.SGD(params, lr=0.05)
+    ddp = DistributedDataParallel(model, group, bucket_cap_mb=0.001) if use_ddp else None
+    scaler = eo.GradScaler(init_scale=2.0**10, group=group) if amp else None
+    rows = shard_indices(len(inputs), group.rank, group.world_size)
+    batches = np.array_split(rows, micro_batches)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        for index, batch in enumerate(batches):
+            last = index == len(batches) - 1
+            xs, ys = eo.tensor(inputs[batch]), eo.tensor(targets[batch])
+            context = ddp.no_sync() if use_ddp and not last else contextlib.nullcontext()
+            with context, (eo.autocast() if amp else contextlib.nullcontext()):
+                prediction = (ddp or model)(xs, group.rank == 0)
+            residual = prediction.astype("float32") - ys if amp else prediction - ys
+            loss = eo.mean(residual * residual)
+            (scaler.scale(loss) if amp else loss).backward()
+        if not use_ddp:
+            average_gradients(params, group)
+        if amp:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+    if ddp is not None:
+        ddp.close()
+    return [p.data for p in params]
+

@@ -32,6 +32,12 @@ def main(mode: str, outdir: Path) -> None:
         inputs, targets = dist_workers.make_data()
         weights = dist_workers.train_worker(group, inputs, targets)
         result = {f"w{index}": w for index, w in enumerate(weights)}
+    elif mode == "ddp":
+        inputs, targets = dist_workers.make_data(rows=64)
+        with_ddp = dist_workers.ddp_or_average(group, inputs, targets, True)
+        reference = dist_workers.ddp_or_average(group, inputs, targets, False)
+        result = {**{f"ddp{i}": w for i, w in enumerate(with_ddp)},
+                  **{f"ref{i}": w for i, w in enumerate(reference)}}
     elif mode == "mismatch":
         try:
             group.all_reduce_mean(np.zeros(4 + group.rank, np.float32))

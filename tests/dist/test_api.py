@@ -36,7 +36,7 @@ def test_public_import_path():
 def test_loading_the_plugin_imports_no_backend():
     code = ("import sys, everyo as eo; "
             "print(sorted(eo.registry('backends').items)); "
-            "print([m for m in ('everyo_dist.shm', 'mpi4py', 'everyo_dist.spawn') "
+            "print([m for m in ('everyo_dist.backends.shm.group', 'mpi4py', 'everyo_dist.spawn') "
             "if m in sys.modules]); "
             "print(eo.distributed.init.__module__)")  # reachable as an attribute, imported lazily
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -132,7 +132,7 @@ with eo.distributed.init() as group:
 
 def test_shm_processes_started_elsewhere_meet_through_init(clean_shm):
     """What a launcher does: start processes itself, describe the group in EVERYO_* variables."""
-    from everyo_dist.segments import new_job_id, segment_name
+    from everyo_dist.backends.shm.segments import new_job_id, segment_name
 
     segment = segment_name(new_job_id(), "ctl")
     env = dict(os.environ, EVERYO_BACKEND="shm", EVERYO_WORLD_SIZE="2", EVERYO_TIMEOUT="60",
@@ -146,8 +146,8 @@ def test_shm_processes_started_elsewhere_meet_through_init(clean_shm):
 
 
 def test_shm_refuses_cpus_whose_store_ordering_it_does_not_cover():
+    from everyo_dist.backends.shm.group import check_store_ordering
     from everyo_dist.errors import DistributedError
-    from everyo_dist.shm import check_store_ordering
 
     check_store_ordering(4, machine="x86_64")
     check_store_ordering(1, machine="aarch64")  # one rank shares nothing

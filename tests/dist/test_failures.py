@@ -14,7 +14,7 @@ import dist_workers
 import pytest
 
 from everyo.distributed import WorkerError, spawn
-from everyo_dist import segments
+from everyo_dist.backends.shm import segments
 
 START_UP = 10.0  # seconds a few interpreters may take to start on a loaded 2-core machine
 

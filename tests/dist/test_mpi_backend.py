@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from dist_workers import make_data, rank_data, train_single_process
 
-from everyo_dist.group import reduce_rows_f64
+from everyo_dist.reduction import reduce_rows_f64
 
 HERE = Path(__file__).resolve().parent
 MPIEXEC = shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or shutil.which("mpiexec")
@@ -79,6 +79,16 @@ def test_spec_mlp_matches_single_process_training(tmp_path):
         for result in results:
             np.testing.assert_allclose(result[f"w{index}"], expected, atol=1e-5, rtol=0)
         assert results[0][f"w{index}"].tobytes() == results[1][f"w{index}"].tobytes()
+
+
+def test_distributed_data_parallel_matches_average_gradients_bit_for_bit(tmp_path):
+    done, _ = mpi_job("ddp", tmp_path)
+    assert done.returncode == 0, done.stderr
+    for result in load(tmp_path):
+        count = sum(key.startswith("ddp") for key in result)
+        assert count == 8
+        for index in range(count):
+            assert result[f"ddp{index}"].tobytes() == result[f"ref{index}"].tobytes()
 
 
 def test_mismatched_shapes_raise_on_every_rank_naming_both(tmp_path):

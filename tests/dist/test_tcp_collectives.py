@@ -22,7 +22,7 @@ from tcp_harness import (
 import everyo.distributed as dist
 from everyo.distributed import DistributedError
 from everyo.distributed_tcp import TCPRendezvousServer, init_tcp_process_group, make_tls_contexts
-from everyo_dist.group import reduce_rows_f64
+from everyo_dist.reduction import reduce_rows_f64
 
 SHAPES = [(5, 7), (1,), (0,), (1001,)]
 

@@ -16,9 +16,9 @@ from tcp_harness import finish, mean_over_threads, start_ranks
 
 from everyo.distributed import DistributedError
 from everyo.distributed_tcp import AuthenticationError, TCPRendezvousServer, init_tcp_process_group
-from everyo_dist.tcp import rendezvous
-from everyo_dist.tcp.auth import connect_handshake, token_key
-from everyo_dist.tcp.frames import HEADER_SIZE, FrameKind, pack_header
+from everyo_dist.backends.tcp import rendezvous
+from everyo_dist.backends.tcp.auth import connect_handshake, token_key
+from everyo_dist.backends.tcp.frames import HEADER_SIZE, FrameKind, pack_header
 
 TOKEN = "correct horse battery staple"
 
@@ -179,6 +179,9 @@ def test_a_sigkilled_rank_is_named_by_the_others_within_the_timeout(tmp_path):
         assert kind == "PeerLostError", message
         assert "rank 1" in message and "all_reduce_mean" in message
         assert float(when) - killed_at < 10  # the group timeout is 30 s: this is detection
+        if rank == 2:  # its ring predecessor was rank 1: the link itself is named
+            assert "link between rank 2 (127.0.0.1) and rank 1 (127.0.0.1)" in message, message
+            assert "died" in message, message
 
 
 def test_a_rank_that_never_arrives_is_named_in_the_timeout(tmp_path, monkeypatch):
@@ -198,7 +201,7 @@ def test_a_rank_that_never_arrives_is_named_in_the_timeout(tmp_path, monkeypatch
 
 def test_a_rank_that_died_before_the_group_formed_can_be_restarted():
     with TCPRendezvousServer(world_size=2, token=TOKEN) as server:
-        from everyo_dist.tcp.frames import FrameKind, control_frame
+        from everyo_dist.backends.tcp.frames import FrameKind, control_frame
 
         with _authenticated_socket(server) as ghost:  # registers rank 0, then dies
             ghost.sendall(control_frame(FrameKind.REGISTER, {"rank": 0, "world_size": 2,

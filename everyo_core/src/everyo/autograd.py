@@ -22,6 +22,8 @@ Example op::
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from everyo.dtypes import HALF_DTYPES, is_floating
@@ -42,12 +44,19 @@ class Op:
         needs_input_grad: one bool per operand, True where a gradient is wanted.
         saved: whatever ``forward`` stores for ``backward`` (freed after backward).
         parents: the operand Tensors (set when the op is recorded).
+        attrs: the keyword attributes of the call (set when the op is recorded), for
+            ``composite``.
 
     A subclass must declare ``__slots__`` (the attributes it stores besides ``saved``), and
     may define ``backward_graph(g, out)`` or ``composite(*inputs)`` for second derivatives.
     """
 
-    __slots__ = ("parents", "needs_input_grad", "saved", "epoch", "__weakref__")
+    __slots__ = ("parents", "needs_input_grad", "saved", "epoch", "attrs", "__weakref__")
+    parents: tuple
+    needs_input_grad: tuple
+    saved: Any
+    epoch: int
+    attrs: dict
 
     #: Name used in error messages; set from the registered name when registered.
     name = "op"
@@ -91,6 +100,7 @@ class Op:
         if record:
             op.parents = tensors
             op.epoch = clock[0]
+            op.attrs = attrs
             return Tensor._make(out, True, op)
         return Tensor._make(out, False, None)
 
@@ -103,6 +113,12 @@ def _no_common_dtype(name: str, tensors: tuple) -> str:
 
 def _as_tensors(operands) -> tuple:
     """Operands as Tensors; Python scalars take the dtype of the tensor they meet."""
+    if len(operands) == 2:  # NOTE: the hot case, a floating tensor (op) a Python float
+        a, b = operands
+        if type(b) is float and type(a) is Tensor and a.data.dtype.kind == "f":
+            return a, Tensor._make(np.array(b, a.data.dtype), False, None)
+        if type(a) is float and type(b) is Tensor and b.data.dtype.kind == "f":
+            return Tensor._make(np.array(a, b.data.dtype), False, None), b
     for o in operands:
         if type(o) is not Tensor and not isinstance(o, Tensor):
             break
@@ -135,6 +151,8 @@ def _as_tensors(operands) -> tuple:
 
 
 def _constant(value, like: np.dtype | None) -> np.ndarray:
+    if type(value) is float and like is not None and like.kind == "f":
+        return np.array(value, like)  # the common case below, in one NumPy call
     array = np.asarray(value)
     if like is not None and array.ndim == 0:
         # NOTE: PyTorch's rule: a Python scalar never widens a tensor (float16 * 2.5 stays
@@ -277,7 +295,7 @@ def raise_shape_mismatch(op, got: tuple, expected: tuple) -> None:
                       f"for an operand of shape {expected}")
 
 
-def _accumulate_leaf(t: Tensor, g: np.ndarray, copy: bool) -> None:
+def _accumulate_leaf(t: Tensor, g: Any, copy: bool) -> None:
     if not t.requires_grad:
         return
     if t.grad is None:

@@ -15,7 +15,9 @@ from __future__ import annotations
 import io
 import json
 import os
+import socket
 import tempfile
+import time
 import zipfile
 from collections import OrderedDict
 
@@ -90,6 +92,46 @@ def _decode(node, archive):
     raise ValueError(f"unknown node {sorted(node)}")
 
 
+_HOST = socket.gethostname().replace("-", "_")
+#: A temporary file this old is abandoned whoever wrote it (another host, an older EveryO).
+STALE_AFTER_SECONDS = 3600.0
+
+
+def remove_stale_temporaries(directory: str) -> list:
+    """Delete the ``.everyo-*.tmp`` files that killed saves left in ``directory``.
+
+    A temporary file is stale when it names a process of this host that no longer runs, or
+    when it is older than :data:`STALE_AFTER_SECONDS`; a save still running (here or on
+    another host sharing the directory) keeps its file. Returns the removed paths.
+    """
+    removed = []
+    now = time.time()
+    for name in os.listdir(directory):
+        if not (name.startswith(".everyo-") and name.endswith(".tmp")):
+            continue
+        full = os.path.join(directory, name)
+        owner = name[len(".everyo-"):].split("-", 1)[0]
+        pid, _, host = owner.partition("@")
+        try:
+            dead = host == _HOST and pid.isdigit() and not _process_alive(int(pid))
+            if dead or now - os.path.getmtime(full) > STALE_AFTER_SECONDS:
+                os.unlink(full)
+                removed.append(full)
+        except OSError:  # gone already (another save cleaned it), or not ours to remove
+            continue
+    return removed
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
 def save(obj, path) -> None:
     """Write ``obj`` (a state dict, a module, nested dicts/lists of arrays) to ``path``.
 
@@ -112,7 +154,9 @@ def save(obj, path) -> None:
     structure = {"format": FORMAT, "version": version, "tree": tree}
     arrays[_STRUCTURE_KEY] = np.frombuffer(json.dumps(structure).encode(), dtype=np.uint8)
     directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".everyo-", suffix=".tmp", dir=directory)
+    remove_stale_temporaries(directory)
+    fd, tmp = tempfile.mkstemp(prefix=f".everyo-{os.getpid()}@{_HOST}-", suffix=".tmp",
+                               dir=directory)
     try:
         with os.fdopen(fd, "wb") as f:
             np.savez(f, **arrays)

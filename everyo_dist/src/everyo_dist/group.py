@@ -1,32 +1,10 @@
-"""``ProcessGroup``: what a worker uses to talk to its peers, and what every backend subclasses.
+"""``ProcessGroup``: what a worker uses to talk to its peers, whatever the backend.
 
 The public methods (``barrier``, ``all_reduce_sum``, ``all_reduce_mean``, ``broadcast``,
 ``all_gather``) live here once, with the checks every backend shares: input validation, the
 fingerprint exchange that catches ranks calling different collectives, the per-collective
-deadline, and "a group that failed once stays failed". A backend implements only the few
-primitives below, on flat contiguous non-empty arrays whose shape and dtype all ranks have
-already agreed on (the fingerprints matched):
-
-``_exchange_fingerprints(packed) -> list[bytes]``
-    Give this rank's ``FINGERPRINT_SIZE`` bytes to every peer and return every rank's, indexed
-    by rank. It must not return before every rank has contributed, so it is also the barrier.
-``_all_reduce(flat, mean) -> ndarray``
-    Sum ``flat`` over ranks *in float64*, divide by ``world_size`` when ``mean``, and return the
-    result cast to ``flat.dtype``; bit-identical on every rank.
-``_all_reduce_into(flat, mean, out)`` (optional)
-    The same, written into the flat array ``out``; the default copies ``_all_reduce``'s result.
-    A backend overrides it to save that copy (``out=`` uses it). ``out`` may be ``flat``
-    itself, so a backend must not let peers read this rank's ``flat`` once this rank returns.
-``_broadcast(flat, src) -> ndarray``
-    Return rank ``src``'s ``flat`` on every rank (others pass an array of the right size).
-``_all_gather(flat) -> ndarray``
-    Return a ``(world_size, flat.size)`` array whose row ``r`` is rank ``r``'s ``flat``.
-``_close()``
-    Release sockets, shared memory, ...; called once.
-
-While a collective runs, ``self._current`` is its :class:`Fingerprint` and
-``self._deadline`` its ``time.monotonic()`` deadline; :meth:`_timeout_error` and
-:meth:`_peer_lost_error` build the errors backends raise, with the collective named.
+deadline, and "a group that failed once stays failed". A backend supplies the transport that
+moves the bytes (:mod:`everyo_dist.contract`).
 """
 
 from __future__ import annotations
@@ -35,12 +13,10 @@ import time
 
 import numpy as np
 
-from everyo_dist.errors import (
-    CollectiveTimeoutError,
-    DistributedError,
-    PeerLostError,
-)
+from everyo_dist.contract import Collective, Transport
+from everyo_dist.errors import DistributedError
 from everyo_dist.fingerprint import CollectiveOp, Fingerprint, check_fingerprints
+from everyo_dist.recycling import ResultBuffers
 
 DEFAULT_TIMEOUT = 300.0
 """Seconds a collective waits for its peers by default: generous, but never forever."""
@@ -63,28 +39,26 @@ class ProcessGroup:
         backend: the backend's registered name (``"shm"``, ``"tcp"``, ``"mpi"``, ...).
         timeout: seconds a collective may wait for its peers.
 
-    Subclasses call ``super().__init__(rank, world_size, timeout)`` and implement the
-    primitives described in this module's docstring. Use as a context manager to close it.
+    Backends create it around their transport (see :mod:`everyo_dist.contract`); use it as a
+    context manager to close it.
+
+    Args:
+        rank: this process's rank.
+        world_size: number of processes.
+        transport: the backend's transport, already connected to its peers.
+        timeout: seconds a collective may wait (default ``DEFAULT_TIMEOUT``).
+        ranks_on_this_machine: how many of the group's ranks share this machine (for the BLAS
+            oversubscription warning); 1 when unknown.
     """
 
-    backend = "abstract"
-
-    def __init__(self, rank: int, world_size: int, timeout: float | None = None):
-        if isinstance(world_size, bool) or not isinstance(world_size, (int, np.integer)) \
-                or world_size < 1:
-            raise DistributedError(f"world_size must be a positive integer, got {world_size!r}")
-        if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) \
-                or not 0 <= rank < world_size:
-            raise DistributedError(f"rank must be an integer in [0, {world_size}), got {rank!r}")
-        timeout = DEFAULT_TIMEOUT if timeout is None else float(timeout)
-        if not timeout > 0:
-            raise DistributedError(f"timeout must be a positive number of seconds, got {timeout}")
-        self.rank = int(rank)
-        self.world_size = int(world_size)
-        self.timeout = timeout
+    def __init__(self, rank: int, world_size: int, transport: Transport,
+                 timeout: float | None = None, ranks_on_this_machine: int = 1):
+        self.rank, self.world_size, self.timeout = check_membership(rank, world_size, timeout)
+        self.transport = transport
+        self.backend = transport.name
+        self.ranks_on_this_machine = ranks_on_this_machine
         self._seq = 0
-        self._current: Fingerprint | None = None
-        self._deadline = float("inf")
+        self._results = ResultBuffers()
         self._failure: BaseException | None = None
         self._closed = False
 
@@ -100,7 +74,7 @@ class ProcessGroup:
     # -- public collectives ----------------------------------------------------------------------
     def barrier(self) -> None:
         """Wait until every rank has called ``barrier()``."""
-        self._run(Fingerprint.of(self._seq, CollectiveOp.BARRIER), lambda: None)
+        self._run(Fingerprint.of(self._seq, CollectiveOp.BARRIER), lambda call: None)
 
     def all_reduce_sum(self, array, out: np.ndarray | None = None) -> np.ndarray:
         """Element-wise sum over ranks, accumulated in float64, returned in the input's dtype.
@@ -148,7 +122,7 @@ class ProcessGroup:
         flat, shape = self._flatten(array, CollectiveOp.BROADCAST)
         fingerprint = Fingerprint.of(self._seq, CollectiveOp.BROADCAST, flat.reshape(shape),
                                      root=int(src))
-        result = self._run(fingerprint, lambda: self._broadcast(flat, int(src))
+        result = self._run(fingerprint, lambda call: self.transport.broadcast(call, flat, int(src))
                            if flat.size else flat.copy())
         return result.reshape(shape)
 
@@ -160,15 +134,15 @@ class ProcessGroup:
         """
         flat, shape = self._flatten(array, CollectiveOp.ALL_GATHER)
         fingerprint = Fingerprint.of(self._seq, CollectiveOp.ALL_GATHER, flat.reshape(shape))
-        result = self._run(fingerprint, lambda: self._all_gather(flat) if flat.size
-                           else np.empty((self.world_size, 0), flat.dtype))
+        result = self._run(fingerprint, lambda call: self.transport.all_gather(call, flat)
+                           if flat.size else np.empty((self.world_size, 0), flat.dtype))
         return result.reshape((self.world_size, *shape))
 
     def close(self) -> None:
         """Release the group's resources. Idempotent; collectives afterwards raise."""
         if not self._closed:
             self._closed = True
-            self._close()
+            self.transport.close()
 
     def __enter__(self) -> "ProcessGroup":
         return self
@@ -194,13 +168,11 @@ class ProcessGroup:
         fingerprint = Fingerprint.of(self._seq, op, flat.reshape(shape))
         mean = op == CollectiveOp.ALL_REDUCE_MEAN
         if flat.size == 0:  # agreed on by the fingerprints; nothing to move
-            self._run(fingerprint, lambda: None)
+            self._run(fingerprint, lambda call: None)
             return np.empty(shape, flat.dtype) if out is None else out
-        if out is None:
-            result = self._run(fingerprint, lambda: self._all_reduce(flat, mean))
-            return result.reshape(shape)
-        self._run(fingerprint, lambda: self._all_reduce_into(flat, mean, out.reshape(-1)))
-        return out
+        result = self._results.like(flat) if out is None else out.reshape(-1)
+        self._run(fingerprint, lambda call: self.transport.all_reduce(call, flat, mean, result))
+        return result.reshape(shape) if out is None else out
 
     def _flatten(self, array, op: CollectiveOp) -> tuple[np.ndarray, tuple[int, ...]]:
         """The input as a 1-D C-contiguous array, plus its shape."""
@@ -223,97 +195,55 @@ class ProcessGroup:
                 f"{fingerprint.describe()} refused: this process group failed earlier "
                 f"({type(self._failure).__name__}: {self._failure}); create a new group"
             ) from self._failure
-        self._current = fingerprint
-        self._deadline = time.monotonic() + self.timeout
+        call = Collective(self.rank, self.world_size, self.timeout,
+                          time.monotonic() + self.timeout, fingerprint)
         self._seq += 1
         try:
-            packed = self._exchange_fingerprints(fingerprint.pack())
+            packed = self.transport.exchange_fingerprints(call, fingerprint.pack())
             check_fingerprints(fingerprint, self.rank, packed)
-            return primitive()
+            return primitive(call)
         except BaseException as exc:
             self._failure = exc
             raise
-        finally:
-            self._current = None
-
-    def _remaining(self) -> float:
-        """Seconds left before the running collective's deadline (may be negative)."""
-        return self._deadline - time.monotonic()
-
-    def _timeout_error(self, missing_ranks, waited_for: str = "") -> CollectiveTimeoutError:
-        """The error for a collective whose peers ``missing_ranks`` did not arrive in time."""
-        current = self._current.describe() if self._current else "start-up"
-        missing = sorted(int(r) for r in missing_ranks)
-        detail = f" ({waited_for})" if waited_for else ""
-        return CollectiveTimeoutError(
-            f"{current} timed out after {self.timeout:g}s on rank {self.rank}{detail}: "
-            f"rank{'s' if len(missing) != 1 else ''} {', '.join(map(str, missing))} did not "
-            f"arrive. Every rank must call the same collectives in the same order.",
-            missing,
-        )
-
-    def _peer_lost_error(self, rank: int, detail: str = "") -> PeerLostError:
-        """The error for a peer that vanished (died, disconnected) during a collective."""
-        current = self._current.describe() if self._current else "collective"
-        extra = f": {detail}" if detail else ""
-        return PeerLostError(f"{current}: rank {rank} was lost{extra}", rank)
-
-    # -- backend primitives (see the module docstring) -------------------------------------------
-    def _exchange_fingerprints(self, packed: bytes) -> list[bytes]:
-        raise NotImplementedError(f"{type(self).__name__} must implement _exchange_fingerprints")
-
-    def _all_reduce(self, flat: np.ndarray, mean: bool) -> np.ndarray:
-        raise NotImplementedError(f"{type(self).__name__} must implement _all_reduce")
-
-    def _all_reduce_into(self, flat: np.ndarray, mean: bool, out: np.ndarray) -> None:
-        np.copyto(out, self._all_reduce(flat, mean))
-
-    def _broadcast(self, flat: np.ndarray, src: int) -> np.ndarray:
-        raise NotImplementedError(f"{type(self).__name__} must implement _broadcast")
-
-    def _all_gather(self, flat: np.ndarray) -> np.ndarray:
-        raise NotImplementedError(f"{type(self).__name__} must implement _all_gather")
-
-    def _close(self) -> None:
-        """Release backend resources; the default has none."""
 
 
-def reduce_rows_f64(rows, mean: bool, dtype, out: np.ndarray | None = None,
-                    scratch: np.ndarray | None = None) -> np.ndarray:
-    """The reference reduction every backend must match: add ``rows`` in rank order in
-    float64, divide by their count when ``mean``, cast to ``dtype``.
-
-    Args:
-        rows: a sequence of equally long 1-D arrays, one per rank, in rank order.
-        mean: divide the sum by ``len(rows)``.
-        dtype: the result's dtype.
-        out: optional destination of that dtype and length.
-        scratch: optional float64 work array at least twice as long as a row (saves
-            allocations when called block by block).
-    Returns:
-        The reduced 1-D array (``out`` when given).
+def check_membership(rank, world_size, timeout) -> tuple[int, int, float]:
+    """Validated ``(rank, world_size, timeout)``; ``timeout=None`` is ``DEFAULT_TIMEOUT``.
 
     Example:
-        >>> import numpy as np
-        >>> reduce_rows_f64([np.float32([1, 2]), np.float32([2, 4])], True, "float32")
-        array([1.5, 3. ], dtype=float32)
+        >>> check_membership(1, 2, None)
+        (1, 2, 300.0)
     """
-    length = len(rows[0])
-    if scratch is None or len(scratch) < 2 * length:
-        scratch = np.empty(2 * length, np.float64)
-    acc, widened = scratch[:length], scratch[length:2 * length]
-    np.copyto(acc, rows[0], casting="unsafe")
-    for row in rows[1:]:
-        if row.dtype != np.float64:  # widening first, then a plain float64 add, is faster
-            np.copyto(widened, row, casting="unsafe")  # than NumPy's mixed-type add
-            row = widened
-        np.add(acc, row, out=acc)
-    count = len(rows)
-    if mean and count & (count - 1) == 0:  # x * (1/2**k) rounds exactly like x / 2**k
-        np.multiply(acc, 1.0 / count, out=acc)
-    elif mean:
-        np.divide(acc, count, out=acc)
-    if out is None:
-        return acc.astype(dtype)
-    np.copyto(out, acc, casting="unsafe")
-    return out
+    if isinstance(world_size, bool) or not isinstance(world_size, (int, np.integer)) \
+            or world_size < 1:
+        raise DistributedError(f"world_size must be a positive integer, got {world_size!r}")
+    if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) \
+            or not 0 <= rank < world_size:
+        raise DistributedError(f"rank must be an integer in [0, {world_size}), got {rank!r}")
+    timeout = DEFAULT_TIMEOUT if timeout is None else float(timeout)
+    if not timeout > 0:
+        raise DistributedError(f"timeout must be a positive number of seconds, got {timeout}")
+    return int(rank), int(world_size), timeout
+
+
+class SingleRankTransport:
+    """The transport of a group of one: every collective returns the rank's own data."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def exchange_fingerprints(self, call: Collective, packed: bytes) -> list[bytes]:
+        return [packed]
+
+    def all_reduce(self, call: Collective, flat: np.ndarray, mean: bool,
+                   out: np.ndarray) -> None:
+        np.copyto(out, flat, casting="unsafe")
+
+    def broadcast(self, call: Collective, flat: np.ndarray, src: int) -> np.ndarray:
+        return flat.copy()
+
+    def all_gather(self, call: Collective, flat: np.ndarray) -> np.ndarray:
+        return flat.reshape(1, -1).copy()
+
+    def close(self) -> None:
+        """Nothing to release."""

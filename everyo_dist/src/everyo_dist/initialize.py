@@ -14,6 +14,7 @@ The variables, and the factory parameter each one fills:
 ``EVERYO_TOKEN_FILE``      ``token``       file holding it (when ``EVERYO_TOKEN`` is unset)
 ``EVERYO_TIMEOUT``         ``timeout``     seconds a collective may wait
 ``EVERYO_SHM_SEGMENT``     ``segment``     shared-memory name of an ``shm`` group
+``EVERYO_WIRE_DTYPE``      ``wire_dtype``  tcp wire compression: ``float16``/``bfloat16``
 =========================  ==============  ===================================================
 
 A variable only fills a parameter the backend's factory declares, and an explicit keyword
@@ -23,11 +24,10 @@ fills no parameter: local rank 0 uses it to warn when those ranks run multi-thre
 
 from __future__ import annotations
 
-import importlib
-import inspect
 import os
 from pathlib import Path
 
+from everyo_dist.backend import as_backend, registered_backend
 from everyo_dist.errors import DistributedError
 
 # option name -> (environment variable, parser)
@@ -40,6 +40,7 @@ ENVIRONMENT_OPTIONS: dict[str, tuple[str, type]] = {
     "token": ("EVERYO_TOKEN", str),
     "timeout": ("EVERYO_TIMEOUT", float),
     "segment": ("EVERYO_SHM_SEGMENT", str),
+    "wire_dtype": ("EVERYO_WIRE_DTYPE", str),
 }
 BACKEND_VARIABLE = "EVERYO_BACKEND"
 LOCAL_WORLD_SIZE_VARIABLE = "EVERYO_LOCAL_WORLD_SIZE"  # ranks on this machine (BLAS warning)
@@ -64,21 +65,9 @@ def _environment_value(option: str, environ) -> object | None:
                                f"{parse.__name__}") from None
 
 
-def _declared_parameters(factory) -> tuple[set[str], bool]:
-    """The keyword parameters ``factory`` accepts and whether it takes ``**kwargs``; a lazy
-    factory (see ``everyo_dist.plugin``) is resolved to the function it forwards to."""
-    target = getattr(factory, "target", None)
-    if target:
-        module_name, _, attribute = target.partition(":")
-        factory = getattr(importlib.import_module(module_name), attribute)
-    parameters = inspect.signature(factory).parameters.values()
-    names = {p.name for p in parameters
-             if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
-    return names, any(p.kind == p.VAR_KEYWORD for p in parameters)
-
-
 def resolve_options(factory, explicit: dict, environ=None) -> dict:
-    """Explicit options, completed from the environment for the parameters ``factory`` declares.
+    """Explicit options, completed from the environment for the parameters ``factory`` (a
+    function or a :class:`~everyo_dist.backend.Backend`) declares.
 
     Example:
         >>> def factory(rank, world_size, timeout=None): ...
@@ -86,7 +75,7 @@ def resolve_options(factory, explicit: dict, environ=None) -> dict:
         {'rank': 1, 'world_size': 2}
     """
     environ = os.environ if environ is None else environ
-    declared, takes_any = _declared_parameters(factory)
+    declared, takes_any = as_backend("(options)", factory).parameters()
     options = dict(explicit)
     for option in ENVIRONMENT_OPTIONS:
         if option in options or not (takes_any or option in declared):
@@ -115,18 +104,8 @@ def init(backend: str | None = None, **options):
         ...     group.all_reduce_sum([1.0, 2.0])
         array([1., 2.], dtype=float32)
     """
-    import everyo as eo
-
-    backend = backend or os.environ.get(BACKEND_VARIABLE)
-    backends = eo.registry("backends").items
-    if not backend:
-        raise DistributedError(f"init() needs a backend: pass backend=... or set "
-                               f"{BACKEND_VARIABLE} (registered: {', '.join(sorted(backends))})")
-    if backend not in backends:
-        raise DistributedError(f"unknown process-group backend {backend!r}; registered: "
-                               f"{', '.join(sorted(backends)) or 'none'}")
-    factory = backends[backend]
-    group = factory(**resolve_options(factory, options))
+    chosen = registered_backend(backend or os.environ.get(BACKEND_VARIABLE), "init()")
+    group = chosen(**resolve_options(chosen, options))
     _warn_about_threaded_blas(group, os.environ)
     return group
 
@@ -137,8 +116,7 @@ def _warn_about_threaded_blas(group, environ) -> None:
 
     local_size = environ.get(LOCAL_WORLD_SIZE_VARIABLE, "")
     local_rank = environ.get(ENVIRONMENT_OPTIONS["local_rank"][0], "")
-    ranks_here = int(local_size) if local_size.isdigit() else (
-        group.world_size if group.backend == "shm" else 1)
+    ranks_here = int(local_size) if local_size.isdigit() else group.ranks_on_this_machine
     first_here = int(local_rank) == 0 if local_rank.isdigit() else group.rank == 0
     if first_here:
         warn_if_oversubscribed(ranks_here)

@@ -29,7 +29,10 @@ import threading
 import time
 from pathlib import Path
 
-BLAS_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+from everyo_dist.blas import worker_environment
+from everyo_dist.errors import DistributedError
+from everyo_dist.parent_death import kill_me_when_parent_dies
+
 STOP_GRACE_SECONDS = 5.0
 
 
@@ -52,6 +55,10 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
                         help="process-group backend the ranks' init() uses (default tcp)")
     parser.add_argument("--timeout", type=float, metavar="SECONDS",
                         help="EVERYO_TIMEOUT: how long a collective waits for its peers")
+    parser.add_argument("--max-restarts", type=int, default=0, metavar="N",
+                        help="when a rank fails, stop every rank and start the job again, up "
+                             "to N times (single machine); the script must resume from its "
+                             "last checkpoint (default 0)")
     parser.add_argument("script", help="the Python training script")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="its arguments")
     args = parser.parse_args(argv)
@@ -59,6 +66,12 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--nproc-per-node and --nnodes must be at least 1")
     if not 0 <= args.node_rank < args.nnodes:
         parser.error(f"--node-rank must be in 0..{args.nnodes - 1}, got {args.node_rank}")
+    if args.max_restarts < 0:
+        parser.error("--max-restarts must be at least 0")
+    if args.max_restarts and args.nnodes > 1:
+        parser.error("--max-restarts restarts the ranks of one machine; a job of several "
+                     "machines needs every node's launcher to restart together, which "
+                     "everyo-run does not coordinate")
     if args.nnodes > 1 and (args.master is None or args.token_file is None):
         parser.error("several machines need --master HOST:PORT and --token-file FILE "
                      "(the same on every node)")
@@ -83,13 +96,12 @@ def _read_token(path: str) -> str:
 
 
 def _rank_environment(args, rank: int, local_rank: int, world_size: int, host: str,
-                      port: int, token: str) -> dict[str, str]:
-    env = dict(os.environ)
-    for variable in BLAS_VARIABLES:  # one BLAS thread per rank unless the user chose otherwise
-        env.setdefault(variable, "1")
+                      port: int, token: str, attempt: int = 0) -> dict[str, str]:
+    env = worker_environment()  # one BLAS thread per rank unless the user chose otherwise
     env.update(EVERYO_BACKEND=args.backend, EVERYO_RANK=str(rank),
                EVERYO_WORLD_SIZE=str(world_size), EVERYO_LOCAL_RANK=str(local_rank),
                EVERYO_MASTER_ADDR=host, EVERYO_MASTER_PORT=str(port), EVERYO_TOKEN=token,
+               EVERYO_LOCAL_WORLD_SIZE=str(args.nproc_per_node), EVERYO_RESTART=str(attempt),
                PYTHONUNBUFFERED="1")
     env.pop("EVERYO_TOKEN_FILE", None)
     if args.timeout is not None:
@@ -100,35 +112,46 @@ def _rank_environment(args, rank: int, local_rank: int, world_size: int, host: s
 def _server_tls_context():
     """The rendezvous server's TLS context when the ranks are told to use TLS (the same
     ``EVERYO_TLS_*`` files they read), else None."""
-    files = [os.environ.get(f"EVERYO_TLS_{part}") for part in ("CERT", "KEY", "CA")]
-    if not any(files):
-        return None
-    if not all(files):
-        raise SystemExit("everyo-run: TLS needs all of EVERYO_TLS_CERT, EVERYO_TLS_KEY and "
-                         "EVERYO_TLS_CA")
-    from everyo_dist.tcp import make_tls_contexts
+    from everyo_dist.backends.tcp.tls import tls_contexts_from_environment
 
-    return make_tls_contexts(*files).server
-
-
-def _die_with_parent() -> None:  # runs in the child before exec
     try:
-        import ctypes
+        contexts = tls_contexts_from_environment(os.environ)
+    except DistributedError as exc:
+        raise SystemExit(f"everyo-run: {exc}") from None
+    return contexts.server if contexts else None
 
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+
+# A rank that failed with one of these lost a peer or waited for one: a consequence of another
+# rank's failure, which is what the job's status should name.
+_CONSEQUENCES = (b"PeerLostError", b"CollectiveTimeoutError")
+FAILURE_GRACE_SECONDS = 1.0  # after a first failure, how long to wait for the root cause's exit
 
 
-def _stream(rank: int, pipe, lock: threading.Lock) -> None:
+class _RankOutput:
+    """What the launcher remembers of a rank's output: its last line (a traceback's names the
+    exception) and whether the output has ended."""
+
+    def __init__(self):
+        self.last_line = b""
+        self.ended = threading.Event()
+
+    def failed_as_consequence(self) -> bool:
+        """The rank failed because it lost a peer or waited for one in vain."""
+        self.ended.wait(FAILURE_GRACE_SECONDS)
+        return any(name in self.last_line for name in _CONSEQUENCES)
+
+
+def _stream(rank: int, pipe, lock: threading.Lock, output: _RankOutput) -> None:
     """Copy one rank's output to ours, a ``[rank K]`` prefix on every line."""
     prefix = f"[rank {rank}] ".encode()
     out = sys.stdout.buffer
     for line in iter(pipe.readline, b""):
+        output.last_line = line
         with lock:
             out.write(prefix + line if line.endswith(b"\n") else prefix + line + b"\n")
             out.flush()
     pipe.close()
+    output.ended.set()
 
 
 def _describe_exit(code: int) -> str:
@@ -161,7 +184,20 @@ def _stop(ranks: dict[int, subprocess.Popen]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Start this node's ranks and supervise them; the exit status of the job."""
+    """Run the job, restarting every rank after a failure up to ``--max-restarts`` times;
+    the exit status of the last attempt."""
+    for attempt in range(args.max_restarts + 1):
+        status = _run_once(args, attempt)
+        if status in (0, 130) or attempt == args.max_restarts:
+            return status
+        print(f"everyo-run: restarting every rank (restart {attempt + 1} of "
+              f"{args.max_restarts}); the script resumes from its last checkpoint",
+              file=sys.stderr, flush=True)
+    return status
+
+
+def _run_once(args: argparse.Namespace, attempt: int) -> int:
+    """Start this node's ranks and supervise them; the exit status of this attempt."""
     world_size = args.nnodes * args.nproc_per_node
     server = None
     if args.nnodes == 1 and args.master is None:
@@ -171,7 +207,7 @@ def run(args: argparse.Namespace) -> int:
         token = _read_token(args.token_file) if args.token_file else ""
         host, port = args.master_host, args.master_port
     if args.backend == "tcp" and args.node_rank == 0:
-        from everyo_dist.tcp import TCPRendezvousServer
+        from everyo_dist.backends.tcp.rendezvous import TCPRendezvousServer
 
         server = TCPRendezvousServer(host, port, world_size=world_size, token=token or None,
                                      ssl_context=_server_tls_context())
@@ -179,19 +215,23 @@ def run(args: argparse.Namespace) -> int:
     ranks: dict[int, subprocess.Popen] = {}
     lock = threading.Lock()
     readers = []
+    outputs: dict[int, _RankOutput] = {}
     try:
         for local_rank in range(args.nproc_per_node):
             rank = args.node_rank * args.nproc_per_node + local_rank
+            outputs[rank] = _RankOutput()
             ranks[rank] = subprocess.Popen(
                 [sys.executable, args.script, *args.script_args],
-                env=_rank_environment(args, rank, local_rank, world_size, host, port, token),
+                env=_rank_environment(args, rank, local_rank, world_size, host, port, token,
+                                      attempt),
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                start_new_session=True, preexec_fn=_die_with_parent)
-            reader = threading.Thread(target=_stream, args=(rank, ranks[rank].stdout, lock),
+                start_new_session=True, preexec_fn=kill_me_when_parent_dies)
+            reader = threading.Thread(target=_stream,
+                                      args=(rank, ranks[rank].stdout, lock, outputs[rank]),
                                       daemon=True)
             reader.start()
             readers.append(reader)
-        return _supervise(ranks)
+        return _supervise(ranks, outputs)
     except KeyboardInterrupt:
         print("everyo-run: interrupted; stopping every rank", file=sys.stderr)
         return 130
@@ -203,21 +243,32 @@ def run(args: argparse.Namespace) -> int:
             server.close()
 
 
-def _supervise(ranks: dict[int, subprocess.Popen]) -> int:
-    """Wait for every rank; on the first failure (in the order they happened) report it."""
+def _supervise(ranks: dict[int, subprocess.Popen], outputs: dict[int, "_RankOutput"]) -> int:
+    """Wait for every rank; on failure report the root cause: a rank that failed on its own
+    beats one that only lost its peer (which often exits first: its peer's sockets close
+    before its interpreter has finished exiting)."""
     exits: queue.Queue[tuple[int, int]] = queue.Queue()
     for rank, process in ranks.items():
         threading.Thread(target=lambda r=rank, p=process: exits.put((r, p.wait())),
                          daemon=True).start()
+    failures: list[tuple[int, int]] = []
     for _ in ranks:
-        rank, code = exits.get()
+        try:
+            rank, code = exits.get(timeout=FAILURE_GRACE_SECONDS if failures else None)
+        except queue.Empty:
+            break
         if code != 0:
-            others = sorted(r for r, p in ranks.items() if p.poll() is None)
-            print(f"everyo-run: rank {rank} {_describe_exit(code)}; stopping the job"
-                  + (f" (terminating ranks {', '.join(map(str, others))})" if others else ""),
-                  file=sys.stderr, flush=True)
-            return code if code > 0 else 128 - code
-    return 0
+            failures.append((rank, code))
+            if not outputs[rank].failed_as_consequence():
+                break  # a failure of its own: the root cause
+    if not failures:
+        return 0
+    rank, code = min(failures, key=lambda failure: outputs[failure[0]].failed_as_consequence())
+    others = sorted(r for r, p in ranks.items() if p.poll() is None)
+    print(f"everyo-run: rank {rank} {_describe_exit(code)}; stopping the job"
+          + (f" (terminating ranks {', '.join(map(str, others))})" if others else ""),
+          file=sys.stderr, flush=True)
+    return code if code > 0 else 128 - code
 
 
 def _interrupt(signum, frame):

@@ -1,38 +1,26 @@
 """Entry point of the everyo-dist plugin: registers its process-group backends.
 
-Each backend is named here as ``"module:factory"`` and imported only when a group of that backend
-is created, so loading the plugin (which ``import everyo`` does) never imports sockets, shared
-memory or mpi4py. Adding a backend is one line in ``BACKENDS``.
+Each backend is registered as a :class:`~everyo_dist.backend.Backend` whose factory and job
+preparation are named as ``"module:function"`` and imported only when used, so loading the
+plugin (which ``import everyo`` does) never imports sockets, shared memory or mpi4py. A
+third-party backend registers itself the same way.
 """
 
 from __future__ import annotations
 
-import importlib
-
 from everyo import hookimpl
+from everyo_dist.backend import Backend
 
-BACKENDS: dict[str, str] = {
-    "shm": "everyo_dist.shm:create_shm_group",
-    "tcp": "everyo_dist.tcp.group:create_tcp_group",
-    "mpi": "everyo_dist.mpi_backend:create_mpi_group",
-}
-
-
-def lazy_factory(name: str, target: str):
-    """A factory that imports ``target`` ("module:function") on first call and forwards to it."""
-    module_name, _, attribute = target.partition(":")
-
-    def factory(**options):
-        return getattr(importlib.import_module(module_name), attribute)(**options)
-
-    factory.__name__ = f"create_{name}_group"
-    factory.__qualname__ = factory.__name__
-    factory.__doc__ = f"Create a {name!r} process group (imports {target} on first use)."
-    factory.target = target
-    return factory
+BACKENDS = (
+    Backend("shm", "everyo_dist.backends.shm.group:create_shm_group",
+            prepare_job="everyo_dist.backends.shm.job:prepare_shm_job"),
+    Backend("tcp", "everyo_dist.backends.tcp.group:create_tcp_group",
+            prepare_job="everyo_dist.backends.tcp.job:prepare_tcp_job"),
+    Backend("mpi", "everyo_dist.backends.mpi.group:create_mpi_group"),
+)
 
 
 @hookimpl
 def everyo_register_backends(register):
-    for name, target in BACKENDS.items():
-        register(name, lazy_factory(name, target))
+    for backend in BACKENDS:
+        register(backend.name, backend)

@@ -20,6 +20,7 @@ import sys
 import time
 
 from everyo_dist import worker as worker_module
+from everyo_dist.backend import registered_backend
 from everyo_dist.blas import worker_environment
 from everyo_dist.errors import (
     CollectiveTimeoutError,
@@ -28,13 +29,6 @@ from everyo_dist.errors import (
     WorkerError,
 )
 from everyo_dist.payload import decode
-from everyo_dist.segments import (
-    Segment,
-    new_job_id,
-    remove_job_segments,
-    segment_name,
-    sweep_stale_segments,
-)
 
 STOP_GRACE_SECONDS = 2.0
 FAILURE_GRACE_SECONDS = 0.5  # after a first failure, how long to collect the others' reports
@@ -116,8 +110,9 @@ def spawn(fn, world_size: int, args: tuple = (), backend: str = "shm",
         fn: the worker function, called as ``fn(group, *args)``.
         world_size: number of workers (see ``available_workers()``).
         args: extra arguments, pickled to every worker.
-        backend: the process-group backend: ``"shm"`` (shared memory on this machine) or
-            ``"tcp"`` (spawn hosts a loopback rendezvous with a fresh token for the workers).
+        backend: a registered backend: ``"shm"`` (shared memory on this machine), ``"tcp"``
+            (a loopback rendezvous with a fresh token), or any installed backend; its
+            ``prepare_job`` step runs here, around the whole job (see ``Backend``).
         timeout: seconds any collective (and start-up) may wait for the peers before raising
             ``CollectiveTimeoutError`` (default ``DEFAULT_TIMEOUT``). Not a limit on the job.
         backend_options: extra keyword arguments for the backend's factory.
@@ -134,36 +129,27 @@ def spawn(fn, world_size: int, args: tuple = (), backend: str = "shm",
         raise DistributedError(f"spawn: world_size must be a positive integer, got {world_size!r}")
     if not callable(fn):
         raise DistributedError(f"spawn: fn must be callable, got {fn!r}")
-    import everyo as eo
-
-    if backend not in eo.registry("backends").items:
-        raise DistributedError(f"spawn: unknown backend {backend!r}; registered: "
-                               f"{', '.join(sorted(eo.registry('backends').items))}")
+    chosen = registered_backend(backend, "spawn")
     preparation = _preparation_data()
     job_bytes = _pickled_job(fn, tuple(args), preparation)
-    sweep_stale_segments()
-    job = new_job_id()
-    options = dict(backend_options or {})
-    control = rendezvous = None
+    workers: list[_Worker] = []
+    with chosen.prepare_job(world_size, dict(backend_options or {})) as options:
+        try:
+            workers = _start_workers(world_size)
+            for rank, worker in enumerate(workers):  # all started first: they boot in parallel
+                header = dict(preparation, rank=rank, world_size=world_size, backend=backend,
+                              timeout=timeout, options=options)
+                _send_job(worker, pickle.dumps(header), job_bytes)
+            return _monitor(workers)
+        finally:
+            _stop(workers)
+
+
+def _start_workers(world_size: int) -> list[_Worker]:
+    """Start ``world_size`` worker interpreters, each with a private report pipe."""
+    env = worker_environment()
     workers: list[_Worker] = []
     try:
-        if backend == "shm":
-            from everyo_dist.shm import BLOCK
-
-            name = segment_name(job, "ctl")
-            control = Segment(name, world_size * BLOCK, create=True)
-            options["segment"] = name
-        elif backend == "tcp" and "master_port" not in options:
-            # NOTE: the ranks of one machine meet at a loopback rendezvous this process hosts,
-            # with a fresh token, so that spawn(..., backend="tcp") works like "shm" does.
-            import secrets
-
-            from everyo_dist.tcp import TCPRendezvousServer
-
-            token = options.setdefault("token", secrets.token_hex(32))
-            rendezvous = TCPRendezvousServer("127.0.0.1", 0, world_size=world_size, token=token)
-            options.update(master_addr="127.0.0.1", master_port=rendezvous.port)
-        env = worker_environment()
         for rank in range(world_size):
             read_fd, write_fd = os.pipe()
             try:
@@ -176,22 +162,19 @@ def spawn(fn, world_size: int, args: tuple = (), backend: str = "shm",
             finally:
                 os.close(write_fd)
             workers.append(_Worker(rank, process, read_fd))
-        for rank, worker in enumerate(workers):  # all started first: they boot in parallel
-            header = pickle.dumps(dict(preparation, rank=rank, world_size=world_size,
-                                       backend=backend, timeout=timeout, options=options))
-            try:
-                worker.process.stdin.write(_message(header) + _message(job_bytes))
-                worker.process.stdin.flush()
-            except BrokenPipeError:
-                pass  # it died at start-up: reported by the monitor below
-        return _monitor(workers)
-    finally:
+    except BaseException:
         _stop(workers)
-        if control is not None:
-            control.close()
-        if rendezvous is not None:
-            rendezvous.close()
-        remove_job_segments(job)
+        raise
+    return workers
+
+
+def _send_job(worker: _Worker, header: bytes, job_bytes: bytes) -> None:
+    """Write the worker's header and the pickled job to its stdin (kept open: see worker)."""
+    try:
+        worker.process.stdin.write(_message(header) + _message(job_bytes))
+        worker.process.stdin.flush()
+    except BrokenPipeError:
+        pass  # it died at start-up: reported by the monitor
 
 
 def _monitor(workers: list[_Worker]) -> list:

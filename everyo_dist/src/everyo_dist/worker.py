@@ -19,7 +19,6 @@ import contextlib
 import io
 import os
 import pickle
-import signal
 import struct
 import sys
 import threading
@@ -51,13 +50,9 @@ def _read_message(stream):
 def _die_with_parent(stdin) -> None:
     """Exit as soon as the parent dies: the kernel's parent-death signal where available, plus
     a thread waiting for end-of-file on stdin (the parent holds its only write end)."""
-    try:
-        import ctypes
+    from everyo_dist.parent_death import kill_me_when_parent_dies
 
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+    kill_me_when_parent_dies()
 
     def watch():
         with contextlib.suppress(Exception):
@@ -124,12 +119,12 @@ def main() -> None:
                 f"`if __name__ == \"__main__\":`.") from exc
         del job
 
-        import everyo as eo
+        from everyo_dist.backend import registered_backend
         from everyo_dist.blas import warn_if_oversubscribed
         from everyo_dist.payload import encode
 
-        factory = eo.registry("backends").items[preparation["backend"]]
-        group = factory(rank=preparation["rank"], world_size=preparation["world_size"],
+        backend = registered_backend(preparation["backend"], "spawn")
+        group = backend(rank=preparation["rank"], world_size=preparation["world_size"],
                         timeout=preparation["timeout"], **preparation["options"])
         if group.rank == 0:
             warn_if_oversubscribed(group.world_size)

@@ -65,6 +65,15 @@ class GELUOp(Op):
             dydx = second + x * (_INV_SQRT_2PI * np.exp(-0.5 * x * x))
         return ((g * dydx).astype(g.dtype, copy=False),)
 
+    def composite(self, x):
+        """``x * Phi(x)`` (or the tanh form) with differentiable ops."""
+        if self.approximate == "tanh":
+            inner = (x + x * x * x * 0.044715) * _SQRT_2_OVER_PI
+            return x * 0.5 * (1.0 + dispatch("tanh", inner))
+        from everyo_layers.second_order import NormalCDFOp
+
+        return x * NormalCDFOp.apply(x)
+
 
 class LeakyReLUOp(Op):
     """``x`` where positive, ``negative_slope * x`` elsewhere."""
@@ -79,6 +88,9 @@ class LeakyReLUOp(Op):
 
     def backward(self, g):
         return (np.where(self.saved, g, g * g.dtype.type(self.slope)),)
+
+    def backward_graph(self, g, out):
+        return (dispatch("where", self.saved, g, g * self.slope),)
 
 
 class _Activation(Module):

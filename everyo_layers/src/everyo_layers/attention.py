@@ -48,6 +48,16 @@ class AttentionWeightsOp(Op):
         dk = np.matmul(np.swapaxes(d_scores, -1, -2), q) if self.needs_input_grad[1] else None
         return dq, dk
 
+    def composite(self, q, k):
+        """``softmax(q k^T * scale + mask)`` with differentiable ops."""
+        from everyo.ops.graph_math import swap_last
+
+        scores = dispatch("matmul", q, swap_last(k)) * self.scale
+        mask = self.attrs.get("mask")
+        if mask is not None:
+            scores = scores + mask
+        return dispatch("softmax", scores, axis=-1)
+
 
 def additive_mask(mask, dtype) -> np.ndarray:
     """A PyTorch-style mask as an additive float array: bool True (hidden) -> ``-inf``."""

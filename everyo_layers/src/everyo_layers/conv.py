@@ -122,6 +122,24 @@ class Conv2DOp(Op):
         out_dtype = np.result_type(g2, w2)
         return narrow(gxp[:, top:top + h, left:left + w, :], out_dtype)
 
+    def backward_graph(self, g, out):
+        from everyo_layers.grad_ops import conv2d_backward_graph
+
+        return conv2d_backward_graph(self, g)
+
+    def composite(self, x, weight, bias=None):
+        """The same convolution with differentiable core ops (for second derivatives)."""
+        from everyo_layers.second_order import pad_hw_tensor, window_tensors
+
+        kh, kw, cin, cout = self.w_shape
+        n, (ho, wo) = self.x_shape[0], self.out_hw
+        columns = window_tensors(pad_hw_tensor(x, self.pads, 0.0), (kh, kw), self.stride,
+                                 self.dilation, self.out_hw)
+        columns = dispatch("stack", *columns, axis=3).reshape(n * ho * wo, kh * kw * cin)
+        operands = (columns, weight.reshape(kh * kw * cin, cout))
+        out = dispatch("matmul", *(operands if bias is None else operands + (bias,)))
+        return out.reshape(n, ho, wo, cout)
+
 
 class Conv2D(Module):
     """2-D convolution over NHWC input (channels last, as Keras).

@@ -23,6 +23,10 @@ class DropoutOp(Op):
     def backward(self, g):
         return (g * self.saved,)
 
+    def composite(self, x):
+        """``x`` times the mask forward drew."""
+        return x * self.saved
+
 
 class Dropout(Module):
     """Zero each element with probability ``p`` while training and scale the rest by

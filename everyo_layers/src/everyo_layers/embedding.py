@@ -49,6 +49,14 @@ class EmbeddingOp(Op):
             grad[self.padding_idx] = 0
         return (grad,)
 
+    def composite(self, weight):
+        """``weight[indices]`` with differentiable ops; the padding row gets no gradient."""
+        if self.padding_idx is not None:
+            frozen = np.zeros((self.num_rows, 1), bool)
+            frozen[self.padding_idx] = True
+            weight = dispatch("where", frozen, weight.detach(), weight)
+        return dispatch("getitem", weight, index=self.indices)
+
 
 def _index_array(layer: str, indices, num: int) -> np.ndarray:
     """The integer ids behind ``indices``, or an error naming what is wrong with them."""

@@ -91,6 +91,41 @@ class CrossEntropyOp(_LossOp):
             grad *= kept[..., None]
         return ((grad * up).astype(g.dtype, copy=False),)
 
+    def backward_graph(self, g, out):
+        """``(softmax(logits) - smoothed targets) * upstream`` with differentiable ops."""
+        from everyo_layers.second_order import spread_tensor
+
+        (logits,) = self.parents
+        logp, target, kept = self.saved
+        p = dispatch("softmax", logits.astype(logp.dtype), axis=-1)
+        if kept is None:  # probability targets
+            grad = p * target.sum(axis=-1, keepdims=True) - target
+        else:
+            eps, mask = self.smoothing, kept[..., None].astype(logp.dtype)
+            onehot = np.full(logp.shape, eps / logp.shape[-1], logp.dtype)
+            np.put_along_axis(onehot, target[..., None],
+                              np.take_along_axis(onehot, target[..., None], -1) + (1 - eps), -1)
+            grad = p * mask - onehot * mask
+        up = spread_tensor(g, self.reduction, self.count, self.shape)
+        return ((grad * dispatch("reshape", up, shape=up.shape + (1,))).astype(logits.data.dtype),)
+
+    def composite(self, logits):
+        """The loss with differentiable ops (for second derivatives)."""
+        from everyo_layers.second_order import gather_last, reduce_loss
+
+        attrs = self.attrs
+        target, eps = attrs["target"], self.smoothing
+        logp = dispatch("log_softmax", logits.astype(accumulation_dtype(logits.dtype)), axis=-1)
+        if target.dtype.kind in "iu":
+            _, safe, kept = self.saved
+            loss = -gather_last(logp, safe)
+            if eps:
+                loss = loss * (1 - eps) - dispatch("mean", logp, axis=-1) * eps
+            loss = dispatch("where", kept, loss, 0.0)
+        else:
+            loss = -dispatch("sum", logp * self.saved[1], axis=-1)
+        return reduce_loss(loss, self.reduction, self.count)
+
 
 class NLLLossOp(_LossOp):
     """Negative log-likelihood of class indices given log-probabilities (..., C)."""
@@ -113,6 +148,15 @@ class NLLLossOp(_LossOp):
         np.put_along_axis(grad, safe[..., None], (-self.spread(g) * kept)[..., None], -1)
         return (grad,)
 
+    def composite(self, log_probs):
+        """The loss with differentiable ops (for second derivatives)."""
+        from everyo_layers.second_order import gather_last, reduce_loss
+
+        safe, kept = self.saved
+        lp = log_probs.astype(accumulation_dtype(log_probs.dtype))
+        loss = -gather_last(lp, safe) * kept.astype(lp.data.dtype)
+        return reduce_loss(loss, self.reduction, self.count)
+
 
 class _ElementwiseLossOp(_LossOp):
     """A loss of ``input`` and ``target`` of equal shapes; both may need gradients."""
@@ -132,6 +176,14 @@ class _ElementwiseLossOp(_LossOp):
         needs = self.needs_input_grad
         return (gx * up if needs[0] else None, gy * up if needs[1] else None)
 
+    def composite(self, x, y):
+        """The loss with differentiable ops (for second derivatives)."""
+        from everyo_layers.second_order import reduce_loss
+
+        compute = accumulation_dtype(x.data.dtype)
+        return reduce_loss(self.elementwise_graph(x.astype(compute), y.astype(compute)),
+                           self.reduction, self.count)
+
 
 class MSELossOp(_ElementwiseLossOp):
     __slots__ = ()
@@ -145,6 +197,10 @@ class MSELossOp(_ElementwiseLossOp):
         gx = 2 * self.saved
         return gx, -gx
 
+    def elementwise_graph(self, x, y):
+        diff = x - y
+        return diff * diff
+
 
 class L1LossOp(_ElementwiseLossOp):
     __slots__ = ()
@@ -156,6 +212,9 @@ class L1LossOp(_ElementwiseLossOp):
 
     def partials(self):
         return self.saved, -self.saved
+
+    def elementwise_graph(self, x, y):
+        return abs(x - y)
 
 
 class BCEWithLogitsOp(_ElementwiseLossOp):
@@ -180,6 +239,15 @@ class BCEWithLogitsOp(_ElementwiseLossOp):
             return sig - y, -x
         weight = 1 + (pw - 1) * y
         return (1 - y) - weight * (1 - sig), -x + (pw - 1) * softplus_neg
+
+    def elementwise_graph(self, x, y):
+        from everyo_layers.second_order import softplus_neg
+
+        pos_weight = self.attrs.get("pos_weight")
+        if pos_weight is None:
+            return (1.0 - y) * x + softplus_neg(x)
+        pw = np.asarray(pos_weight, x.data.dtype)
+        return (1.0 - y) * x + (1.0 + (pw - 1.0) * y) * softplus_neg(x)
 
 
 # -- functional forms -------------------------------------------------------------------------

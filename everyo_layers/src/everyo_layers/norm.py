@@ -58,6 +58,13 @@ class LayerNormOp(_NormalizeOp):
             gb = gy.sum(axis=lead)
         return gx, gw, gb
 
+    def composite(self, x, weight=None, bias=None):
+        """The normalisation with differentiable ops (for second derivatives)."""
+        centered = x - dispatch("mean", x, axis=self.axes, keepdims=True)
+        var = dispatch("mean", centered * centered, axis=self.axes, keepdims=True)
+        return _affine(centered / dispatch("sqrt", var + self.attrs.get("eps", 1e-5)),
+                       weight, bias)
+
 
 class BatchNormOp(_NormalizeOp):
     """Channel-last batch normalisation. With ``training`` it normalises by the batch
@@ -105,6 +112,24 @@ class BatchNormOp(_NormalizeOp):
         gw = sum_gy_xhat if len(needs) > 1 and needs[1] else None
         gb = sum_gy if len(needs) > 2 and needs[2] else None
         return gx, gw, gb
+
+    def composite(self, x, weight=None, bias=None):
+        """Batch (training) or running (evaluation) statistics with differentiable ops; the
+        running statistics are not updated again."""
+        attrs = self.attrs
+        if self.training:
+            axes = tuple(range(x.ndim - 1))
+            centered = x - dispatch("mean", x, axis=axes, keepdims=True)
+            var = dispatch("mean", centered * centered, axis=axes, keepdims=True)
+        else:
+            centered = x - attrs["running_mean"]
+            var = attrs["running_var"]
+        return _affine(centered / dispatch("sqrt", var + attrs.get("eps", 1e-5)), weight, bias)
+
+
+def _affine(xhat, weight, bias):
+    out = xhat if weight is None else xhat * weight
+    return out if bias is None else out + bias
 
 
 class LayerNorm(Module):

@@ -105,6 +105,24 @@ class MaxPool2DOp(Op):
             target += keep_where(winner == position, g)
         return (windows.crop(grad, self.x_shape).astype(g.dtype, copy=False),)
 
+    def backward_graph(self, g, out):
+        from everyo_layers.grad_ops import max_pool2d_backward_graph
+
+        return max_pool2d_backward_graph(self, g)
+
+    def composite(self, x):
+        """Each window's winning element (as recorded by forward) with differentiable ops."""
+        from everyo_layers.second_order import pad_hw_tensor, window_tensors
+
+        w = self.windows
+        views = window_tensors(pad_hw_tensor(x, w.pads, -np.inf), w.pool, w.stride, (1, 1),
+                               w.out_hw)
+        out = None
+        for position, view in enumerate(views):
+            picked = dispatch("where", self.saved == position, view, 0.0)
+            out = picked if out is None else out + picked
+        return out
+
 
 class AvgPool2DOp(Op):
     """Mean over each window, excluding padding from the count (as Keras) unless
@@ -147,6 +165,17 @@ class AvgPool2DOp(Op):
         for target in windows.views(grad):
             target += share
         return (windows.crop(grad, self.x_shape),)
+
+    def composite(self, x):
+        """The window sums divided by the real-element counts, with differentiable ops."""
+        from everyo_layers.second_order import pad_hw_tensor, window_tensors
+
+        w = self.windows
+        total = None
+        for view in window_tensors(pad_hw_tensor(x, w.pads, 0.0), w.pool, w.stride, (1, 1),
+                                   w.out_hw):
+            total = view if total is None else total + view
+        return total / self.saved
 
 
 class _Pool2D(Module):

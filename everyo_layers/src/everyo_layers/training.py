@@ -54,7 +54,7 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0,
         raise EveryOError(f"clip_grad_norm_: the total gradient norm is {total}; pass "
                           f"error_if_nonfinite=False to clip anyway")
     coef = max_norm / (total + 1e-6)
-    if coef < 1.0:
+    if not coef >= 1.0:  # a NaN norm scales by NaN, as PyTorch does: the step shows it
         for g in grads:
             g *= g.dtype.type(coef)
     return total

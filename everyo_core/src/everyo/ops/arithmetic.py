@@ -7,6 +7,7 @@ import numpy as np
 
 from everyo.autograd import Op, unbroadcast
 from everyo.dispatch import dispatch
+from everyo.errors import EveryOError
 from everyo.ops.graph_math import constant, unbroadcast_tensor
 from everyo.ops.unary import floating
 
@@ -112,6 +113,10 @@ class Pow(Op):
     saves_output = True
 
     def forward(self, a, b):
+        if a.dtype.kind in "iub" and b.dtype.kind in "iub" and (b < 0).any():
+            raise EveryOError(f"pow: an integer tensor ({a.dtype}) to a negative integer "
+                              f"exponent ({b.min()}) has no integer result; make the base or "
+                              f"the exponent floating")
         out = a ** b
         self.saved = (a, b, out)
         return out
@@ -143,15 +148,27 @@ class Pow(Op):
         return ga, gb
 
 
+def _selection(a: np.ndarray, b: np.ndarray, wins) -> tuple:
+    """Where ``a`` is the output of maximum/minimum, and where the two tie.
+
+    NOTE: NaN propagates (np.maximum), so a NaN operand is the output and gets the gradient;
+    two NaNs tie. (PyTorch gives the full gradient to *both* operands there.)
+    """
+    with np.errstate(invalid="ignore"):
+        nan_a, nan_b = np.isnan(a), np.isnan(b)
+        return wins(a, b) | (nan_a & ~nan_b), (a == b) | (nan_a & nan_b)
+
+
 def _tie_aware(select_a: np.ndarray, ties: np.ndarray, g: np.ndarray):
     # NOTE: where a == b the gradient is split in half, as PyTorch's maximum/minimum do.
     share = np.where(ties, 0.5, select_a).astype(g.dtype, copy=False)
     return g * share, g * (1 - share)
 
 
-def _tie_aware_graph(op, select_a: np.ndarray, g):
+def _tie_aware_graph(op, wins, g):
     a, b = op.parents
-    share = np.where(a.data == b.data, 0.5, select_a).astype(g.data.dtype, copy=False)
+    select_a, ties = _selection(a.data, b.data, wins)
+    share = np.where(ties, 0.5, select_a).astype(g.data.dtype, copy=False)
     return (unbroadcast_tensor(g * share, a.shape), unbroadcast_tensor(g * (1 - share), b.shape))
 
 
@@ -166,12 +183,11 @@ class Maximum(Op):
 
     def backward(self, g):
         a, b = self.saved
-        ga, gb = _tie_aware(a > b, a == b, g)
+        ga, gb = _tie_aware(*_selection(a, b, np.greater), g)
         return unbroadcast(ga, a.shape), unbroadcast(gb, b.shape)
 
     def backward_graph(self, g, out):
-        a, b = self.parents
-        return _tie_aware_graph(self, a.data > b.data, g)
+        return _tie_aware_graph(self, np.greater, g)
 
 
 class Minimum(Op):
@@ -185,12 +201,11 @@ class Minimum(Op):
 
     def backward(self, g):
         a, b = self.saved
-        ga, gb = _tie_aware(a < b, a == b, g)
+        ga, gb = _tie_aware(*_selection(a, b, np.less), g)
         return unbroadcast(ga, a.shape), unbroadcast(gb, b.shape)
 
     def backward_graph(self, g, out):
-        a, b = self.parents
-        return _tie_aware_graph(self, a.data < b.data, g)
+        return _tie_aware_graph(self, np.less, g)
 
 
 class Where(Op):

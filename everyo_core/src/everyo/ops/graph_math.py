@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from everyo.autograd import Op, unbroadcast
 from everyo.dispatch import dispatch
 
 
@@ -37,7 +38,26 @@ def broadcast_tensor(t, shape: tuple):
     """Tensor ``t`` broadcast to ``shape`` (its gradient sums back)."""
     if t.shape == tuple(shape):
         return t
-    return dispatch("add", t, np.zeros(shape, t.data.dtype))
+    return BroadcastTo.apply(t, shape=tuple(shape))
+
+
+class BroadcastTo(Op):
+    """``np.broadcast_to`` as an op (a read-only view, no copy); used inside gradient graphs."""
+
+    __slots__ = ("source",)
+    name = "broadcast_to"
+    saved_inputs = ()
+    saves_output = False
+
+    def forward(self, x, shape):
+        self.source = x.shape
+        return np.broadcast_to(x, shape)
+
+    def backward(self, g):
+        return (unbroadcast(g, self.source),)
+
+    def backward_graph(self, g, out):
+        return (unbroadcast_tensor(g, self.source),)
 
 
 def swap_last(t):

@@ -85,7 +85,9 @@ class MatMul(Op):
         if nb:
             if b2.ndim == 2 and a2.ndim > 2:
                 # NOTE: one big GEMM over the flattened batch instead of a batched product.
-                gb = blas_matmul(a2.reshape(-1, a2.shape[-1]).T, g2.reshape(-1, g2.shape[-1]))
+                # (explicit row counts: reshape(-1, 0) is ambiguous when the inner size is 0)
+                rows = a2.size // a2.shape[-1] if a2.shape[-1] else int(np.prod(a2.shape[:-1]))
+                gb = blas_matmul(a2.reshape(rows, a2.shape[-1]).T, g2.reshape(rows, g2.shape[-1]))
             else:
                 gb = unbroadcast(blas_matmul(np.swapaxes(a2, -1, -2), g2), b2.shape)
             if gb.shape != b.shape:  # NOTE: a same-shape reshape is a view, which the engine

@@ -27,6 +27,17 @@ def _axes(axis, shape: tuple, op: str) -> tuple:
     return tuple(sorted(a % ndim for a in axis)) if ndim else ()
 
 
+def _one_axis(axis, x: np.ndarray, op: str) -> int:
+    """A single axis of ``x`` (negatives allowed) as a non-negative int, or an EveryOError."""
+    if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool):
+        raise EveryOError(f"{op}: axis must be one int, got {axis!r}")
+    if not -max(x.ndim, 1) <= axis < max(x.ndim, 1):
+        raise EveryOError(f"{op}: axis {axis} is out of range for shape {x.shape}")
+    if x.ndim == 0:
+        raise EveryOError(f"{op}: needs at least one axis, got a 0-d tensor")
+    return int(axis) % x.ndim
+
+
 def _expand(g: np.ndarray, axes: tuple, keepdims: bool) -> np.ndarray:
     """Reinsert reduced axes so ``g`` broadcasts against the operand."""
     return g if keepdims or not axes else np.expand_dims(g, axes)
@@ -113,22 +124,31 @@ class Var(Op):
     def forward(self, x, axis=None, keepdims=False, ddof=0):
         self.axes, self.keepdims = _axes(axis, x.shape, self.name), keepdims
         count = int(np.prod([x.shape[a] for a in self.axes])) if self.axes else 1
-        self.denominator = count - ddof
+        # NOTE: PyTorch's rule: ddof >= N divides by 0 (inf, or nan for an empty sum), never
+        # by a negative count (which would give a negative variance).
+        self.denominator = max(count - ddof, 0)
         x = floating(x)
-        centered = x - x.mean(axis=self.axes, keepdims=True)
+        centered = x - x.mean(axis=self.axes, keepdims=True) if x.size else x
         self.saved = centered
-        return np.sum(centered * centered, axis=self.axes, keepdims=keepdims) / self.denominator
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.sum(centered * centered, axis=self.axes, keepdims=keepdims) / \
+                np.asarray(self.denominator, x.dtype)
+
+    def _scale(self, dtype) -> np.ndarray:
+        with np.errstate(divide="ignore"):
+            return np.divide(np.asarray(2.0, dtype), np.asarray(self.denominator, dtype))
 
     def backward(self, g):
         centered = self.saved
-        scale = np.asarray(2 / self.denominator, g.dtype)
-        return (_expand(g, self.axes, self.keepdims) * centered * scale,)
+        with np.errstate(invalid="ignore"):
+            return (_expand(g, self.axes, self.keepdims) * centered * self._scale(g.dtype),)
 
     def backward_graph(self, g, out):
         (x,) = self.parents
         centered = x - dispatch("mean", x, axis=self.axes, keepdims=True)
         g = expand_reduced(g, self.axes, self.keepdims, x.shape)
-        return (g * centered * (2.0 / self.denominator),)
+        with np.errstate(invalid="ignore"):
+            return (g * centered * self._scale(g.data.dtype),)
 
 
 class Softmax(Op):
@@ -137,10 +157,13 @@ class Softmax(Op):
     saves_output = True
 
     def forward(self, x, axis=-1):
-        self.axis = axis
+        self.axis = _one_axis(axis, x, self.name)
         x = floating(x)
-        shifted = np.exp(x - x.max(axis=axis, keepdims=True))
-        out = shifted / shifted.sum(axis=axis, keepdims=True)
+        if x.size == 0:  # nothing to normalise (np.max has no identity)
+            self.saved = x
+            return x.copy()
+        shifted = np.exp(x - x.max(axis=self.axis, keepdims=True))
+        out = shifted / shifted.sum(axis=self.axis, keepdims=True)
         self.saved = out
         return out
 
@@ -165,8 +188,9 @@ class LogSoftmax(Op):
     saves_output = True
 
     def forward(self, x, axis=-1):
-        self.axis = axis
-        out = log_softmax_array(floating(x), axis)
+        self.axis = _one_axis(axis, x, self.name)
+        x = floating(x)
+        out = log_softmax_array(x, self.axis) if x.size else x.copy()
         self.saved = out
         return out
 

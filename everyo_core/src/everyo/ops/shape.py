@@ -10,6 +10,15 @@ from everyo.dispatch import dispatch
 from everyo.errors import EveryOError, EveryOIndexError
 
 
+def _checked_axis(op: str, axis, ndim: int, shape: tuple) -> int:
+    """``axis`` as a non-negative int below ``ndim``, or an EveryOError naming it."""
+    if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool):
+        raise EveryOError(f"{op}: axis must be an int, got {axis!r}")
+    if not -ndim <= axis < ndim:
+        raise EveryOError(f"{op}: axis {axis} is out of range for tensors of shape {shape}")
+    return int(axis) % ndim
+
+
 class Reshape(Op):
     __slots__ = ("shape",)
     saved_inputs = ()
@@ -127,8 +136,10 @@ class Concatenate(Op):
     saves_output = False
 
     def forward(self, *xs, axis=0):
-        self.axis = axis
-        self.splits = np.cumsum([x.shape[axis] for x in xs])[:-1]
+        if not xs:
+            raise EveryOError("concatenate: needs at least one tensor")
+        self.axis = axis = _checked_axis("concatenate", axis, xs[0].ndim, xs[0].shape)
+        self.splits = np.cumsum([x.shape[axis] if x.ndim > axis else 0 for x in xs])[:-1]
         try:
             return np.concatenate(xs, axis=axis)
         except ValueError as exc:
@@ -153,7 +164,9 @@ class Stack(Op):
     saves_output = False
 
     def forward(self, *xs, axis=0):
-        self.axis = axis
+        if not xs:
+            raise EveryOError("stack: needs at least one tensor")
+        self.axis = axis = _checked_axis("stack", axis, xs[0].ndim + 1, xs[0].shape)
         if len({x.shape for x in xs}) > 1:
             raise EveryOError(f"stack: every tensor must have the same shape, got "
                               f"{[x.shape for x in xs]}")
@@ -177,7 +190,14 @@ class Pad(Op):
     saves_output = False
 
     def forward(self, x, pad_width, value=0.0):
-        widths = np.broadcast_to(np.asarray(pad_width, int), (x.ndim, 2))
+        try:
+            widths = np.broadcast_to(np.asarray(pad_width, int), (x.ndim, 2))
+        except (ValueError, TypeError):
+            raise EveryOError(f"pad: pad_width {pad_width!r} does not give (before, after) "
+                              f"widths for the {x.ndim} axes of shape {x.shape}") from None
+        if (widths < 0).any():
+            raise EveryOError(f"pad: pad_width {pad_width!r} has a negative width; widths "
+                              f"must be >= 0 (slice the tensor to remove elements)")
         self.region = tuple(slice(lo, lo + n) for (lo, _), n in zip(widths, x.shape))
         return np.pad(x, widths, constant_values=value)
 

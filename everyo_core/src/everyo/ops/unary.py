@@ -190,11 +190,14 @@ class ReLU(Op):
             # ml_dtypes, ~5x), so ReLU works on the int16 bits: -0.0, negatives and -inf
             # become +0.0; NaNs of either sign stay NaN, as in float32. Multiplying by the
             # mask is also ~4x faster than an int16 maximum.
-            inf_bits, neg_inf_bits = limits
+            _, neg_inf_bits = limits
             bits = x.view(np.int16)
-            self.saved = (bits > 0) & (bits <= inf_bits)  # NaN gets no gradient, as x > 0
+            # NOTE: the gradient passes where not x <= 0 (PyTorch's rule: NaN passes it):
+            # positives and +NaN have bits > 0, -NaN bits lie in (-inf's bits, 0) as int16.
+            self.saved = (bits > neg_inf_bits) & (bits != 0)
             return (bits * (bits > neg_inf_bits)).view(x.dtype)
-        self.saved = x > 0
+        with np.errstate(invalid="ignore"):
+            self.saved = ~(x <= 0)  # NaN passes the gradient, as in PyTorch
         return np.maximum(x, 0)
 
     def backward(self, g):

@@ -5,11 +5,11 @@ Start a :class:`TCPRendezvousServer` somewhere every rank can reach, then call
 direct, authenticated worker-to-worker connections. See ``docs/distributed.md``.
 """
 
-from everyo_dist.tcp.auth import AuthenticationError
-from everyo_dist.tcp.frames import ProtocolError
-from everyo_dist.tcp.group import TCPProcessGroup, init_tcp_process_group
-from everyo_dist.tcp.rendezvous import TCPRendezvousServer
-from everyo_dist.tcp.tls import make_tls_contexts
+from everyo_dist.backends.tcp.auth import AuthenticationError
+from everyo_dist.backends.tcp.frames import ProtocolError
+from everyo_dist.backends.tcp.group import TCPProcessGroup, init_tcp_process_group
+from everyo_dist.backends.tcp.rendezvous import TCPRendezvousServer
+from everyo_dist.backends.tcp.tls import make_tls_contexts
 
 __all__ = ["TCPRendezvousServer", "init_tcp_process_group", "TCPProcessGroup",
            "make_tls_contexts", "AuthenticationError", "ProtocolError"]

@@ -5,6 +5,10 @@ from __future__ import annotations
 import ssl
 from typing import NamedTuple
 
+from everyo_dist.errors import DistributedError
+
+TLS_VARIABLES = ("EVERYO_TLS_CERT", "EVERYO_TLS_KEY", "EVERYO_TLS_CA")
+
 
 class TLSContexts(NamedTuple):
     """``server`` wraps connections a process accepts, ``client`` the ones it opens."""
@@ -37,3 +41,23 @@ def make_tls_contexts(certfile: str, keyfile: str, cafile: str) -> TLSContexts:
         context.verify_mode = ssl.CERT_REQUIRED
     client.check_hostname = False
     return TLSContexts(server, client)
+
+
+def tls_contexts_from_environment(environ, certfile: str | None = None,
+                                  keyfile: str | None = None,
+                                  cafile: str | None = None) -> TLSContexts | None:
+    """The contexts for the PEM files given, else named by ``EVERYO_TLS_CERT``,
+    ``EVERYO_TLS_KEY`` and ``EVERYO_TLS_CA``; None when none is set (TLS off).
+
+    Example:
+        >>> tls_contexts_from_environment({}) is None
+        True
+    """
+    files = [given or environ.get(variable)
+             for given, variable in zip((certfile, keyfile, cafile), TLS_VARIABLES)]
+    if not any(files):
+        return None
+    if not all(files):
+        raise DistributedError("TLS needs all three of tls_cert, tls_key and tls_ca "
+                               "(EVERYO_TLS_CERT, EVERYO_TLS_KEY, EVERYO_TLS_CA)")
+    return make_tls_contexts(*files)

@@ -66,6 +66,13 @@ class FrameHeader(NamedTuple):
 
 DTYPE_CODE_OF = {np.dtype(name): code for name, code in DTYPE_CODES.items()}
 """Wire dtype code by ``np.dtype`` (a dict lookup: ``dtype.name`` costs microseconds)."""
+BFLOAT16_CODE = 13  # compressed reductions only (wire_dtype="bfloat16"); needs ml_dtypes
+try:
+    import ml_dtypes
+
+    DTYPE_CODE_OF[np.dtype(ml_dtypes.bfloat16)] = BFLOAT16_CODE
+except ImportError:  # pragma: no cover - bfloat16 compression is then refused up front
+    pass
 
 
 def pack_data_header(payload_code: int, payload_bytes: int, fingerprint: bytes,
@@ -101,7 +108,7 @@ def unpack_header(raw: bytes | bytearray | memoryview) -> FrameHeader:
         >>> unpack_header(b"GET / HTTP/1.1" + bytes(86))
         Traceback (most recent call last):
         ...
-        everyo_dist.tcp.frames.ProtocolError: bad frame magic b'GET ' (not an EveryO tcp peer?)
+        everyo_dist.backends.tcp.frames.ProtocolError: bad frame magic b'GET ' (not an EveryO tcp peer?)
     """
     if len(raw) != HEADER_SIZE:
         raise ProtocolError(f"a frame header is {HEADER_SIZE} bytes, got {len(raw)}")
@@ -151,21 +158,65 @@ def control_frame(kind: FrameKind, document: dict) -> bytes:
 def parse_control(header: FrameHeader, payload: bytes, expected: FrameKind) -> dict:
     """Decode a control frame's JSON payload, refusing anything but an object of ``expected``."""
     if header.kind == FrameKind.ABORT and expected != FrameKind.ABORT:
-        reason = _json_object(payload).get("message", "(no reason given)")
-        raise DistributedError(str(reason))
+        reason = decode_control(payload).get("message")
+        raise DistributedError(reason if isinstance(reason, str) else "(no reason given)")
     if header.kind != expected:
         raise ProtocolError(f"expected a {expected.name} frame, got {header.kind.name}")
-    return _json_object(payload)
+    return decode_control(payload)
 
 
-def _json_object(payload: bytes) -> dict:
+MAX_JSON_DEPTH = 4  # our documents nest at most 3 levels (the peer table's list of pairs)
+
+
+def _nesting_depth(text: str) -> int:
+    """The deepest ``[``/``{`` nesting of a JSON text, found without parsing it (a parser
+    recurses, so a hostile ``[[[[...`` would exhaust the stack before we could refuse it)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    return deepest
+
+
+def decode_control(payload: bytes) -> dict:
+    """A control frame's JSON object: at most ``CONTROL_LIMIT`` bytes and ``MAX_JSON_DEPTH``
+    levels deep, else ``ProtocolError``.
+
+    Example:
+        >>> decode_control(b'{"rank": 1}')
+        {'rank': 1}
+    """
+    if len(payload) > CONTROL_LIMIT:
+        raise ProtocolError(f"control frame payload of {len(payload)} bytes exceeds "
+                            f"{CONTROL_LIMIT}")
     try:
-        document = json.loads(payload.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
+        text = payload.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ProtocolError("control frame payload is not UTF-8 JSON") from None
+    if _nesting_depth(text) > MAX_JSON_DEPTH:
+        raise ProtocolError(f"control frame payload nests deeper than {MAX_JSON_DEPTH} levels")
+    try:
+        document = json.loads(text)
+    except ValueError:
         raise ProtocolError("control frame payload is not UTF-8 JSON") from None
     if not isinstance(document, dict):
         raise ProtocolError("control frame payload is not a JSON object")
     return document
+
+
 
 
 def recv_exact(sock, size: int, deadline: float, what: str = "data") -> bytes:
@@ -196,3 +247,39 @@ def read_control(sock, deadline: float, expected: FrameKind) -> dict:
         raise ProtocolError(f"expected a {expected.name} frame, got {header.kind.name}")
     payload = recv_exact(sock, header.payload_bytes, deadline, f"a {expected.name} payload")
     return parse_control(header, payload, expected)
+
+
+def check_abort_document(document: dict, world_size: int) -> dict:
+    """An ABORT frame's fields, each checked: a string reason, ranks inside the group.
+
+    Raises:
+        ProtocolError: naming the first field that is not what a rank of this job sends.
+
+    Example:
+        >>> check_abort_document({"message": "boom", "origin": 1}, 2)["origin"]
+        1
+        >>> check_abort_document({"message": "boom", "rank": 7}, 2)
+        Traceback (most recent call last):
+        ...
+        everyo_dist.backends.tcp.frames.ProtocolError: ABORT field 'rank' is 7, not a rank in 0..1
+    """
+    if not isinstance(document.get("message"), str):
+        raise ProtocolError(f"ABORT reason must be a string, got "
+                            f"{type(document.get('message')).__name__}")
+    if not isinstance(document.get("error", ""), str):
+        raise ProtocolError("ABORT field 'error' must be a string")
+
+    def is_rank(value) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < world_size
+
+    for field in ("origin", "rank"):
+        value = document.get(field)
+        if value is not None and not is_rank(value):
+            raise ProtocolError(f"ABORT field {field!r} is {value!r}, not a rank in "
+                                f"0..{world_size - 1}")
+    missing = document.get("missing_ranks", [])
+    if not isinstance(missing, list) or len(missing) > world_size \
+            or not all(is_rank(r) for r in missing):
+        raise ProtocolError(f"ABORT field 'missing_ranks' must list ranks in "
+                            f"0..{world_size - 1}")
+    return document

@@ -16,22 +16,13 @@ leaving peers waiting, and no rank ever completes a collective on a half-sent fr
 
 from __future__ import annotations
 
-import json
 import select
 import ssl
 import time
 
 import numpy as np
 
-from everyo_dist.errors import (
-    CollectiveMismatchError,
-    CollectiveTimeoutError,
-    DistributedError,
-    PeerLostError,
-)
-from everyo_dist.fingerprint import Fingerprint
-from everyo_dist.recycling import ResultBuffers
-from everyo_dist.tcp.frames import (
+from everyo_dist.backends.tcp.frames import (
     CONTROL_LIMIT,
     DTYPE_CODE_OF,
     HEADER_SIZE,
@@ -39,19 +30,36 @@ from everyo_dist.tcp.frames import (
     VERSION,
     FrameKind,
     ProtocolError,
+    check_abort_document,
     control_frame,
-    pack_data_header,
+    decode_control,
     recv_exact,
     split_header,
     unpack_header,
 )
+from everyo_dist.backends.tcp.progress import (
+    HEADER,
+    PAYLOAD,
+    TRAILER,
+    TRAILER_ABORTED,
+    TRAILER_OK,
+    TRAILER_SIZE,
+    Incoming,
+    Outgoing,
+    bytes_view,
+)
+from everyo_dist.contract import Collective
+from everyo_dist.errors import (
+    CollectiveMismatchError,
+    CollectiveTimeoutError,
+    DistributedError,
+    PeerLostError,
+)
+from everyo_dist.fingerprint import Fingerprint
+from everyo_dist.reduction import reduce_rows
 
 _WOULD_BLOCK = (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
 _EMPTY = np.empty(0, dtype=np.uint8)
-# Every DATA frame ends with a trailer: complete, or aborted by a sender that failed mid-frame.
-_TRAILER_OK, _TRAILER_ABORTED = b"EOTE\x01\x00\x00\x00", b"EOTE\x02\x00\x00\x00"
-_TRAILER_SIZE = len(_TRAILER_OK)
-_HEADER, _PAYLOAD, _TRAILER = 0, 1, 2  # what the receiver is reading
 _ABORT_SECONDS = 2.0  # how long a failing rank tries to tell the next one why
 _KINDS = frozenset(int(kind) for kind in FrameKind)
 _RELAYED_ERRORS = {"CollectiveMismatchError": CollectiveMismatchError,
@@ -73,49 +81,44 @@ def chunk_bounds(count: int, parts: int) -> list[int]:
     return bounds
 
 
-def _bytes_view(array: np.ndarray) -> memoryview:
-    return memoryview(array).cast("B") if array.size else memoryview(b"")
+def _peer_host(sock) -> str:
+    try:
+        return str(sock.getpeername()[0])
+    except OSError:
+        return "?"
+
+
+def _own_host(sock) -> str:
+    try:
+        return str(sock.getsockname()[0])
+    except OSError:
+        return "?"
 
 
 _BLOCK = 131072  # float64 items: the reduction's 1 MB working set stays in cache
-
-
-def _scale(block: np.ndarray, divisor: int) -> None:
-    """``block /= divisor``; a power of two multiplies by its exact reciprocal instead (the
-    same bits, several times faster than a division)."""
-    if divisor == 1:
-        return
-    if divisor & (divisor - 1) == 0:
-        np.multiply(block, 1.0 / divisor, out=block)
-    else:
-        np.divide(block, divisor, out=block)
 
 
 class _Finisher:
     """Computes ``out = cast((partial + own) / divisor)`` in float64, one block at a time, as
     fast as ``partial`` arrives; tells the sender how much of ``out`` is ready."""
 
-    __slots__ = ("partial", "own", "divisor", "out", "done", "acc", "item")
+    __slots__ = ("partial", "own", "divisor", "out", "done", "scratch", "item")
 
     def __init__(self, partial, own, divisor, out):
         self.partial, self.own, self.divisor, self.out = partial, own, divisor, out
         self.done, self.item = 0, partial.itemsize
-        self.acc = np.empty(min(_BLOCK, out.size), dtype=np.float64)
+        self.scratch = np.empty(2 * min(_BLOCK, max(out.size, 1)), dtype=np.float64)
 
     def work(self, received) -> bool:
         arrived = min(received[0] // self.item, self.out.size)
         if arrived < self.out.size and arrived - self.done < _BLOCK:
             return False  # wait for a whole block (or the end)
-        worked = False
-        while self.done < arrived:
-            start, stop = self.done, min(self.done + _BLOCK, arrived)
-            block = self.acc[:stop - start]
-            np.copyto(block, self.partial[start:stop], casting="unsafe")
-            np.add(block, self.own[start:stop], out=block)
-            _scale(block, self.divisor)
-            np.copyto(self.out[start:stop], block, casting="unsafe")
-            self.done, worked = stop, True
-        return worked
+        if self.done >= arrived:
+            return False
+        start, self.done = self.done, arrived
+        reduce_rows([self.partial[start:arrived], self.own[start:arrived]],
+                    self.out[start:arrived], self.divisor, self.scratch)
+        return True
 
     def ready_bytes(self) -> int:
         return self.done * self.out.itemsize
@@ -125,22 +128,26 @@ class Ring:
     """The send/receive connections of one rank, and the collectives built on them.
 
     Args:
-        group: the owning ``TCPProcessGroup`` (for its rank, current fingerprint, deadline and
-            error builders).
-        to_next: connected, authenticated socket to rank ``(rank + 1) % world_size``.
-        from_prev: connected, authenticated socket from rank ``(rank - 1) % world_size``.
+        rank: this rank.
+        size: the group's size (at least 2).
+        to_next: connected, authenticated socket to rank ``(rank + 1) % size``.
+        from_prev: connected, authenticated socket from rank ``(rank - 1) % size``.
+
+    Before each collective the transport sets :attr:`call` to the running
+    :class:`~everyo_dist.contract.Collective` (its fingerprint, deadline and error builders).
     """
 
-    def __init__(self, group, to_next, from_prev):
-        self.group = group
-        self.rank, self.size = group.rank, group.world_size
+    def __init__(self, rank: int, size: int, to_next, from_prev):
+        self.rank, self.size = rank, size
+        self.call: Collective | None = None
         self.next, self.prev = (self.rank + 1) % self.size, (self.rank - 1) % self.size
         self.to_next, self.from_prev = to_next, from_prev
         for sock in (to_next, from_prev):
             sock.setblocking(False)
-        self._unsent = [0, 0]  # header+payload and trailer bytes of the frame to next not sent
+        self._outgoing: Outgoing | None = None  # the frames to next of the last pump
+        self._hosts = {self.next: _peer_host(to_next), self.prev: _peer_host(from_prev),
+                       self.rank: _own_host(to_next)}
         self._buffers: dict[str, np.ndarray] = {}
-        self._results = ResultBuffers()
         self._packed, self._packed_for = b"", None  # the running collective's fingerprint
         self._gather_writes = not isinstance(to_next, ssl.SSLSocket)  # TLS has no sendmsg
 
@@ -150,14 +157,14 @@ class Ring:
         for step in range(self.size - 1):
             self.transfer(step, _EMPTY, np.empty(0, np.uint8))
 
-    def all_reduce(self, flat: np.ndarray, mean: bool) -> np.ndarray:
+    def all_reduce(self, flat: np.ndarray, mean: bool, out: np.ndarray) -> np.ndarray:
         """Ring reduce-scatter in float64, then ring all-gather of the finished chunks.
 
         Chunk ``c`` starts on rank ``c`` and collects one addend per hop, so it is summed
         exactly once, on its owner ``c - 1``, and copied everywhere else: bit-identical on all
         ranks. The first hop carries the caller's dtype, later hops float64 partial sums.
+        ``out`` must not overlap ``flat``.
         """
-        out = self._results.like(flat)
         bounds = chunk_bounds(flat.size, self.size)
         widest = max(b - a for a, b in zip(bounds, bounds[1:]))
         incoming_raw = self._scratch("raw", flat.dtype, widest)
@@ -239,121 +246,105 @@ class Ring:
             work: optional ``work(received) -> bool``, called every round with the payload
                 bytes received so far per incoming frame; returns whether it did something.
         """
-        fingerprint = self.group._current
+        fingerprint = self.call.fingerprint
         if fingerprint is not self._packed_for:  # pack once per collective, not per step
             self._packed, self._packed_for = fingerprint.pack(), fingerprint
-        send_index, header_left, payload_sent, trailer_left = 0, None, 0, None
-        recv_index, header_buffer, trailer_buffer = 0, bytearray(HEADER_SIZE), bytearray(_TRAILER_SIZE)
-        target, phase = memoryview(header_buffer), _HEADER
-        received = [0] * len(recvs)
-        while send_index < len(sends) or recv_index < len(recvs):
-            progressed = work(received) if work is not None else False
-            views = []
-            if send_index < len(sends):
-                step, array, ready = sends[send_index]
-                payload = _bytes_view(array)
-                if header_left is None:
-                    header_left = memoryview(pack_data_header(
-                        DTYPE_CODE_OF[array.dtype], array.nbytes, self._packed, step))
-                    trailer_left = memoryview(_TRAILER_OK)
-                    self._unsent = [HEADER_SIZE + array.nbytes, _TRAILER_SIZE]
-                available = len(payload) if ready is None else ready()
-                if len(header_left):
-                    views.append(header_left)
-                if available > payload_sent:
-                    views.append(payload[payload_sent:available])
-                if available == len(payload):
-                    views.append(trailer_left)
+        outgoing = self._outgoing = Outgoing(sends, self._packed)
+        incoming = Incoming(recvs)
+        while not (outgoing.finished and incoming.finished):
+            progressed = work(incoming.received) if work is not None else False
+            views = outgoing.views()
             if views:
-                try:
-                    if self._gather_writes and len(views) > 1:  # one system call
-                        sent = self.to_next.sendmsg(views)
-                    else:
-                        sent = self.to_next.send(views[0])
-                except _WOULD_BLOCK:
-                    sent = 0
-                except OSError as exc:
-                    raise self.group._peer_lost_error(
-                        self.next, f"sending to it failed ({exc}); it probably died") from None
-                if sent:
-                    progressed = True
-                    take = min(sent, len(header_left))
-                    header_left, sent = header_left[take:], sent - take
-                    take = min(sent, available - payload_sent)
-                    payload_sent, sent = payload_sent + take, sent - take
-                    self._unsent[0] = len(header_left) + len(payload) - payload_sent
-                    trailer_left = trailer_left[sent:]
-                    self._unsent[1] = len(trailer_left)
-                    if not len(trailer_left):
-                        send_index, header_left, payload_sent = send_index + 1, None, 0
-            if recv_index < len(recvs):
-                try:
-                    got = self.from_prev.recv_into(target) if len(target) else 0
-                except _WOULD_BLOCK:
-                    got = None
-                except OSError as exc:
-                    raise self.group._peer_lost_error(
-                        self.prev, f"its connection failed ({exc}); it probably died") from None
-                if got == 0 and len(target):
-                    raise self.group._peer_lost_error(
-                        self.prev, "it closed its connection mid-collective; it probably died")
-                if got:
-                    progressed = True
-                    target = target[got:]
-                    if phase == _PAYLOAD:
-                        # the last byte only counts once the trailer confirms the frame, so
-                        # nothing computed from an aborted frame is ever passed on as final
-                        received[recv_index] = min(received[recv_index] + got,
-                                                   max(recvs[recv_index][1].nbytes - 1, 0))
-                if not len(target):
-                    step, array = recvs[recv_index]
-                    if phase == _HEADER:
-                        phase = _PAYLOAD
-                        target = self._check_header(header_buffer, step, array) or \
-                            memoryview(b"")
-                    if phase == _PAYLOAD and not len(target):
-                        phase, target = _TRAILER, memoryview(trailer_buffer)
-                    elif phase == _TRAILER:
-                        self._check_trailer(trailer_buffer)
-                        received[recv_index] = array.nbytes
-                        recv_index, target, phase = \
-                            recv_index + 1, memoryview(header_buffer), _HEADER
-                        progressed = True
-            if not progressed:
-                waiting_to_send = bool(views)
-                receiving = recv_index < len(recvs)
-                if waiting_to_send or receiving:
-                    self._wait(waiting_to_send, receiving)
+                progressed = self._send(outgoing, views) or progressed
+            if not incoming.finished:
+                progressed = self._receive(incoming) or progressed
+            if not progressed and (views or not incoming.finished):
+                self._wait(bool(views), not incoming.finished)
+        self._outgoing = None  # kept only for abort(); it holds views of the caller's arrays
+
+    def _send(self, outgoing: "Outgoing", views: list) -> bool:
+        """One non-blocking write of ``views`` to next; whether anything went out."""
+        try:
+            if self._gather_writes and len(views) > 1:  # one system call
+                sent = self.to_next.sendmsg(views)
+            else:
+                sent = self.to_next.send(views[0])
+        except _WOULD_BLOCK:
+            return False
+        except OSError as exc:
+            raise self._link_error(self.next, f"sending to it failed ({exc})") from None
+        if sent:
+            outgoing.advance(sent)
+        return bool(sent)
+
+    def _receive(self, incoming: "Incoming") -> bool:
+        """One non-blocking read from prev into the frame being received; whether anything
+        was received or a frame completed."""
+        target = incoming.target
+        try:
+            got = self.from_prev.recv_into(target) if len(target) else 0
+        except _WOULD_BLOCK:
+            got = None
+        except OSError as exc:
+            raise self._link_error(self.prev, f"its connection failed ({exc})") from None
+        if got == 0 and len(target):
+            raise self._link_error(self.prev, "it closed its connection mid-collective")
+        if got:
+            incoming.advance(got)
+        if len(incoming.target):
+            return bool(got)
+        step, array = incoming.frames[incoming.index]
+        if incoming.phase == HEADER:
+            incoming.start_payload(self._check_header(incoming.header, step, array))
+        elif incoming.phase == PAYLOAD:
+            incoming.start_trailer()
+        elif incoming.phase == TRAILER:
+            self._check_trailer(incoming.trailer)
+            incoming.next_frame()
+            return True
+        return bool(got)
+
+    def _link_error(self, peer: int, what: str) -> PeerLostError:
+        """The error for a broken connection, naming the link and its likely cause."""
+        return self.call.peer_lost_error(
+            peer, f"{what}: the link between rank {self.rank} ({self._hosts[self.rank]}) and "
+                  f"rank {peer} ({self._hosts[peer]}) broke. Most likely rank {peer}'s process "
+                  f"died or was stopped, or the network between the two hosts failed")
 
     def _check_trailer(self, raw: bytearray) -> None:
         """A frame counts only when its trailer says it is complete; an aborting sender
         pads its half-sent frame and marks it aborted, and its ABORT frame follows."""
-        if raw == _TRAILER_OK:
+        if raw == TRAILER_OK:
             return
-        mine = self.group._current
-        if raw == _TRAILER_ABORTED:
+        mine = self.call.fingerprint
+        if raw == TRAILER_ABORTED:
             self.from_prev.setblocking(True)
             try:
                 header = unpack_header(recv_exact(self.from_prev, HEADER_SIZE,
                                                   time.monotonic() + _ABORT_SECONDS, "ABORT"))
             except (OSError, ProtocolError) as exc:
-                raise self.group._peer_lost_error(self.prev, f"it aborted ({exc})") from None
+                raise self.call.peer_lost_error(self.prev, f"it aborted ({exc})") from None
             if header.kind == FrameKind.ABORT:
                 raise self._relayed_abort(header.payload_bytes)
         raise DistributedError(f"{mine.describe()}: rank {self.prev} sent a frame with an "
                                f"invalid trailer {bytes(raw)!r} (corrupted stream?)")
 
     def _wait(self, sending: bool, receiving: bool) -> None:
-        remaining = self.group._remaining()
+        remaining = self.call.remaining()
         if remaining <= 0:
             who = self.prev if receiving else self.next
             what = f"waiting for data from rank {self.prev}" if receiving else \
                 f"rank {self.next} is not reading what this rank sends"
-            raise self.group._timeout_error([who], what)
+            raise self.call.timeout_error([who], what)
         if receiving and isinstance(self.from_prev, ssl.SSLSocket) and self.from_prev.pending():
             return  # decrypted bytes already buffered: select would not see them
-        select.select([self.from_prev] if receiving else [], [self.to_next] if sending else [],
-                      [], min(remaining, 0.5))
+        # poll, not select: select fails on descriptors above 1023 (a busy process has them)
+        poller = select.poll()
+        if receiving:
+            poller.register(self.from_prev, select.POLLIN)
+        if sending:
+            poller.register(self.to_next, select.POLLOUT)
+        poller.poll(min(remaining, 0.5) * 1000)
 
     def _check_header(self, raw: bytearray, step: int, recv: np.ndarray) -> memoryview | None:
         """Validate prev's header against this collective; return where its payload goes.
@@ -362,7 +353,7 @@ class Ring:
         size and dtype this rank computed), so anything else is refused before a payload byte
         is read; only a mismatch is decoded, to name what the other rank called.
         """
-        mine = self.group._current
+        mine = self.call.fingerprint
         (magic, version, kind, code, their_step, size), fingerprint = split_header(raw)
         if magic != MAGIC or version != VERSION or kind not in _KINDS:
             try:
@@ -387,26 +378,28 @@ class Ring:
                 f"{mine.describe()}: rank {self.prev} sent step {their_step} with {size} "
                 f"bytes (dtype code {code}), expected step {step} with {recv.nbytes} bytes of "
                 f"{recv.dtype.name} (corrupted stream?)")
-        return _bytes_view(recv) if recv.nbytes else None
+        return bytes_view(recv) if recv.nbytes else None
 
     def _relayed_abort(self, size: int) -> Exception:
         """Turn an ABORT frame from prev into the error it reports (its class kept)."""
-        mine = self.group._current
+        mine = self.call.fingerprint
         try:
             self.from_prev.setblocking(True)
-            document = json.loads(recv_exact(self.from_prev, size, time.monotonic() + 2.0,
-                                             "the abort reason"))
-        except (OSError, ValueError) as exc:
-            return self.group._peer_lost_error(self.prev, f"it aborted ({exc})")
-        message = f"{document.get('message', '?')} (relayed by rank {self.prev})"
+            document = check_abort_document(
+                decode_control(recv_exact(self.from_prev, size, time.monotonic() + 2.0,
+                                          "the abort reason")), self.size)
+        except (OSError, ProtocolError) as exc:
+            return self.call.peer_lost_error(self.prev, f"it aborted ({exc})")
+        message = f"{document['message']} (relayed by rank {self.prev})"
         kind = _RELAYED_ERRORS.get(document.get("error"), DistributedError)
         if kind is PeerLostError:
             return PeerLostError(message, document.get("rank"))
         if kind is CollectiveTimeoutError:
-            return CollectiveTimeoutError(message, document.get("missing_ranks", ()))
+            return CollectiveTimeoutError(message, document.get("missing_ranks", []))
         if kind is DistributedError:
+            origin = document.get("origin")
             message = f"{mine.describe() if mine else 'collective'}: rank " \
-                      f"{document.get('origin', self.prev)} failed: {message}"
+                      f"{self.prev if origin is None else origin} failed: {message}"
         return kind(message)
 
     # -- teardown --------------------------------------------------------------------------
@@ -424,14 +417,14 @@ class Ring:
             try:
                 self.to_next.setblocking(True)
                 self.to_next.settimeout(_ABORT_SECONDS)
-                body, trailer = self._unsent
-                if body or trailer == _TRAILER_SIZE:  # mid-frame: pad it, mark it aborted
+                body, trailer = self._outgoing.unsent() if self._outgoing else (0, 0)
+                if body or trailer == TRAILER_SIZE:  # mid-frame: pad it, mark it aborted
                     filler = bytes(min(body, 1 << 20))
                     deadline = time.monotonic() + _ABORT_SECONDS
                     while body > 0 and time.monotonic() < deadline:
                         body -= self.to_next.send(filler[:body])
                     if body <= 0:
-                        self.to_next.sendall(_TRAILER_ABORTED)
+                        self.to_next.sendall(TRAILER_ABORTED)
                         trailer = 0
                 if body <= 0 and trailer == 0:
                     self.to_next.sendall(control_frame(FrameKind.ABORT, document))

@@ -12,7 +12,7 @@ Two segments per group:
 Synchronisation is a counter per rank: arriving at a barrier stores the next epoch in this
 rank's counter (one writer per word, no locks, so a dead rank can never leave a lock held), and
 waiting polls the peers' counters — spinning briefly (``SPIN_SECONDS``), then sleeping on a futex
-(``everyo_dist.futex``) that the arriving rank wakes — until they reach the epoch, the deadline
+(``everyo_dist.backends.shm.futex``) that the arriving rank wakes — until they reach the epoch, the deadline
 passes, or a peer's process is found dead. x86-64 keeps stores in order, so data written
 before the counter is visible to a peer that sees the counter.
 
@@ -34,11 +34,8 @@ import time
 
 import numpy as np
 
-from everyo_dist.errors import DistributedError
-from everyo_dist.fingerprint import FINGERPRINT_SIZE
-from everyo_dist.futex import futex_available, futex_wait, futex_wake, low32
-from everyo_dist.group import ProcessGroup, reduce_rows_f64
-from everyo_dist.segments import (
+from everyo_dist.backends.shm.futex import futex_available, futex_wait, futex_wake, low32
+from everyo_dist.backends.shm.segments import (
     Segment,
     new_job_id,
     parse_name,
@@ -47,13 +44,17 @@ from everyo_dist.segments import (
     sweep_stale_segments,
     unlink,
 )
+from everyo_dist.contract import Collective
+from everyo_dist.errors import DistributedError
+from everyo_dist.fingerprint import FINGERPRINT_SIZE
+from everyo_dist.group import ProcessGroup, check_membership
+from everyo_dist.reduction import REDUCE_BLOCK, reduce_rows
 
 BLOCK = 256  # bytes of control data per rank
 _WORDS = BLOCK // 8
 _EPOCH, _PID = 0, 1  # int64 word indices inside a rank's block
 _FINGERPRINT_OFFSET = 64  # two FINGERPRINT_SIZE slots follow
 MIN_CAPACITY = 1 << 16
-REDUCE_BLOCK = 1 << 15  # elements reduced per step: the float64 scratch stays in cache
 SMALL_BYTES = 1 << 18  # below this, each rank reduces the whole vector (saves a barrier)
 ALIGN = 64  # result chunks of different ranks never share a cache line
 
@@ -64,7 +65,7 @@ LIVENESS_INTERVAL = 0.2
 
 
 def create_shm_group(rank: int, world_size: int, segment: str | None = None,
-                     timeout: float | None = None) -> "ShmGroup":
+                     timeout: float | None = None) -> ProcessGroup:
     """Join (rank 0: create) the shared-memory group whose control segment is ``segment``.
 
     Args:
@@ -74,10 +75,13 @@ def create_shm_group(rank: int, world_size: int, segment: str | None = None,
             ``init`` it comes from ``EVERYO_SHM_SEGMENT``). Optional when ``world_size`` is 1.
         timeout: seconds each collective (and joining) may wait for the peers.
     Returns:
-        A :class:`ShmGroup`.
+        A :class:`~everyo_dist.group.ProcessGroup` over an :class:`ShmTransport`.
     """
+    rank, world_size, timeout = check_membership(rank, world_size, timeout)
     check_store_ordering(world_size)
-    return ShmGroup(rank, world_size, segment=segment, timeout=timeout)
+    transport = ShmTransport(rank, world_size, segment,
+                             Collective.starting(rank, world_size, timeout))
+    return ProcessGroup(rank, world_size, transport, timeout, ranks_on_this_machine=world_size)
 
 
 # NOTE: the protocol publishes data by storing a counter after it, which is only safe where the
@@ -97,14 +101,20 @@ def check_store_ordering(world_size: int, machine: str | None = None) -> None:
         )
 
 
-class ShmGroup(ProcessGroup):
-    """A process group of the ranks of one machine, through POSIX shared memory."""
+class ShmTransport:
+    """Moves the collectives of the ranks of one machine through POSIX shared memory.
 
-    backend = "shm"
+    Args:
+        rank: this process's rank.
+        world_size: number of ranks.
+        segment: the control segment's name (see :func:`create_shm_group`).
+        joining: the start-up pseudo-collective whose deadline bounds joining the group.
+    """
 
-    def __init__(self, rank: int, world_size: int, segment: str | None = None,
-                 timeout: float | None = None):
-        super().__init__(rank, world_size, timeout)
+    name = "shm"
+
+    def __init__(self, rank: int, world_size: int, segment: str | None, joining: Collective):
+        self.rank, self.world_size = rank, world_size
         if segment is None:
             if world_size != 1:
                 raise DistributedError("an shm group of several ranks needs the name of its "
@@ -113,7 +123,7 @@ class ShmGroup(ProcessGroup):
         parsed = parse_name(segment)
         if parsed is None:
             raise DistributedError(f"shm segment names look like 'everyo-<pid>-<job>-<part>' "
-                                   f"(see everyo_dist.segments), got {segment!r}")
+                                   f"(see everyo_dist.backends.shm.segments), got {segment!r}")
         self.segment = segment
         self._words = None
         self._anchor = None
@@ -126,8 +136,7 @@ class ShmGroup(ProcessGroup):
         self._generation = 0
         self._data: Segment | None = None
         self._scratch = np.empty(2 * REDUCE_BLOCK, np.float64)
-        self._deadline = time.monotonic() + self.timeout
-        self._control = self._open_control(segment)
+        self._control = self._open_control(segment, joining)
         self._words = self._control.buf.cast("q")
         self._my_word = rank * _WORDS + _EPOCH
         self._peer_words = [r * _WORDS + _EPOCH for r in range(world_size) if r != rank]
@@ -137,7 +146,7 @@ class ShmGroup(ProcessGroup):
             and world_size > 1 else None
         self._address = ctypes.addressof(self._anchor) if self._anchor is not None else 0
         try:
-            self._arrive_and_wait("joining the group")
+            self._arrive_and_wait(joining, "joining the group")
         except BaseException:
             self._release()
             raise
@@ -148,9 +157,8 @@ class ShmGroup(ProcessGroup):
 
         self._spin = SPIN_SECONDS if world_size <= available_workers() \
             else SHARED_CORE_SPIN_SECONDS
-        self._deadline = float("inf")
 
-    def _open_control(self, name: str) -> Segment:
+    def _open_control(self, name: str, joining: Collective) -> Segment:
         size = self.world_size * BLOCK
         if self.rank == 0:
             sweep_stale_segments()
@@ -166,12 +174,12 @@ class ShmGroup(ProcessGroup):
                 control.close()
             except FileNotFoundError:
                 pass
-            if self._remaining() <= 0:
-                raise self._timeout_error([0], f"shared segment {name} never appeared")
+            if joining.remaining() <= 0:
+                raise joining.timeout_error([0], f"shared segment {name} never appeared")
             time.sleep(0.01)
 
     # -- synchronisation ---------------------------------------------------------------------
-    def _arrive_and_wait(self, waiting_for: str) -> None:
+    def _arrive_and_wait(self, call: Collective, waiting_for: str) -> None:
         self._epoch += 1
         epoch = self._epoch
         words = self._words
@@ -195,9 +203,9 @@ class ShmGroup(ProcessGroup):
             now = time.monotonic()
             if now >= next_check:
                 next_check = now + LIVENESS_INTERVAL
-                self._check_peers_alive([i // _WORDS for i in pending], waiting_for)
-                if now >= self._deadline:
-                    raise self._timeout_error([i // _WORDS for i in pending], waiting_for)
+                self._check_peers_alive(call, [i // _WORDS for i in pending], waiting_for)
+                if now >= call.deadline:
+                    raise call.timeout_error([i // _WORDS for i in pending], waiting_for)
             if self._address:
                 seen = words[pending[0]]
                 if seen < epoch:
@@ -207,25 +215,25 @@ class ShmGroup(ProcessGroup):
                 sleep = min(MAX_SLEEP, sleep * 2 or 5e-5)
                 time.sleep(sleep)
 
-    def _check_peers_alive(self, ranks, waiting_for: str) -> None:
+    def _check_peers_alive(self, call: Collective, ranks, waiting_for: str) -> None:
         pids = getattr(self, "_pids", None) or [
             self._words[r * _WORDS + _PID] for r in range(self.world_size)]
         for rank in ranks:
             if pids[rank] and not process_alive(pids[rank]):
-                raise self._peer_lost_error(rank, f"its process (pid {pids[rank]}) exited "
+                raise call.peer_lost_error(rank, f"its process (pid {pids[rank]}) exited "
                                                   f"while this rank waited for {waiting_for}")
 
-    def _exchange_fingerprints(self, packed: bytes) -> list[bytes]:
+    def exchange_fingerprints(self, call: Collective, packed: bytes) -> list[bytes]:
         slot = _FINGERPRINT_OFFSET + ((self._epoch + 1) % 2) * FINGERPRINT_SIZE
         buf = self._control.buf
         mine = self.rank * BLOCK + slot
         buf[mine:mine + FINGERPRINT_SIZE] = packed
-        self._arrive_and_wait("the fingerprint exchange")
+        self._arrive_and_wait(call, "the fingerprint exchange")
         return [bytes(buf[r * BLOCK + slot:r * BLOCK + slot + FINGERPRINT_SIZE])
                 for r in range(self.world_size)]
 
     # -- the data segment --------------------------------------------------------------------
-    def _ensure_capacity(self, nbytes: int) -> None:
+    def _ensure_capacity(self, call: Collective, nbytes: int) -> None:
         """Make every slot hold ``nbytes``; all ranks call this with the same value."""
         if nbytes <= self._capacity:
             return
@@ -235,10 +243,10 @@ class ShmGroup(ProcessGroup):
         name = segment_name(self._job, f"d{self._generation}", owner_pid=self._pids[0])
         size = (self.world_size + 1) * capacity
         data = Segment(name, size, create=True) if self.rank == 0 else None
-        self._arrive_and_wait("rank 0 to allocate shared memory")
+        self._arrive_and_wait(call, "rank 0 to allocate shared memory")
         if data is None:
             data = Segment(name, size, create=False)
-        self._arrive_and_wait("every rank to map the new shared memory")
+        self._arrive_and_wait(call, "every rank to map the new shared memory")
         if self.rank == 0:
             unlink(name)
         if self._data is not None:
@@ -257,61 +265,50 @@ class ShmGroup(ProcessGroup):
         return min(rank * per_rank, count), min((rank + 1) * per_rank, count)
 
     # -- primitives --------------------------------------------------------------------------
-    def _all_reduce(self, flat: np.ndarray, mean: bool) -> np.ndarray:
-        out = np.empty_like(flat)
-        self._all_reduce_into(flat, mean, out)
-        return out
-
-    def _all_reduce_into(self, flat: np.ndarray, mean: bool, out: np.ndarray) -> None:
+    def all_reduce(self, call: Collective, flat: np.ndarray, mean: bool,
+                   out: np.ndarray) -> None:
+        divisor = self.world_size if mean else 1
         if self.world_size == 1:
-            reduce_rows_f64([flat], mean, flat.dtype, out=out)
+            reduce_rows([flat], out, divisor, self._scratch)
             return
-        self._ensure_capacity(flat.nbytes)
+        self._ensure_capacity(call, flat.nbytes)
         slots = [self._slot(r, flat.dtype, flat.size) for r in range(self.world_size)]
         np.copyto(slots[self.rank], flat)
-        self._arrive_and_wait("every rank to write its vector")
+        self._arrive_and_wait(call, "every rank to write its vector")
         if flat.nbytes <= SMALL_BYTES:  # latency-bound: every rank reduces it all, one barrier
-            self._reduce_range(slots, mean, out, 0, flat.size, 0)
+            reduce_rows(slots, out, divisor, self._scratch)
             return
         result = self._slot(self.world_size, flat.dtype, flat.size)
         low, high = self._chunk(self.rank, flat.size, flat.dtype.itemsize)
-        self._reduce_range(slots, mean, out, low, high, low)  # own chunk: straight into out
-        result[low:high] = out[low:high]  # (still in cache) and for the peers
-        self._arrive_and_wait("every rank to reduce its chunk")
+        # own chunk straight into out, then (still in cache) into the result slot for the peers
+        reduce_rows([slot[low:high] for slot in slots], out[low:high], divisor, self._scratch)
+        result[low:high] = out[low:high]
+        self._arrive_and_wait(call, "every rank to reduce its chunk")
         out[:low] = result[:low]
         out[high:] = result[high:]
 
-    def _reduce_range(self, slots, mean, out, low, high, out_offset) -> None:
-        """Reduce elements [low, high) of every slot into ``out[out_offset:]``, in blocks that
-        keep the float64 accumulator in cache. Same arithmetic whichever rank runs it."""
-        for start in range(low, high, REDUCE_BLOCK):
-            stop = min(start + REDUCE_BLOCK, high)
-            reduce_rows_f64([slot[start:stop] for slot in slots], mean, out.dtype,
-                            out=out[start - low + out_offset:stop - low + out_offset],
-                            scratch=self._scratch)
-
-    def _broadcast(self, flat: np.ndarray, src: int) -> np.ndarray:
+    def broadcast(self, call: Collective, flat: np.ndarray, src: int) -> np.ndarray:
         if self.world_size == 1:
             return flat.copy()
-        self._ensure_capacity(flat.nbytes)
+        self._ensure_capacity(call, flat.nbytes)
         result = self._slot(self.world_size, flat.dtype, flat.size)
         if self.rank == src:
             np.copyto(result, flat)
-        self._arrive_and_wait(f"rank {src} to write the broadcast")
+        self._arrive_and_wait(call, f"rank {src} to write the broadcast")
         return result.copy()
 
-    def _all_gather(self, flat: np.ndarray) -> np.ndarray:
+    def all_gather(self, call: Collective, flat: np.ndarray) -> np.ndarray:
         if self.world_size == 1:
             return flat.reshape(1, -1).copy()
-        self._ensure_capacity(flat.nbytes)
+        self._ensure_capacity(call, flat.nbytes)
         np.copyto(self._slot(self.rank, flat.dtype, flat.size), flat)
-        self._arrive_and_wait("every rank to write its array")
+        self._arrive_and_wait(call, "every rank to write its array")
         gathered = np.empty((self.world_size, flat.size), flat.dtype)
         for rank in range(self.world_size):
             gathered[rank] = self._slot(rank, flat.dtype, flat.size)
         return gathered
 
-    def _close(self) -> None:
+    def close(self) -> None:
         self._release()
 
     def _release(self) -> None:

@@ -17,8 +17,8 @@ import secrets
 import struct
 import time
 
+from everyo_dist.backends.tcp.frames import ProtocolError, recv_exact
 from everyo_dist.errors import DistributedError
-from everyo_dist.tcp.frames import ProtocolError, recv_exact
 
 NONCE_SIZE = 32
 DIGEST_SIZE = 32

@@ -16,10 +16,10 @@ import socket
 import threading
 import time
 
+from everyo_dist.backends.tcp.auth import DEFAULT_HANDSHAKE_TIMEOUT, accept_handshake, token_key
+from everyo_dist.backends.tcp.frames import FrameKind, control_frame, read_control
+from everyo_dist.backends.tcp.sockets import listen, require_token_off_loopback, tune, wrap_tls
 from everyo_dist.errors import DistributedError
-from everyo_dist.tcp.auth import DEFAULT_HANDSHAKE_TIMEOUT, accept_handshake, token_key
-from everyo_dist.tcp.frames import FrameKind, control_frame, read_control
-from everyo_dist.tcp.sockets import listen, require_token_off_loopback, tune, wrap_tls
 
 log = logging.getLogger("everyo.distributed_tcp")
 
@@ -30,11 +30,12 @@ def _hung_up(sock: socket.socket) -> bool:
     A registered worker sends nothing more until it has the peer table, so a readable socket
     means end-of-file (or a protocol violation): either way the registration is void.
     """
+    poller = select.poll()  # not select(): it fails on descriptors above 1023
     try:
-        readable, _, _ = select.select([sock], [], [], 0)
+        poller.register(sock, select.POLLIN)
+        return bool(poller.poll(0))
     except (OSError, ValueError):
         return True
-    return bool(readable)
 
 
 class TCPRendezvousServer:
@@ -141,9 +142,13 @@ class TCPRendezvousServer:
                          f"rendezvous server was started with world_size={self.world_size}",
                          tell=True)
             return
-        if not 0 <= rank < self.world_size or not 0 < port < 65536:
+        if not 0 <= rank < self.world_size:
             self._refuse(sock, peer, f"rank {rank} is outside 0..{self.world_size - 1}",
                          tell=True)
+            return
+        if not 0 < port < 65536:
+            self._refuse(sock, peer, f"rank {rank} registered peer port {port}, which no peer "
+                         f"can connect to (a listening port is 1..65535)", tell=True)
             return
         with self._lock:
             for parked in [r for r, (other, _, _) in self._round.items() if _hung_up(other)]:

@@ -22,16 +22,17 @@ import traceback
 
 import numpy as np
 
+from everyo_dist.contract import Collective
 from everyo_dist.errors import CollectiveTimeoutError, DistributedError
 from everyo_dist.fingerprint import FINGERPRINT_SIZE
-from everyo_dist.group import ProcessGroup, reduce_rows_f64
-from everyo_dist.recycling import ResultBuffers
+from everyo_dist.group import ProcessGroup
+from everyo_dist.reduction import reduce_rows
 
 _SPIN_SECONDS = 1.0  # busy-poll this long before sleeping between polls
 _hook_installed = False
 
 
-def create_mpi_group(timeout: float | None = None, abort_on_exception: bool = True) -> "MPIProcessGroup":
+def create_mpi_group(timeout: float | None = None, abort_on_exception: bool = True) -> ProcessGroup:
     """The ``"mpi"`` backend factory behind ``eo.distributed.init(backend="mpi")``.
 
     Args:
@@ -39,7 +40,7 @@ def create_mpi_group(timeout: float | None = None, abort_on_exception: bool = Tr
         abort_on_exception: install a ``sys.excepthook`` that prints the traceback and calls
             ``MPI_Abort``, so one failing rank ends the whole job.
     Returns:
-        An :class:`MPIProcessGroup` over ``MPI.COMM_WORLD``.
+        A :class:`~everyo_dist.group.ProcessGroup` over ``MPI.COMM_WORLD``.
     """
     try:
         from mpi4py import MPI
@@ -48,7 +49,8 @@ def create_mpi_group(timeout: float | None = None, abort_on_exception: bool = Tr
                                "pip install 'everyo-dist[mpi]'") from None
     if abort_on_exception:
         _install_abort_hook(MPI)
-    return MPIProcessGroup(MPI, MPI.COMM_WORLD, timeout)
+    comm = MPI.COMM_WORLD
+    return ProcessGroup(comm.Get_rank(), comm.Get_size(), MPITransport(MPI, comm), timeout)
 
 
 def _install_abort_hook(MPI) -> None:
@@ -72,39 +74,20 @@ def _install_abort_hook(MPI) -> None:
     _hook_installed = True
 
 
-_BLOCK = 32768
-
-
-def _reduce_rows_blocked(rows: np.ndarray, divisor: int, out: np.ndarray) -> None:
-    """``reduce_rows_f64`` (rows added in rank order in float64, divided, cast) block by block,
-    so the float64 accumulator stays in cache."""
-    acc = np.empty(min(_BLOCK, out.size), dtype=np.float64)
-    for start in range(0, out.size, _BLOCK):
-        stop = min(start + _BLOCK, out.size)
-        block = acc[:stop - start]
-        np.copyto(block, rows[0, start:stop], casting="unsafe")
-        for row in rows[1:]:
-            np.add(block, row[start:stop], out=block)
-        if divisor != 1:
-            np.divide(block, divisor, out=block)
-        np.copyto(out[start:stop], block, casting="unsafe")
-
-
 def _as_bytes(array: np.ndarray) -> np.ndarray:
     return array.reshape(-1).view(np.uint8)
 
 
-class MPIProcessGroup(ProcessGroup):
-    """A process group over an mpi4py communicator (``COMM_WORLD`` by default)."""
+class MPITransport:
+    """Moves collectives over an mpi4py communicator (``COMM_WORLD`` by default)."""
 
-    backend = "mpi"
+    name = "mpi"
 
-    def __init__(self, MPI, comm, timeout: float | None = None):
-        super().__init__(comm.Get_rank(), comm.Get_size(), timeout)
+    def __init__(self, MPI, comm):
         self._MPI, self._comm = MPI, comm
-        self._results = ResultBuffers()
+        self.rank, self.world_size = comm.Get_rank(), comm.Get_size()
 
-    def _wait(self, request, what: str) -> None:
+    def _wait(self, call: Collective, request, what: str) -> None:
         """Poll ``request`` until done or the collective's deadline passes.
 
         MPICH moves a non-blocking collective forward only inside MPI calls, so this polls
@@ -115,25 +98,26 @@ class MPIProcessGroup(ProcessGroup):
         while not request.Test():
             now = time.monotonic()
             if now > patient_until:
-                if now > self._deadline:
-                    current = self._current.describe() if self._current else what
+                if now > call.deadline:
                     raise CollectiveTimeoutError(
-                        f"{current} timed out after {self.timeout:g}s on rank {self.rank} "
+                        f"{call.describe()} timed out after {call.timeout:g}s on rank {self.rank} "
                         f"(in MPI {what}); MPI does not report which ranks did not arrive. "
                         f"Every rank must call the same collectives in the same order.")
                 time.sleep(1e-3)
 
-    def _exchange_fingerprints(self, packed: bytes) -> list[bytes]:
+    def exchange_fingerprints(self, call: Collective, packed: bytes) -> list[bytes]:
         mine = np.frombuffer(packed, dtype=np.uint8)
         gathered = np.empty((self.world_size, FINGERPRINT_SIZE), dtype=np.uint8)
-        self._wait(self._comm.Iallgather([mine, self._MPI.BYTE], [gathered, self._MPI.BYTE]),
+        self._wait(call, self._comm.Iallgather([mine, self._MPI.BYTE], [gathered, self._MPI.BYTE]),
                    "Iallgather of fingerprints")
         return [row.tobytes() for row in gathered]
 
-    def _all_reduce(self, flat: np.ndarray, mean: bool) -> np.ndarray:
+    def all_reduce(self, call: Collective, flat: np.ndarray, mean: bool,
+                   out: np.ndarray) -> None:
         size, rank, item = self.world_size, self.rank, flat.dtype.itemsize
         if size == 1:
-            return reduce_rows_f64([flat], mean, flat.dtype)
+            reduce_rows([flat], out, 1)
+            return
         base, extra = divmod(flat.size, size)
         counts = np.array([base + (r < extra) for r in range(size)], dtype=np.int64)
         displs = np.concatenate([[0], np.cumsum(counts)[:-1]])
@@ -146,20 +130,21 @@ class MPIProcessGroup(ProcessGroup):
             [_as_bytes(flat), ((counts * item).tolist(), (displs * item).tolist()), BYTE],
             [_as_bytes(rows), ([mine * item] * size, [r * mine * item for r in range(size)]),
              BYTE])
-        out = self._results.like(flat)
         start = int(displs[rank])
-        _reduce_rows_blocked(rows, size if mean else 1, out[start:start + mine])
+        reduce_rows(rows, out[start:start + mine], size if mean else 1)
         self._comm.Allgatherv(self._MPI.IN_PLACE,
                               [_as_bytes(out), ((counts * item).tolist(),
                                                 (displs * item).tolist()), BYTE])
-        return out
 
-    def _broadcast(self, flat: np.ndarray, src: int) -> np.ndarray:
+    def broadcast(self, call: Collective, flat: np.ndarray, src: int) -> np.ndarray:
         out = flat.copy() if self.rank == src else np.empty_like(flat)
         self._comm.Bcast([_as_bytes(out), self._MPI.BYTE], root=src)
         return out
 
-    def _all_gather(self, flat: np.ndarray) -> np.ndarray:
+    def all_gather(self, call: Collective, flat: np.ndarray) -> np.ndarray:
         out = np.empty((self.world_size, flat.size), dtype=flat.dtype)
         self._comm.Allgather([_as_bytes(flat), self._MPI.BYTE], [_as_bytes(out), self._MPI.BYTE])
         return out
+
+    def close(self) -> None:
+        """``COMM_WORLD`` lives until the interpreter exits: nothing to release."""

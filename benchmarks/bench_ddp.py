@@ -1,0 +1,224 @@
+"""DistributedDataParallel across a 1 Gbit/s link: two "hosts" (network namespaces joined by a
+veth pair, each end shaped to 1 Gbit/s by a token-bucket qdisc), one rank each, same run:
+
+* compute: forward + backward + SGD step without communication;
+* comm: one all-reduce of the whole gradient vector;
+* DDP step: forward + backward with ``DistributedDataParallel`` (buckets all-reduced during
+  backward) + SGD step — target <= 1.2 x max(compute, comm);
+* sequential: forward + backward, then ``average_gradients``, then the step (no overlap);
+* PyTorch: ``torch.nn.parallel.DistributedDataParallel`` over gloo through the same link,
+  one intra-op thread (the reference; benchmark-only dependency).
+
+Needs root and iproute2 (``ip netns``, ``tc``); prints why and stops otherwise. Run:
+``python benchmarks/bench_ddp.py [--steps 5] [--only mlp_large]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ADDRESSES = ("10.79.0.1", "10.79.0.2")
+RATE = "1gbit"
+ROUNDS = 3
+ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1",
+           PYTHONPATH=str(HERE))
+
+
+def _ip(*args, check=True):
+    return subprocess.run(["ip", *args], capture_output=True, text=True, check=check, timeout=20)
+
+
+class TwoHosts:
+    """Two namespaces, a veth pair between them, each direction shaped to ``RATE``."""
+
+    def __init__(self):
+        tag = f"eob{os.getpid() % 100000}"
+        self.names = (f"{tag}a", f"{tag}b")
+        self.devices = (f"{tag}va", f"{tag}vb")
+
+    def __enter__(self):
+        for name in self.names:
+            _ip("netns", "add", name)
+        _ip("link", "add", self.devices[0], "netns", self.names[0], "type", "veth", "peer",
+            "name", self.devices[1], "netns", self.names[1])
+        for name, address, device in zip(self.names, ADDRESSES, self.devices):
+            _ip("-n", name, "addr", "add", f"{address}/24", "dev", device)
+            _ip("-n", name, "link", "set", device, "up")
+            _ip("-n", name, "link", "set", "lo", "up")
+            subprocess.run(["ip", "netns", "exec", name, "tc", "qdisc", "add", "dev", device,
+                            "root", "tbf", "rate", RATE, "burst", "512kb", "latency", "100ms"],
+                           check=True, capture_output=True, timeout=20)
+        return self
+
+    def __exit__(self, *exc):
+        for name in self.names:
+            _ip("netns", "del", name, check=False)
+
+
+def _run_pair(hosts: TwoHosts, argv: list[str]) -> dict:
+    commands = [["ip", "netns", "exec", hosts.names[rank], sys.executable, __file__, "--worker",
+                 *argv, "--rank", str(rank), "--device", hosts.devices[rank]]
+                for rank in (0, 1)]
+    processes = [subprocess.Popen(c, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True) for c in commands]
+    outputs = [p.communicate(timeout=900) for p in processes]
+    for process, (out, err) in zip(processes, outputs):
+        if process.returncode != 0:
+            raise SystemExit(f"benchmark worker failed:\n{out}\n{err}")
+    return json.loads(outputs[0][0].strip().splitlines()[-1])
+
+
+# -- worker side ------------------------------------------------------------------------------
+def _timed(step, steps: int, sync=None) -> float:
+    for _ in range(2):
+        step()
+    if sync:
+        sync()
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    return (time.perf_counter() - start) / steps
+
+
+def worker_everyo(case, rank: int, steps: int, bucket_cap_mb: float) -> dict:
+    import numpy as np
+
+    import everyo as eo
+    from everyo.distributed import DistributedDataParallel, average_gradients
+    from everyo.distributed_tcp import TCPRendezvousServer, init_tcp_process_group
+
+    server = TCPRendezvousServer(ADDRESSES[0], 29611, world_size=2, token="b" * 32) \
+        if rank == 0 else None
+    group = init_tcp_process_group(ADDRESSES[0], 29611, rank=rank, world_size=2,
+                                   token="b" * 32, timeout=300)
+    x, y = case.make_batch(np.random.default_rng(rank))
+    inputs = eo.tensor(x)
+    model = case.everyo_model()
+    params = list(model.parameters())
+    optimizer = eo.SGD(params, lr=0.01)
+
+    def compute():
+        optimizer.zero_grad()
+        eo.cross_entropy(model(inputs), y).backward()
+        optimizer.step()
+
+    flat = np.zeros(sum(p.data.size for p in params), np.float32)
+
+    def sequential():
+        optimizer.zero_grad()
+        eo.cross_entropy(model(inputs), y).backward()
+        average_gradients(params, group)
+        optimizer.step()
+
+    def overlapped_block():
+        # NOTE: the wrapper exists only during its block: its hooks send every backward in the
+        # process through the general autograd engine, which the other modes must not pay for
+        ddp = DistributedDataParallel(model, group, bucket_cap_mb=bucket_cap_mb)
+
+        def overlapped():
+            optimizer.zero_grad()
+            eo.cross_entropy(ddp(inputs), y).backward()
+            optimizer.step()
+
+        try:
+            return _timed(overlapped, steps, group.barrier)
+        finally:
+            ddp.close()
+
+    modes = {"compute": lambda: _timed(compute, steps, group.barrier),
+             "comm": lambda: _timed(lambda: group.all_reduce_mean(flat), steps, group.barrier),
+             "sequential": lambda: _timed(sequential, steps, group.barrier),
+             "ddp": overlapped_block}
+    samples = {name: [] for name in modes}
+    for _ in range(ROUNDS):  # alternating rounds: every mode sees the same machine load
+        for name, measure in modes.items():
+            samples[name].append(measure())
+    result = {name: sorted(times)[len(times) // 2] for name, times in samples.items()}
+    result["megabytes"] = flat.nbytes / 1e6
+    group.close()
+    if server is not None:
+        server.close()
+    return result
+
+
+def worker_torch(case, rank: int, steps: int, device: str, bucket_cap_mb: float) -> dict:
+    import numpy as np
+    import torch
+    import torch.distributed as tdist
+
+    torch.set_num_threads(1)
+    os.environ["GLOO_SOCKET_IFNAME"] = device
+    tdist.init_process_group("gloo", init_method=f"tcp://{ADDRESSES[0]}:29612", rank=rank,
+                             world_size=2)
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(case.torch_model(torch),
+                                                      bucket_cap_mb=bucket_cap_mb)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = case.make_batch(np.random.default_rng(rank))
+    inputs = torch.from_numpy(case.to_torch_layout(x))
+    targets = torch.from_numpy(y)
+
+    def step():
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(model(inputs), targets).backward()
+        optimizer.step()
+
+    times = sorted(_timed(step, steps, tdist.barrier) for _ in range(ROUNDS))
+    result = {"torch_ddp": times[len(times) // 2]}
+    tdist.destroy_process_group()
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--worker", choices=("everyo", "torch"))
+    parser.add_argument("--rank", type=int, default=0)
+    parser.add_argument("--device", default="")
+    parser.add_argument("--case", default="mlp_large")
+    parser.add_argument("--only", default="mlp_large,cnn_cifar")
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--bucket-cap-mb", type=float, default=25.0,
+                        help="for both DDPs (PyTorch's default 25)")
+    args = parser.parse_args()
+    from bench_training import CASES
+
+    cases = {case.name: case for case in CASES}
+    if args.worker:
+        case = cases[args.case]
+        if args.worker == "everyo":
+            print(json.dumps(worker_everyo(case, args.rank, args.steps, args.bucket_cap_mb)))
+        else:
+            print(json.dumps(worker_torch(case, args.rank, args.steps, args.device,
+                                          args.bucket_cap_mb)))
+        return
+    if shutil.which("ip") is None or shutil.which("tc") is None or os.geteuid() != 0:
+        raise SystemExit("bench_ddp needs root and iproute2 (ip netns, tc)")
+    print(f"2 ranks, one per network namespace, link shaped to {RATE} each way; "
+          f"bucket_cap_mb={args.bucket_cap_mb:g}; one BLAS/"
+          f"intra-op thread per rank; machine shared with other jobs (loaded)")
+    print(f"{'case':<10} {'MB':>6} {'compute':>9} {'comm':>8} {'DDP':>8} {'seq':>8} "
+          f"{'torch':>8}  {'DDP/max':>8} {'DDP/torch':>9}")
+    with TwoHosts() as hosts:
+        for name in args.only.split(","):
+            common = ["--case", name, "--steps", str(args.steps),
+                      "--bucket-cap-mb", str(args.bucket_cap_mb)]
+            ours = _run_pair(hosts, ["everyo", *common])
+            reference = _run_pair(hosts, ["torch", *common])
+            bound = max(ours["compute"], ours["comm"])
+            print(f"{name:<10} {ours['megabytes']:6.1f} {ours['compute'] * 1e3:7.0f}ms "
+                  f"{ours['comm'] * 1e3:6.0f}ms {ours['ddp'] * 1e3:6.0f}ms "
+                  f"{ours['sequential'] * 1e3:6.0f}ms {reference['torch_ddp'] * 1e3:6.0f}ms  "
+                  f"{ours['ddp'] / bound:7.2f}x {ours['ddp'] / reference['torch_ddp']:8.2f}x",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()

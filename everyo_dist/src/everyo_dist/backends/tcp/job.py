@@ -1,0 +1,28 @@
+"""What ``spawn`` prepares for a job of ``tcp`` workers: a loopback rendezvous with a fresh
+token, so that ``spawn(..., backend="tcp")`` needs no more arguments than ``"shm"`` does."""
+
+from __future__ import annotations
+
+import secrets
+from contextlib import contextmanager
+
+from everyo_dist.backends.tcp.rendezvous import TCPRendezvousServer
+
+
+@contextmanager
+def prepare_tcp_job(world_size: int, options: dict):
+    """Host the rendezvous for the job's workers unless the caller named one (``master_port``).
+
+    Args:
+        world_size: number of workers.
+        options: the factory options the caller chose.
+    Yields:
+        ``options`` completed with ``master_addr``, ``master_port`` and ``token``.
+    """
+    if "master_port" in options:
+        yield options
+        return
+    token = options.get("token") or secrets.token_hex(32)
+    with TCPRendezvousServer("127.0.0.1", 0, world_size=world_size, token=token) as server:
+        yield {**options, "token": token, "master_addr": "127.0.0.1",
+               "master_port": server.port}

@@ -1,0 +1,264 @@
+"""``DistributedDataParallel``: gradient averaging that overlaps the rest of backward.
+
+Gradients are grouped into buckets of about ``bucket_cap_mb`` megabytes, in reverse
+registration order (roughly the order backward finishes them). A post-accumulate-grad hook
+marks a parameter ready; once a bucket's parameters are all ready it is copied into one flat
+buffer and all-reduced on a communication thread while backward carries on with the earlier
+layers. The hook of the last parameter backward reaches waits for the outstanding buckets and
+writes the averages back, so ``.grad`` is averaged when ``backward()`` returns.
+
+The averages are exactly :func:`~everyo_dist.gradients.average_gradients`'s: the reduction is
+element-wise, so cutting the vector into buckets changes no bit. A parameter the forward did
+not use (found by walking the graph from the outputs, as PyTorch's
+``find_unused_parameters=True`` does) contributes its current gradient, or zeros, and receives
+the average, as ``average_gradients`` does. Buckets are all-reduced strictly in bucket order on
+every rank, so ranks whose backward finishes parameters in a different order still match.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+
+import numpy as np
+
+from everyo_dist.errors import DistributedError
+
+
+class _Bucket:
+    """Parameters of one dtype whose gradients travel in one all-reduce."""
+
+    __slots__ = ("index", "params", "offsets", "dtype", "pending", "result", "done")
+
+    def __init__(self, index: int, params: list, dtype):
+        self.index, self.params, self.dtype = index, params, np.dtype(dtype)
+        self.offsets = np.cumsum([0] + [p.data.size for p in params]).tolist()
+        self.pending: set[int] = set()
+        self.result: np.ndarray | None = None
+        self.done = threading.Event()
+
+    def flatten(self) -> np.ndarray:
+        """The parameters' gradients in one vector; a missing gradient is zeros."""
+        flat = np.zeros(self.offsets[-1], self.dtype)
+        for param, start, stop in zip(self.params, self.offsets, self.offsets[1:]):
+            if param.grad is not None:
+                if param.grad.shape != param.data.shape:
+                    raise DistributedError(f"DistributedDataParallel: a parameter of shape "
+                                           f"{param.data.shape} has a gradient of shape "
+                                           f"{param.grad.shape}")
+                flat[start:stop] = param.grad.reshape(-1)
+        return flat
+
+    def write_back(self) -> None:
+        for param, start, stop in zip(self.params, self.offsets, self.offsets[1:]):
+            target = param.data.dtype if param.grad is None else param.grad.dtype
+            param.grad = self.result[start:stop].reshape(param.data.shape).astype(
+                target, copy=False)
+
+
+def _buckets(params: list, cap_bytes: int) -> list[_Bucket]:
+    """Reverse registration order, split at ``cap_bytes`` and wherever the dtype changes."""
+    buckets, current, size = [], [], 0
+    for param in reversed(params):
+        dtype = (param.grad if param.grad is not None else param.data).dtype
+        if current and (size + param.data.nbytes > cap_bytes or current[0][1] != dtype):
+            buckets.append(_Bucket(len(buckets), [p for p, _ in current], current[0][1]))
+            current, size = [], 0
+        current.append((param, dtype))
+        size += param.data.nbytes
+    if current:
+        buckets.append(_Bucket(len(buckets), [p for p, _ in current], current[0][1]))
+    return buckets
+
+
+def _reachable_parameters(outputs, candidates: dict[int, object]) -> set[int]:
+    """ids of the ``candidates`` (id -> parameter) the autograd graph of ``outputs`` reaches."""
+    found: set[int] = set()
+    stack = [t for t in outputs]
+    seen: set[int] = set()
+    while stack:
+        tensor = stack.pop()
+        ctx = getattr(tensor, "_ctx", None)
+        if ctx is None:
+            if id(tensor) in candidates:
+                found.add(id(tensor))
+            continue
+        if id(ctx) in seen:
+            continue
+        seen.add(id(ctx))
+        stack.extend(getattr(ctx, "parents", None) or ())
+    return found
+
+
+def _tensors_in(value) -> list:
+    """The Tensors in a forward's output (a Tensor, or lists/tuples/dicts of them)."""
+    if hasattr(value, "_ctx") and hasattr(value, "data"):
+        return [value]
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (list, tuple)):
+        return [t for item in value for t in _tensors_in(item)]
+    return []
+
+
+class DistributedDataParallel:
+    """Wrap ``module`` so that ``backward()`` leaves every gradient averaged over ``group``.
+
+    Args:
+        module: the model (an ``eo.Module``); call the wrapper instead of the module.
+        group: the process group (from ``spawn``, ``init``, ...).
+        bucket_cap_mb: megabytes of gradients per all-reduce (PyTorch's default, 25).
+
+    Example:
+        >>> import everyo as eo
+        >>> from everyo.distributed import DistributedDataParallel, init
+        >>> with init(backend="shm", rank=0, world_size=1) as group:
+        ...     ddp = DistributedDataParallel(eo.Linear(2, 1, seed=0), group)
+        ...     ddp(eo.ones((3, 2))).sum().backward()
+        ...     ddp.close()
+        ...     ddp.module.weight.grad.ravel()
+        array([3., 3.], dtype=float32)
+    """
+
+    def __init__(self, module, group, bucket_cap_mb: float = 25):
+        if not callable(getattr(module, "parameters", None)):
+            raise DistributedError(f"DistributedDataParallel wraps a Module, got "
+                                   f"{type(module).__name__}")
+        if not bucket_cap_mb > 0:
+            raise DistributedError(f"bucket_cap_mb must be positive, got {bucket_cap_mb}")
+        self.module, self.group = module, group
+        self.bucket_cap_mb = bucket_cap_mb
+        self._params = [p for p in module.parameters() if p.requires_grad]
+        self._by_id = {id(p): p for p in self._params}
+        self._cap = int(bucket_cap_mb * 1024 * 1024)
+        self._buckets: list[_Bucket] | None = None
+        self._bucket_of: dict[int, _Bucket] = {}
+        self._outputs: list = []
+        self._expected: set[int] = set()
+        self._armed = False
+        self._accumulating = False  # the last forward ran inside no_sync()
+        self._sync = True
+        self._next_launch = 0
+        self._error: BaseException | None = None
+        self._work: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._communicate, daemon=True,
+                                        name="everyo-ddp-allreduce")
+        self._thread.start()
+        self._handles = [p.register_post_accumulate_grad_hook(self._on_grad_ready)
+                         for p in self._params]
+
+    # -- the wrapped module --------------------------------------------------------------------
+    def __call__(self, *args, **kwargs):
+        return self.forward(*args, **kwargs)
+
+    def forward(self, *args, **kwargs):
+        """Run the module; the backward that follows averages its gradients (unless inside
+        :meth:`no_sync`)."""
+        output = self.module(*args, **kwargs)
+        if not self._sync:
+            self._accumulating = True
+            return output
+        self._outputs.extend(_tensors_in(output))
+        self._arm()
+        return output
+
+    def parameters(self):
+        return self.module.parameters()
+
+    def named_parameters(self, prefix: str = ""):
+        return self.module.named_parameters(prefix)
+
+    def train(self, mode: bool = True):
+        self.module.train(mode)
+        return self
+
+    def eval(self):
+        return self.train(False)
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Gradient accumulation: backward passes of forwards run inside the context only
+        accumulate into ``.grad``; the first synchronised backward afterwards averages the
+        accumulated gradients."""
+        previous, self._sync = self._sync, False
+        try:
+            yield
+        finally:
+            self._sync = previous
+
+    def close(self) -> None:
+        """Remove the hooks and stop the communication thread."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        self._work.put(None)
+        self._thread.join(timeout=5)
+
+    # -- one step ------------------------------------------------------------------------------
+    def _arm(self) -> None:
+        """After a forward: which parameters backward will reach; the others are ready now."""
+        if self._buckets is None:  # first step: dtypes of the gradients are known now or never
+            self._buckets = _buckets(self._params, self._cap)
+            self._bucket_of = {id(p): b for b in self._buckets for p in b.params}
+        self._accumulating = False
+        self._expected = _reachable_parameters(self._outputs, self._by_id)
+        if not self._armed:
+            self._armed, self._next_launch, self._error = True, 0, None
+            for bucket in self._buckets:
+                bucket.result = None
+                bucket.done.clear()
+        for bucket in self._buckets:
+            bucket.pending = {id(p) for p in bucket.params if id(p) in self._expected}
+        self._launch_ready()
+        if not self._expected:  # backward will run no hook: finish here
+            self._finish()
+
+    def _on_grad_ready(self, param) -> None:
+        if not self._armed:
+            if not self._accumulating and self._buckets is not None:
+                raise DistributedError(
+                    "DistributedDataParallel: a backward reached the wrapped module's "
+                    "parameters without a forward through the wrapper (or a second backward "
+                    "through the same forward); call the wrapper, once per backward")
+            return  # a forward inside no_sync, or none yet: plain accumulation
+        bucket = self._bucket_of[id(param)]
+        bucket.pending.discard(id(param))
+        self._expected.discard(id(param))
+        if not bucket.pending:
+            self._launch_ready()
+        if not self._expected:
+            self._finish()
+
+    def _launch_ready(self) -> None:
+        """Hand the communication thread every ready bucket, strictly in bucket order."""
+        while self._next_launch < len(self._buckets) and \
+                not self._buckets[self._next_launch].pending:
+            bucket = self._buckets[self._next_launch]
+            self._work.put((bucket, bucket.flatten()))
+            self._next_launch += 1
+
+    def _finish(self) -> None:
+        """Wait for every bucket and write the averages back into ``.grad``."""
+        self._armed, self._outputs = False, []
+        for bucket in self._buckets:
+            bucket.done.wait()
+        if self._error is not None:
+            raise self._error
+        for bucket in self._buckets:
+            bucket.write_back()
+            bucket.result = None
+
+    def _communicate(self) -> None:
+        while True:
+            item = self._work.get()
+            if item is None:
+                return
+            bucket, flat = item
+            try:
+                if self._error is None:
+                    bucket.result = self.group.all_reduce_mean(flat)
+            except BaseException as exc:  # noqa: BLE001 - re-raised on the training thread
+                self._error = exc
+            finally:
+                bucket.done.set()

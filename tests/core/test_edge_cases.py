@@ -1,0 +1,179 @@
+"""Edge cases PyTorch's OpInfo samples found: each follows PyTorch, or raises a clear
+EveryOError, or is documented in docs/autograd.md."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import everyo as eo
+
+
+def test_pow_zero_exponent_has_zero_gradient_at_zero():
+    x = eo.tensor(np.array([0.0, 2.0]), requires_grad=True)
+    (x ** 0.0).sum().backward()
+    np.testing.assert_array_equal(x.grad, [0.0, 0.0])
+    (g,) = eo.grad((x ** 0.0).sum(), x, create_graph=True)
+    np.testing.assert_array_equal(g.data, [0.0, 0.0])
+
+
+@pytest.mark.torch
+def test_pow_zero_exponent_matches_pytorch(torch):
+    x = torch.tensor([0.0, 2.0], dtype=torch.float64, requires_grad=True)
+    (x ** 0.0).sum().backward()
+    ours = eo.tensor(np.array([0.0, 2.0]), requires_grad=True)
+    (ours ** 0.0).sum().backward()
+    np.testing.assert_array_equal(ours.grad, x.grad.numpy())
+
+
+def test_transpose_with_negative_axes_differentiates():
+    assert eo.gradcheck(lambda t: eo.transpose(t, (-1, 0, 1)), np.random.default_rng(0)
+                        .standard_normal((2, 3, 4)))
+    assert eo.gradgradcheck(lambda t: eo.transpose(t, (-1, 0, 1)) ** 2,
+                            np.random.default_rng(1).standard_normal((2, 3, 4)))
+
+
+@pytest.mark.parametrize("fn", [eo.softmax, eo.log_softmax], ids=["softmax", "log_softmax"])
+@pytest.mark.parametrize("shape", [(0, 3), (3, 0), (0,)])
+def test_softmax_on_empty_tensors(fn, shape):
+    x = eo.tensor(np.zeros(shape), requires_grad=True)
+    out = fn(x)
+    assert out.shape == shape
+    out.sum().backward()
+    assert x.grad.shape == shape
+
+
+@pytest.mark.parametrize("a_shape, b_shape", [((2, 3, 0), (0, 4)), ((2, 3, 0), (2, 0, 4)),
+                                               ((3, 0), (0,))])
+def test_matmul_with_empty_inner_dimension(a_shape, b_shape):
+    a = eo.tensor(np.ones(a_shape), requires_grad=True)
+    b = eo.tensor(np.ones(b_shape), requires_grad=True)
+    out = a @ b
+    assert not out.data.any()
+    out.sum().backward()
+    assert a.grad.shape == a_shape and b.grad.shape == b_shape
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("ddof", [3, 4])
+def test_var_with_ddof_at_least_n_is_inf_like_pytorch(ddof, torch):
+    x = eo.tensor(np.array([0.0, 1.0, 2.0]), requires_grad=True)
+    v = eo.var(x, ddof=ddof)
+    xt = torch.tensor([0.0, 1.0, 2.0], dtype=torch.float64, requires_grad=True)
+    with pytest.warns(UserWarning):
+        vt = torch.var(xt, correction=ddof)
+    assert np.isinf(v.data) and v.data > 0 and np.isinf(vt.item())
+    v.backward()
+    vt.backward()
+    # Same pattern of inf and nan (the centre element is 0 * inf); the signs follow
+    # 2 (x - mean) / 0, which PyTorch does not keep for the first element.
+    np.testing.assert_array_equal(np.isinf(x.grad), np.isinf(xt.grad.numpy()))
+    np.testing.assert_array_equal(np.isnan(x.grad), np.isnan(xt.grad.numpy()))
+    assert x.grad[2] == np.inf and x.grad[0] == -np.inf
+
+
+@pytest.mark.parametrize("call, name", [
+    (lambda: eo.softmax(eo.ones(2, 3), axis=2), "softmax: axis 2"),
+    (lambda: eo.log_softmax(eo.ones(2, 3), axis=-3), "log_softmax: axis -3"),
+    (lambda: eo.softmax(eo.ones(2, 3), axis=(0, 1)), "softmax: axis must be one int"),
+    (lambda: eo.concatenate([eo.ones(2, 3), eo.ones(2, 3)], axis=2), "concatenate: axis 2"),
+    (lambda: eo.stack([eo.ones(2), eo.ones(2)], axis=3), "stack: axis 3"),
+    (lambda: eo.concatenate([], axis=0), "concatenate: needs at least one"),
+    (lambda: eo.pad(eo.ones(2, 3), ((1, -1), (0, 0))), "pad: pad_width .*negative"),
+    (lambda: eo.pad(eo.ones(2, 3), ((1, 1, 1),)), "pad: pad_width"),
+    (lambda: eo.tensor([2, 3]) ** eo.tensor([-1, 2]), "pow: an integer tensor.*negative"),
+    (lambda: eo.tensor([2, 3]) ** -2, "pow: an integer tensor.*negative"),
+])
+def test_numpy_errors_do_not_leak(call, name):
+    with pytest.raises(eo.EveryOError, match=name):
+        call()
+
+
+def test_integer_pow_with_non_negative_exponents_still_works():
+    np.testing.assert_array_equal((eo.tensor([2, 3]) ** 2).data, [4, 9])
+
+
+@pytest.mark.torch
+def test_relu_at_nan_follows_pytorch(torch):
+    values = np.array([np.nan, -1.0, 0.0, 1.0])
+    x = eo.tensor(values, requires_grad=True)
+    xt = torch.tensor(values, requires_grad=True)
+    eo.relu(x).sum().backward()
+    torch.relu(xt).sum().backward()
+    np.testing.assert_array_equal(eo.relu(x).data, torch.relu(xt).detach().numpy())
+    np.testing.assert_array_equal(x.grad, xt.grad.numpy())
+
+
+def test_relu_at_nan_16_bit_floats_match_float32():
+    from everyo.dtypes import BFLOAT16
+
+    values = np.array([np.nan, -np.nan, -1.0, -0.0, 0.0, 1.0, np.inf, -np.inf])
+    grads = []
+    for dtype in (np.dtype("float32"), np.dtype("float16"), BFLOAT16):
+        x = eo.tensor(values.astype(dtype), requires_grad=True)
+        eo.relu(x).sum().backward()
+        grads.append(x.grad.astype(np.float32))
+    np.testing.assert_array_equal(grads[1], grads[0])
+    np.testing.assert_array_equal(grads[2], grads[0])
+
+
+def test_maximum_at_nan_sends_the_gradient_to_the_nan_operand():
+    a = eo.tensor(np.array([np.nan, 1.0, np.nan, 2.0]), requires_grad=True)
+    b = eo.tensor(np.array([1.0, np.nan, np.nan, 2.0]), requires_grad=True)
+    out = eo.maximum(a, b)
+    assert np.isnan(out.data[:3]).all()
+    out.sum().backward()
+    np.testing.assert_array_equal(a.grad, [1.0, 0.0, 0.5, 0.5])
+    np.testing.assert_array_equal(b.grad, [0.0, 1.0, 0.5, 0.5])
+    a.grad = b.grad = None
+    eo.minimum(a, b).sum().backward()
+    np.testing.assert_array_equal(a.grad, [1.0, 0.0, 0.5, 0.5])
+
+
+@pytest.mark.torch
+def test_clip_grad_norm_with_nan_norm_follows_pytorch(torch):
+    p = eo.Parameter(np.array([1.0, np.nan]))
+    q = eo.Parameter(np.ones(2))
+    p.grad, q.grad = np.array([1.0, np.nan]), np.ones(2)
+    total = eo.clip_grad_norm_([p, q], 1.0)
+    pt = torch.nn.Parameter(torch.tensor([1.0, np.nan], dtype=torch.float64))
+    qt = torch.nn.Parameter(torch.ones(2, dtype=torch.float64))
+    pt.grad, qt.grad = torch.tensor([1.0, np.nan], dtype=torch.float64), torch.ones(2,
+                                                                                   dtype=torch.float64)
+    total_t = torch.nn.utils.clip_grad_norm_([pt, qt], 1.0)
+    assert np.isnan(total) and np.isnan(total_t.item())
+    np.testing.assert_array_equal(np.isnan(q.grad), np.isnan(qt.grad.numpy()))
+
+
+def test_a_killed_save_leaves_a_temporary_that_the_next_save_removes(tmp_path):
+    target = tmp_path / "model.npz"
+    # A child process starts a save and is killed before it can finish or clean up.
+    code = ("import os, everyo as eo, numpy as np, everyo.serialization as s\n"
+            "s.np.savez = lambda *a, **k: os._exit(9)\n"
+            f"eo.save({{'w': np.ones(3)}}, {str(target)!r})\n")
+    subprocess.run([sys.executable, "-c", code], check=False,
+                   env={**os.environ, "OMP_NUM_THREADS": "1"})
+    leftovers = [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]
+    assert len(leftovers) == 1 and not target.exists()
+    old = tmp_path / ".everyo-abandoned.tmp"  # an old-style name: removed once it is old
+    old.write_bytes(b"x")
+    os.utime(old, (0, 0))
+    eo.save({"w": np.zeros(2)}, target)
+    assert sorted(os.listdir(tmp_path)) == ["model.npz"]
+    np.testing.assert_array_equal(eo.load(target)["w"], np.zeros(2))
+
+
+def test_a_running_save_keeps_its_temporary(tmp_path):
+    import socket
+
+    from everyo.serialization import remove_stale_temporaries
+
+    host = socket.gethostname().replace("-", "_")
+    alive = tmp_path / f".everyo-{os.getpid()}@{host}-abc.tmp"
+    alive.write_bytes(b"x")
+    assert remove_stale_temporaries(str(tmp_path)) == []
+    assert alive.exists()

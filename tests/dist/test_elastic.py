@@ -1,0 +1,110 @@
+"""``everyo-run --max-restarts``: a rank SIGKILLed mid-training stops the job, every rank is
+started again, the script resumes from its last checkpoint, and the final weights equal an
+uninterrupted run's bit for bit."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from tcp_harness import launcher_environment
+
+EVERYO_RUN = shutil.which("everyo-run", path=str(Path(sys.executable).parent)) or "everyo-run"
+
+# The resume-from-checkpoint pattern of docs/distributed.md: rank 0 saves after every step
+# (atomically), every rank loads what it finds at start.
+RESUMING_SCRIPT = """
+import os, signal, sys
+import numpy as np
+import everyo as eo
+import everyo.distributed as dist
+
+out, steps, kill_at = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+checkpoint = os.path.join(out, "checkpoint.npz")
+
+group = dist.init()
+model = eo.Sequential(eo.Linear(4, 16, seed=0), eo.ReLU(), eo.Linear(16, 1, seed=1))
+params = list(model.parameters())
+optimizer = eo.SGD(params, lr=0.05)
+start = 0
+if os.path.exists(checkpoint):
+    with np.load(checkpoint, allow_pickle=False) as saved:
+        start = int(saved["step"])
+        for index, param in enumerate(params):
+            param.data[...] = saved[f"param{index}"]
+print("attempt", os.environ["EVERYO_RESTART"], "starts at step", start, flush=True)
+
+for step in range(start, steps):
+    if step == kill_at and os.environ["EVERYO_RESTART"] == "0" and group.rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)  # a real SIGKILL, mid-training
+    rng = np.random.default_rng(step)
+    inputs = rng.standard_normal((16, 4)).astype(np.float32)
+    targets = inputs.sum(axis=1, keepdims=True)
+    rows = dist.shard_indices(16, group.rank, group.world_size)
+    optimizer.zero_grad()
+    residual = model(eo.tensor(inputs[rows])) - eo.tensor(targets[rows])
+    eo.mean(residual * residual).backward()
+    dist.average_gradients(params, group)
+    optimizer.step()
+    if group.is_main:
+        partial = checkpoint + ".partial.npz"
+        np.savez(partial, step=step + 1, **{f"param{i}": p.data for i, p in enumerate(params)})
+        os.replace(partial, checkpoint)
+
+if group.is_main:
+    np.savez(os.path.join(out, "final.npz"), *[p.data for p in params])
+group.close()
+"""
+
+
+def _train(tmp_path: Path, name: str, kill_at: int, restarts: int):
+    out = tmp_path / name
+    out.mkdir()
+    script = tmp_path / "resuming.py"
+    script.write_text(RESUMING_SCRIPT)
+    started = time.monotonic()
+    done = subprocess.run([EVERYO_RUN, "--nproc-per-node", "2", "--max-restarts", str(restarts),
+                           "--timeout", "30", str(script), str(out), "12", str(kill_at)],
+                          env=launcher_environment(), capture_output=True, text=True,
+                          timeout=150)
+    weights = []
+    if (out / "final.npz").exists():
+        with np.load(out / "final.npz", allow_pickle=False) as final:
+            weights = [final[f"arr_{i}"] for i in range(len(final.files))]
+    return done, weights, time.monotonic() - started
+
+
+def test_a_sigkilled_rank_restarts_the_job_which_ends_bit_identical(tmp_path):
+    reference, expected, _ = _train(tmp_path, "uninterrupted", kill_at=-1, restarts=0)
+    assert reference.returncode == 0, reference.stdout + reference.stderr
+    assert expected, "the uninterrupted run saved no weights"
+
+    done, weights, elapsed = _train(tmp_path, "killed", kill_at=5, restarts=2)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "rank 1 was killed by SIGKILL" in done.stderr, done.stderr
+    assert "restarting every rank (restart 1 of 2)" in done.stderr
+    resumed = [int(line.rsplit(" ", 1)[1]) for line in done.stdout.splitlines()
+               if "attempt 1 starts at step" in line]
+    assert resumed and all(4 <= step <= 5 for step in resumed), done.stdout  # not from scratch
+    assert len(weights) == len(expected)
+    for got, want in zip(weights, expected):
+        assert got.tobytes() == want.tobytes()
+    assert elapsed < 120
+
+
+def test_without_restarts_the_failure_ends_the_job(tmp_path):
+    done, weights, _ = _train(tmp_path, "no_restart", kill_at=2, restarts=0)
+    assert done.returncode == 128 + 9, done.stdout + done.stderr
+    assert "restarting" not in done.stderr and not weights
+
+
+def test_max_restarts_is_refused_for_several_machines(tmp_path):
+    done = subprocess.run([EVERYO_RUN, "--nnodes", "2", "--master", "127.0.0.1:1",
+                           "--token-file", str(tmp_path / "t"), "--max-restarts", "1",
+                           str(tmp_path / "x.py")], env=launcher_environment(),
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2 and "several" in done.stderr

@@ -1,0 +1,157 @@
+"""The tcp backend under hostile or unlucky conditions: many open descriptors, a stray
+connection to a peer listener, forged ABORT frames, a registration naming port 0. Real sockets
+on loopback; every wait is bounded."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import numpy as np
+import pytest
+from tcp_harness import mean_over_threads, run_threads
+
+from everyo.distributed import DistributedError, PeerLostError
+from everyo.distributed_tcp import TCPRendezvousServer, init_tcp_process_group
+from everyo_dist.backends.tcp import group as tcp_group
+from everyo_dist.backends.tcp.auth import connect_handshake, token_key
+from everyo_dist.backends.tcp.frames import (
+    FrameKind,
+    ProtocolError,
+    control_frame,
+    decode_control,
+    pack_header,
+    read_control,
+)
+
+TOKEN = "hostile-conditions-token"
+
+
+def test_a_process_with_more_than_1024_open_files_serves_and_runs_collectives():
+    """select() cannot watch descriptors above 1023; every wait must use poll/selectors."""
+    code = textwrap.dedent(f"""
+        import os, resource, sys
+        sys.path.insert(0, {os.path.dirname(__file__)!r})
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard != resource.RLIM_INFINITY and hard < 2048:
+            print("SKIP hard limit", hard); sys.exit(0)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (2048, hard))
+        ballast = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+        import numpy as np
+        from everyo.distributed_tcp import TCPRendezvousServer
+        from tcp_harness import mean_over_threads
+        with TCPRendezvousServer(world_size=2, token="t" * 16) as server:
+            assert server._listener.fileno() > 1024, server._listener.fileno()
+            means = mean_over_threads(server.port, token="t" * 16)
+        assert all(np.array_equal(m, np.full(3, 0.5, np.float32)) for m in means), means
+        print("OK")
+    """)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=60, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    if result.stdout.startswith("SKIP"):
+        pytest.skip(result.stdout)
+    assert result.returncode == 0 and "OK" in result.stdout, result.stdout + result.stderr
+
+
+def test_a_silent_connection_to_a_peer_listener_does_not_stall_the_group(monkeypatch):
+    """The listener's port is in the clear in the peer table: a stranger can connect first
+    and say nothing. Its handshake times out on its own while the real peer gets in."""
+    strays = []
+    real_listen = tcp_group.listen
+
+    def listen_and_get_a_stray(host, port):
+        listener = real_listen(host, port)
+        strays.append(socket.create_connection(listener.getsockname()[:2]))  # says nothing
+        return listener
+
+    monkeypatch.setattr(tcp_group, "listen", listen_and_get_a_stray)
+    with TCPRendezvousServer(world_size=2, token=TOKEN) as server:
+        started = time.monotonic()
+        means = mean_over_threads(server.port, token=TOKEN, handshake_timeout=20)
+        elapsed = time.monotonic() - started
+    for stray in strays:
+        stray.close()
+    assert len(strays) == 2  # one stray per rank's listener, each connected before the peer
+    for mean in means:
+        np.testing.assert_array_equal(mean, np.full(3, 0.5, np.float32))
+    assert elapsed < 8, f"the stray connections held the group up for {elapsed:.1f}s"
+
+
+def _forged_abort_reaches_rank_1(payload: bytes) -> BaseException:
+    """Form a real 2-rank group; rank 0 writes ``payload`` as an ABORT frame on its
+    connection to rank 1 while rank 1 waits in an all-reduce. Returns rank 1's error."""
+    sent, examined = threading.Event(), threading.Event()
+
+    with TCPRendezvousServer(world_size=2, token=TOKEN) as server:
+        def rank_job(rank):
+            with init_tcp_process_group("127.0.0.1", server.port, rank=rank, world_size=2,
+                                        token=TOKEN, timeout=15) as group:
+                if rank == 0:
+                    to_next = group.transport._ring.to_next  # the raw socket: a forger's view
+                    to_next.setblocking(True)
+                    to_next.sendall(pack_header(FrameKind.ABORT, "uint8", len(payload)) + payload)
+                    sent.set()
+                    examined.wait(10)  # closing earlier could reset the link under rank 1
+                    return None
+                sent.wait(10)
+                try:
+                    group.all_reduce_sum(np.ones(4, np.float32))
+                except Exception as exc:  # noqa: BLE001 - the error is what we examine
+                    return exc
+                finally:
+                    examined.set()
+                return None
+
+        started = time.monotonic()
+        error = run_threads(rank_job, 2)[1]
+        assert time.monotonic() - started < 10
+    assert error is not None, "rank 1 accepted a forged ABORT frame silently"
+    return error
+
+
+@pytest.mark.parametrize("payload, problem", [
+    (b'{"message": ["not", "a", "string"], "error": "DistributedError"}',
+     "ABORT reason must be a string"),
+    (b'{"message": ' + b"[" * 5000 + b"]" * 5000 + b"}", "nests deeper than"),
+    (b'{"message": "boom", "error": "PeerLostError", "rank": 7}',
+     "'rank' is 7, not a rank in 0..1"),
+    (b'{"message": "boom", "missing_ranks": [0, 1, 2, 3]}', "'missing_ranks'"),
+], ids=["list-reason", "deep-json", "rank-out-of-range", "missing-ranks"])
+def test_a_forged_abort_frame_is_refused_with_the_field_named(payload, problem):
+    error = _forged_abort_reaches_rank_1(payload)
+    assert isinstance(error, PeerLostError), f"{type(error).__name__}: {error}"
+    assert problem in str(error) and "rank 0" in str(error)
+
+
+def test_a_valid_abort_frame_still_relays_its_reason():
+    error = _forged_abort_reaches_rank_1(
+        b'{"message": "disk full", "error": "DistributedError", "origin": 0}')
+    assert type(error) is DistributedError and "disk full" in str(error)
+    assert "rank 0 failed" in str(error)
+
+
+def test_control_payloads_are_bounded_in_size_and_depth():
+    assert decode_control(b'{"peers": [["127.0.0.1", 5]]}') == {"peers": [["127.0.0.1", 5]]}
+    with pytest.raises(ProtocolError, match="nests deeper"):
+        decode_control(b"[" * 10000)
+    with pytest.raises(ProtocolError, match="exceeds"):
+        decode_control(b'{"m": "' + b"x" * (1 << 17) + b'"}')
+    with pytest.raises(ProtocolError, match="not a JSON object"):
+        decode_control(b'["[{"]')  # brackets inside strings do not count as nesting
+
+
+def test_a_registration_with_port_0_names_the_port():
+    with TCPRendezvousServer(world_size=2, token=TOKEN) as server:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
+            connect_handshake(sock, token_key(TOKEN), 5, "the test server")
+            sock.sendall(control_frame(FrameKind.REGISTER,
+                                       {"rank": 0, "world_size": 2, "port": 0}))
+            with pytest.raises(DistributedError) as refusal:
+                read_control(sock, time.monotonic() + 5, FrameKind.PEERS)
+    message = str(refusal.value)
+    assert "port 0" in message and "outside" not in message, message

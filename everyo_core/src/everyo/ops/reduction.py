@@ -118,7 +118,9 @@ class Var(Op):
     """Variance with NumPy's ``ddof`` (default 0, the population variance)."""
 
     __slots__ = ("axes", "keepdims", "denominator")
-    saved_inputs = ()
+    # NOTE: backward keeps its own centred copy, but backward_graph (create_graph) recomputes
+    # it from the operand, so an in-place write to the operand must be caught (as PyTorch's).
+    saved_inputs = (0,)
     saves_output = False
 
     def forward(self, x, axis=None, keepdims=False, ddof=0):

@@ -185,6 +185,8 @@ def _walk(roots, starts, retain_graph, create_graph, inputs, stop_at_inputs, acc
             entry = leaves.pop(key, None)
             if entry is not None:
                 _finish_leaf(entry, wanted, captured, accumulate, run_hooks, create_graph)
+    for i, t in enumerate(inputs):  # an input listed twice gets its gradient twice (PyTorch)
+        captured[i] = captured[wanted[id(t)]]
     return captured
 
 

@@ -185,3 +185,14 @@ def test_var_operand_modified_in_place_raises_for_a_differentiable_gradient():
         x.add_(np.array([0., 0., 10.]))
     with pytest.raises(eo.EveryOError, match=r"'var'.*operand 0"):
         eo.grad(v, x, create_graph=True)
+
+
+def test_clamp_in_place_bad_bounds_are_everyo_errors():
+    # np.clip's broadcast ValueError and casting UFuncTypeError leaked out of clamp_
+    with pytest.raises(eo.EveryOError, match=r"clamp_: .*shape \(3,\)"):
+        eo.zeros(3).clamp_(np.zeros(2), None)
+    ints = eo.tensor(np.array([1, 2, 3]))
+    with pytest.raises(eo.EveryOError, match="clamp_: cannot clamp a int64"):
+        ints.clamp_(0.5, 2.5)
+    np.testing.assert_array_equal(eo.tensor(np.array([1., 5.])).clamp_(eo.tensor(2.0)).data,
+                                  [2., 5.])

@@ -25,12 +25,12 @@ def test_argmax_argmin_match_pytorch(torch):
 
 
 def test_split_chunk_shapes_match_pytorch(torch):
-    x = np.zeros((7, 3))
-    for n in (1, 2, 3, 7, 9):
-        assert [p.shape for p in eo.split(eo.tensor(x), n)] == [
-            tuple(p.shape) for p in torch.tensor(x).split(n)]
-        assert [p.shape for p in eo.chunk(eo.tensor(x), n)] == [
-            tuple(p.shape) for p in torch.tensor(x).chunk(n)]
+    for x in (np.zeros((7, 3)), np.zeros((0, 3))):  # an empty axis: `n` empty chunks
+        for n in (1, 2, 3, 7, 9):
+            assert [p.shape for p in eo.split(eo.tensor(x), n)] == [
+                tuple(p.shape) for p in torch.tensor(x).split(n)]
+            assert [p.shape for p in eo.chunk(eo.tensor(x), n)] == [
+                tuple(p.shape) for p in torch.tensor(x).chunk(n)]
 
 
 def test_causal_mask_attention_pattern_matches_pytorch(torch):

@@ -73,7 +73,9 @@ def chunk(x, chunks: int, axis: int = 0) -> tuple:
     if int(chunks) <= 0:
         raise EveryOError(f"chunk: chunks must be positive, got {chunks}")
     n = x.shape[_axis(axis, x.ndim, "chunk")]
-    return split(x, max(-(-n // int(chunks)), 1), axis)
+    if n == 0:  # PyTorch: an empty axis gives `chunks` empty pieces
+        return split(x, [0] * int(chunks), axis)
+    return split(x, -(-n // int(chunks)), axis)
 
 
 def view(x, *shape) -> Tensor:

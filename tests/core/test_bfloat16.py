@@ -130,3 +130,15 @@ def test_reductions_of_16_bit_tensors_sum_in_float32_and_round_once(dtype):
         np.testing.assert_allclose(ours.data.astype(np.float32),
                                    rounded(reference).astype(np.float32),
                                    rtol=2 ** -7, atol=0, err_msg=name)
+
+
+def test_save_load_keeps_the_shape_of_0_d_and_transposed_bfloat16_arrays(tmp_path):
+    # the payload went through np.ascontiguousarray, which made a 0-d array shape (1,)
+    scalar = np.array(1.5, BFLOAT16)
+    transposed = np.arange(6.0, dtype=np.float32).reshape(2, 3).T.astype(BFLOAT16)
+    eo.save({"scalar": scalar, "transposed": transposed}, tmp_path / "c.npz")
+    loaded = eo.load(tmp_path / "c.npz")
+    assert loaded["scalar"].shape == () and loaded["scalar"].dtype == BFLOAT16
+    assert loaded["scalar"].item() == 1.5
+    np.testing.assert_array_equal(loaded["transposed"].view(np.uint16),
+                                  transposed.view(np.uint16))

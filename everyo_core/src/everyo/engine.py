@@ -75,6 +75,8 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph: bool | None = None,
                               f"requires_grad=True can be differentiated against")
     starts = []
     for i, (out, g) in enumerate(zip(outputs, grad_outputs)):
+        if not isinstance(out, Tensor):
+            raise EveryOError(f"eo.grad: output {i} is a {type(out).__name__}, not a Tensor")
         if not out.requires_grad:
             raise EveryOError(f"eo.grad: output {i} (shape {out.shape}) does not require grad")
         start = root_gradient(out, g)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from everyo.dispatch import dispatch
 
 
@@ -120,9 +122,24 @@ def stack(tensors, axis=0):
     return dispatch("stack", *tensors, axis=axis)
 
 
-def pad(x, pad_width, value=0.0):
-    """Constant padding; ``pad_width`` as in ``np.pad``."""
-    return dispatch("pad", x, pad_width=pad_width, value=value)
+def pad(x, pad_width, value=0.0, mode="constant"):
+    """Pad ``x``; a negative width crops instead (as PyTorch's ``F.pad``).
+
+    Args:
+        pad_width: as in ``np.pad``: an int, one ``(before, after)`` pair for every axis, or
+            one pair per axis (first axis first).
+        value: the fill of ``"constant"`` mode.
+        mode: ``"constant"``, ``"reflect"`` (mirror without repeating the edge),
+            ``"replicate"`` (repeat the edge) or ``"circular"`` (wrap around).
+
+    Example:
+        >>> import everyo as eo
+        >>> eo.pad(eo.tensor([1.0, 2.0, 3.0, 4.0]), (2, -1), mode="reflect").data
+        array([3., 2., 1., 2., 3.], dtype=float32)
+    """
+    if mode == "constant" and np.all(np.asarray(pad_width) >= 0):
+        return dispatch("pad", x, pad_width=pad_width, value=value)
+    return dispatch("pad_mode", x, pad_width=pad_width, mode=mode, value=value)
 
 
 def softmax(x, axis=-1):

@@ -127,15 +127,15 @@ def gradgradcheck(fn, *inputs, eps: float = 1e-6, atol: float = 1e-5, rtol: floa
           for a in arrays]
     fast = grad(fn(*xs), [xs[i] for i in floating], grad_outputs=Tensor(v), allow_unused=True)
     graph = first_derivative(*xs, Tensor(v)).data
-    fast = np.concatenate([np.zeros(xs[i].size) if g is None else g.data.reshape(-1)
+    flat = np.concatenate([np.zeros(xs[i].size) if g is None else g.data.reshape(-1)
                            for g, i in zip(fast, floating)])
-    error = np.abs(graph - fast)
-    if np.any(error > atol + rtol * np.abs(fast)):
+    error = np.abs(graph - flat)
+    if np.any(error > atol + rtol * np.abs(flat)):
         worst = int(np.argmax(error))
         raise GradcheckError(
             f"gradgradcheck: the differentiable first derivative (backward_graph/composite) "
             f"disagrees with backward at flat element {worst}: {graph[worst]:.8g} vs "
-            f"{fast[worst]:.8g}")
+            f"{flat[worst]:.8g}")
     return gradcheck(first_derivative, *arrays, v, eps=eps, atol=atol, rtol=rtol, seed=seed)
 
 

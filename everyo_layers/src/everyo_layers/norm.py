@@ -8,6 +8,7 @@ import numpy as np
 
 from everyo import EveryOError, Module, Op, Parameter, dispatch
 from everyo_layers.checks import check_float
+from everyo_layers.norm_stats import moments
 from everyo_layers.precision import accumulation_dtype
 
 
@@ -37,8 +38,7 @@ class LayerNormOp(_NormalizeOp):
     def forward(self, x, weight=None, bias=None, ndims=1, eps=1e-5):
         xc = x.astype(accumulation_dtype(x.dtype), copy=False)
         self.axes = tuple(range(x.ndim - ndims, x.ndim))
-        centered = xc - xc.mean(axis=self.axes, keepdims=True)
-        var = np.mean(np.square(centered), axis=self.axes, keepdims=True)
+        _, centered, var = moments(xc, self.axes)
         return self.normalize(x, centered, var, eps, weight, bias)
 
     def backward(self, g):
@@ -81,9 +81,7 @@ class BatchNormOp(_NormalizeOp):
         if training:
             axes = tuple(range(x.ndim - 1))
             count = x.size // x.shape[-1]
-            mean = xc.mean(axis=axes)
-            centered = xc - mean
-            var = np.mean(np.square(centered), axis=axes)
+            mean, centered, var = moments(xc, axes, keepdims=False)
             if running_mean is not None:
                 running_mean *= 1 - momentum
                 running_mean += (momentum * mean).astype(running_mean.dtype, copy=False)
@@ -142,6 +140,7 @@ class LayerNorm(Module):
         normalized_shape: int or tuple, the trailing shape to normalise over.
         eps: added to the variance.
         elementwise_affine: learn ``weight`` (ones) and ``bias`` (zeros).
+        bias: with ``elementwise_affine``, learn the shift too (``False``: scale only).
 
     Example:
         >>> import everyo as eo
@@ -150,7 +149,8 @@ class LayerNorm(Module):
         [0.0, 0.0]
     """
 
-    def __init__(self, normalized_shape, eps: float = 1e-5, elementwise_affine: bool = True):
+    def __init__(self, normalized_shape, eps: float = 1e-5, elementwise_affine: bool = True,
+                 bias: bool = True):
         super().__init__()
         if isinstance(normalized_shape, (int, np.integer)):
             normalized_shape = (int(normalized_shape),)
@@ -159,7 +159,7 @@ class LayerNorm(Module):
         self.elementwise_affine = bool(elementwise_affine)
         if elementwise_affine:
             self.weight = Parameter(np.ones(self.normalized_shape, np.float32))
-            self.bias = Parameter(np.zeros(self.normalized_shape, np.float32))
+            self.bias = Parameter(np.zeros(self.normalized_shape, np.float32)) if bias else None
         else:
             self.weight = self.bias = None
 
@@ -169,7 +169,7 @@ class LayerNorm(Module):
         if data.shape[data.ndim - n:] != self.normalized_shape or data.ndim < n:
             raise EveryOError(f"LayerNorm{self.normalized_shape}: expected input ending in "
                               f"{self.normalized_shape}, got shape {data.shape}")
-        params = (self.weight, self.bias) if self.elementwise_affine else ()
+        params = tuple(p for p in (self.weight, self.bias) if p is not None)
         return dispatch("layer_norm", x, *params, ndims=n, eps=self.eps)
 
     def extra_repr(self) -> str:

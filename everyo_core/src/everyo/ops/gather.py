@@ -30,7 +30,7 @@ def gather_index(index: np.ndarray, axis: int, shape: tuple, op: str) -> tuple:
     if index.size and (index.min() < 0 or index.max() >= shape[axis]):
         raise EveryOError(f"{op}: index values must be in [0, {shape[axis]}) along axis "
                           f"{axis}, got [{index.min()}, {index.max()}]")
-    grid = list(np.indices(index.shape, sparse=True))
+    grid: list = list(np.indices(index.shape, sparse=True))
     grid[axis] = index
     return tuple(grid)
 

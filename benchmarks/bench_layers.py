@@ -24,7 +24,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from bench_training import Case, main  # noqa: E402
+from bench_training import Case, main
 
 
 def _nchw(x):

@@ -18,7 +18,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from _timing import best_of, ratio_line, torch_or_none  # noqa: E402
+from _timing import best_of, ratio_line, torch_or_none
 
 
 def float32_moments(x, axes):

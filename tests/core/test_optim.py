@@ -187,7 +187,7 @@ def test_param_groups_take_defaults_and_add_param_group():
     with pytest.raises(eo.EveryOError, match="more than one parameter group"):
         opt.add_param_group({"params": [a]})
     with pytest.raises(eo.EveryOError, match="different values"):
-        opt.lr  # noqa: B018 - the groups disagree
+        opt.lr  # the groups disagree
     opt.lr = 0.5  # sets every group
     assert opt.lr == 0.5 and all(g["lr"] == 0.5 for g in opt.param_groups)
     with pytest.raises(eo.EveryOError, match="single tensor"):

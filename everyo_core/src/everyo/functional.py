@@ -16,7 +16,7 @@ def _unary(name: str, doc: str):
 
 
 neg = _unary("neg", "Elementwise negation.")
-abs = _unary("abs", "Elementwise absolute value (gradient sign(x), 0 at 0).")  # noqa: A001
+abs = _unary("abs", "Elementwise absolute value (gradient sign(x), 0 at 0).")
 exp = _unary("exp", "Elementwise e**x.")
 log = _unary("log", "Elementwise natural logarithm.")
 sqrt = _unary("sqrt", "Elementwise square root.")
@@ -33,10 +33,10 @@ def _reduction(name: str, doc: str):
     return fn
 
 
-sum = _reduction("sum", "Sum over ``axis`` (all axes by default).")  # noqa: A001
+sum = _reduction("sum", "Sum over ``axis`` (all axes by default).")
 mean = _reduction("mean", "Mean over ``axis`` (all axes by default).")
-max = _reduction("max", "Maximum over ``axis``; ties share the gradient.")  # noqa: A001
-min = _reduction("min", "Minimum over ``axis``; ties share the gradient.")  # noqa: A001
+max = _reduction("max", "Maximum over ``axis``; ties share the gradient.")
+min = _reduction("min", "Minimum over ``axis``; ties share the gradient.")
 
 
 def var(x, axis=None, keepdims=False, ddof=0):
@@ -64,7 +64,7 @@ def div(a, b):
     return dispatch("div", a, b)
 
 
-def pow(a, b):  # noqa: A001
+def pow(a, b):
     """``a ** b`` with broadcasting."""
     return dispatch("pow", a, b)
 
@@ -84,7 +84,7 @@ def where(condition, a, b):
     return dispatch("where", condition, a, b)
 
 
-def clip(x, min=None, max=None):  # noqa: A002
+def clip(x, min=None, max=None):
     """Limit values to [min, max]; the gradient flows where the value was not clipped."""
     return dispatch("clip", x, min=min, max=max)
 

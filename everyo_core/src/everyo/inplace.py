@@ -96,7 +96,7 @@ def zero_(self: Tensor) -> Tensor:
     return copy_(self, 0)
 
 
-def clamp_(self: Tensor, min=None, max=None) -> Tensor:  # noqa: A002
+def clamp_(self: Tensor, min=None, max=None) -> Tensor:
     """Limit the values to [min, max] in place; returns ``self``."""
     _check_recordable(self, "clamp_")
     try:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numbers
 from typing import Any
 
 import numpy as np
@@ -451,7 +450,3 @@ def rand_like(other, seed=None, dtype=None, requires_grad: bool = False) -> Tens
     """Uniform samples in [0, 1) shaped like ``other``."""
     other = other.data if isinstance(other, Tensor) else np.asarray(other)
     return rand(*other.shape, seed=seed, dtype=dtype or other.dtype, requires_grad=requires_grad)
-
-
-def is_scalar(value) -> bool:
-    return isinstance(value, (numbers.Number, np.generic)) and not isinstance(value, np.ndarray)

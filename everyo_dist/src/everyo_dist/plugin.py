@@ -24,3 +24,9 @@ BACKENDS = (
 def everyo_register_backends(register):
     for backend in BACKENDS:
         register(backend.name, backend)
+
+
+@hookimpl
+def everyo_register_modules(register):
+    register("distributed", "everyo_dist.api")
+    register("distributed_tcp", "everyo_dist.tcp")

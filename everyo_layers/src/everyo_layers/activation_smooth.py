@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from everyo import EveryOError, Op, dispatch
-from everyo.ops.unary import stable_sigmoid
+from everyo.kernels import stable_sigmoid
 from everyo_layers.activation import _Activation
 
 

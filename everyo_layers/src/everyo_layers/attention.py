@@ -12,7 +12,7 @@ import math
 import numpy as np
 
 from everyo import EveryOError, Module, Op, Tensor, dispatch, matmul
-from everyo.dtypes import is_floating
+from everyo.kernels import is_floating
 from everyo_layers.checks import check_float
 from everyo_layers.dropout import Dropout
 from everyo_layers.linear import Linear
@@ -26,6 +26,7 @@ class AttentionWeightsOp(Op):
     hidden, or None). Returns ``(..., Tq, Tk)``.
     """
 
+    precision = "float32"
     __slots__ = ("scale",)
 
     def forward(self, q, k, scale=1.0, mask=None):
@@ -50,7 +51,7 @@ class AttentionWeightsOp(Op):
 
     def composite(self, q, k):
         """``softmax(q k^T * scale + mask)`` with differentiable ops."""
-        from everyo.ops.graph_math import swap_last
+        from everyo.kernels import swap_last
 
         scores = dispatch("matmul", q, swap_last(k)) * self.scale
         mask = self.attrs.get("mask")
@@ -105,6 +106,8 @@ class MultiHeadAttention(Module):
         >>> mha(x).shape, mha(x, need_weights=True)[1].shape
         ((3, 5, 8), (3, 5, 5))
     """
+
+    onnx_export = "refused"
 
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, seed=None):
         super().__init__()

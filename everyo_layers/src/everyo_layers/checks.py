@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from everyo import EveryOError, Tensor
-from everyo.dtypes import is_floating
+from everyo.kernels import is_floating
 
 
 def array_of(x) -> np.ndarray:

@@ -5,9 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from everyo import EveryOError, Module, Op, dispatch
-from everyo.dtypes import HALF_DTYPES
-from everyo.half_precision import narrow, widen
-from everyo.ops.linalg import blas_matmul
+from everyo.kernels import HALF_DTYPES, blas_matmul, narrow, widen
 from everyo_layers.checks import check_float, check_groups
 from everyo_layers.initializers import fan_in_bound, uniform_parameter
 from everyo_layers.padding import output_size, resolve_padding
@@ -31,6 +29,7 @@ class Conv2DOp(Op):
     ``matmul`` does.
     """
 
+    precision = "lower"  # BLAS-shaped: float16 is safe, products accumulate in float32
     __slots__ = ("stride", "dilation", "pads", "x_shape", "out_hw", "w_shape")
 
     def forward(self, x, weight, bias=None, stride=(1, 1), padding=((0, 0), (0, 0)),

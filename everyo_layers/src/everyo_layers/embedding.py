@@ -89,6 +89,8 @@ class Embedding(Module):
         (2, 3, 4)
     """
 
+    onnx_export = "refused"
+
     def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx=None, seed=None):
         super().__init__()
         if num_embeddings <= 0 or embedding_dim <= 0:

@@ -10,9 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from everyo import EveryOError, Module, Op, dispatch
-from everyo.dtypes import is_floating
-from everyo.ops.reduction import log_softmax_array
-from everyo.ops.unary import stable_sigmoid
+from everyo.kernels import is_floating, log_softmax_array, stable_sigmoid
 from everyo_layers.checks import array_of, check_float
 from everyo_layers.loss_weights import class_weights, weighted_class_loss, weighted_elementwise_loss
 from everyo_layers.precision import accumulation_dtype
@@ -38,6 +36,7 @@ def _upstream(g: np.ndarray, reduction: str, count, shape: tuple) -> np.ndarray:
 
 
 class _LossOp(Op):
+    precision = "float32"  # losses sum many values: float16 would overflow
     __slots__ = ("reduction", "count", "shape")
 
     def spread(self, g: np.ndarray) -> np.ndarray:

@@ -33,6 +33,7 @@ class _NormalizeOp(Op):
 class LayerNormOp(_NormalizeOp):
     """Normalise over the trailing ``ndims`` axes, then scale and shift (weight, bias optional)."""
 
+    precision = "float32"
     __slots__ = ("axes",)
 
     def forward(self, x, weight=None, bias=None, ndims=1, eps=1e-5):
@@ -71,6 +72,7 @@ class BatchNormOp(_NormalizeOp):
     statistics (biased variance) and updates ``running_mean``/``running_var`` in place (unbiased
     variance, PyTorch's rule); otherwise it normalises by the running statistics."""
 
+    precision = "float32"
     __slots__ = ("training",)
 
     def forward(self, x, weight=None, bias=None, running_mean=None, running_var=None,

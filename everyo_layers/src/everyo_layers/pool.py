@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from everyo import EveryOError, Module, Op, dispatch
-from everyo.ops.unary import keep_where
+from everyo.kernels import keep_where
 from everyo_layers.checks import check_float
 from everyo_layers.padding import output_size, resolve_padding
 from everyo_layers.precision import accumulation_dtype

@@ -178,6 +178,8 @@ class RNN(_Recurrent):
         ((4, 6, 5), (2, 4, 5))
     """
 
+    onnx_export = "refused"
+
     op_name, gates = "rnn", 1
 
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1,
@@ -207,6 +209,8 @@ class LSTM(_Recurrent):
         ((4, 6, 5), (1, 4, 5), (1, 4, 5))
     """
 
+    onnx_export = "refused"
+
     op_name, gates, has_cell = "lstm", 4, True
 
 
@@ -221,6 +225,8 @@ class GRU(_Recurrent):
         >>> gru(eo.ones(4, 6, 3)).shape
         (4, 6, 5)
     """
+
+    onnx_export = "refused"
 
     op_name, gates = "gru", 3
 

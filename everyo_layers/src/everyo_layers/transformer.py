@@ -59,6 +59,8 @@ class PositionalEncoding(Module):
         [0.8415, 0.5403, 0.01, 1.0]
     """
 
+    onnx_export = "refused"
+
     def __init__(self, d_model: int, max_len: int = 5000):
         super().__init__()
         if d_model <= 0 or max_len <= 0:
@@ -147,6 +149,8 @@ class TransformerEncoderLayer(_TransformerLayer):
         (2, 5, 8)
     """
 
+    onnx_export = "refused"
+
     def __init__(self, d_model: int, num_heads: int, dim_feedforward: int = 2048,
                  dropout: float = 0.1, norm_first: bool = False, activation="relu",
                  layer_norm_eps: float = 1e-5, seed=None):
@@ -179,6 +183,8 @@ class TransformerDecoderLayer(_TransformerLayer):
         >>> layer(eo.randn(2, 4, 8, seed=1), eo.randn(2, 6, 8, seed=2)).shape
         (2, 4, 8)
     """
+
+    onnx_export = "refused"
 
     def __init__(self, d_model: int, num_heads: int, dim_feedforward: int = 2048,
                  dropout: float = 0.1, norm_first: bool = False, activation="relu",
@@ -229,6 +235,8 @@ class TransformerEncoder(Module):
         >>> encoder(eo.randn(2, 5, 8, seed=1)).shape, len(encoder.layers)
         ((2, 5, 8), 2)
     """
+
+    onnx_export = "refused"
 
     def __init__(self, encoder_layer: Module, num_layers: int, norm: Module | None = None):
         super().__init__()

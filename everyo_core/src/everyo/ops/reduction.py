@@ -63,6 +63,7 @@ def _expand(g: np.ndarray, axes: tuple, keepdims: bool) -> np.ndarray:
 
 
 class Sum(Op):
+    precision = "float32"
     __slots__ = ("shape", "axes", "keepdims")
     saved_inputs = ()
     saves_output = False
@@ -79,6 +80,7 @@ class Sum(Op):
 
 
 class Mean(Op):
+    precision = "float32"
     __slots__ = ("shape", "axes", "keepdims")
     saved_inputs = ()
     saves_output = False
@@ -136,6 +138,7 @@ class Min(_Extremum):
 class Var(Op):
     """Variance with NumPy's ``ddof`` (default 0, the population variance)."""
 
+    precision = "float32"
     __slots__ = ("axes", "keepdims", "denominator")
     # NOTE: backward keeps its own centred copy, but backward_graph (create_graph) recomputes
     # it from the operand, so an in-place write to the operand must be caught (as PyTorch's).
@@ -176,6 +179,7 @@ class Var(Op):
 
 
 class Softmax(Op):
+    precision = "float32"
     __slots__ = ("axis",)
     saved_inputs = ()
     saves_output = True
@@ -208,6 +212,7 @@ def log_softmax_array(x: np.ndarray, axis: int = -1) -> np.ndarray:
 
 
 class LogSoftmax(Op):
+    precision = "float32"
     __slots__ = ("axis",)
     saved_inputs = ()
     saves_output = True

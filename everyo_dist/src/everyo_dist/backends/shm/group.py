@@ -172,7 +172,7 @@ class ShmTransport:
                 if control.size == size:
                     return control
                 control.close()
-            except FileNotFoundError:
+            except (FileNotFoundError, ValueError):  # ValueError: created, not yet sized
                 pass
             if joining.remaining() <= 0:
                 raise joining.timeout_error([0], f"shared segment {name} never appeared")
@@ -286,6 +286,15 @@ class ShmTransport:
         self._arrive_and_wait(call, "every rank to reduce its chunk")
         out[:low] = result[:low]
         out[high:] = result[high:]
+
+    def publish(self, call: Collective, flat: np.ndarray) -> list[np.ndarray]:
+        """Write ``flat`` into this rank's slot; once every rank has, views of every rank's
+        slot in rank order (no copy), valid until this group's next collective."""
+        self._ensure_capacity(call, flat.nbytes)
+        slots = [self._slot(r, flat.dtype, flat.size) for r in range(self.world_size)]
+        np.copyto(slots[self.rank], flat)
+        self._arrive_and_wait(call, "every rank to write its vector")
+        return slots
 
     def broadcast(self, call: Collective, flat: np.ndarray, src: int) -> np.ndarray:
         if self.world_size == 1:

@@ -152,18 +152,26 @@ class HierarchicalTransport:
 
     def _reduce_in_steps(self, call: Collective, flat: np.ndarray, mean: bool,
                          out: np.ndarray) -> None:
+        leads = self._leaders is not None
+        if self._shm is None:  # a machine of one rank: no shared memory
+            self._reduce_between_machines(call, [flat], self._world_size if mean else 1, out)
+            return
         local = self._local(call)
-        rows = self._shm.publish(local, flat) if self._shm is not None else [flat]
-        if self._leaders is not None:  # this rank leads its machine
-            self._leaders.call = SubgroupCollective.of(
-                call, [m.start for m in self._machines], _leaders_note(self._machines))
-            self._reduce_between_machines(rows, self._world_size if mean else 1, out)
-        if self._shm is not None:
-            np.copyto(out, self._shm.broadcast(local, out, 0))
+        # the leader reads its own row from flat and writes the result straight into the
+        # result slot that its machine's ranks copy from: no copy that nobody needs
+        rows = self._shm.publish(local, flat, share_own=not leads)
+        result = self._shm.result_slot(out.dtype, out.size)
+        if leads:
+            self._reduce_between_machines(call, rows, self._world_size if mean else 1, result)
+        self._shm.wait_for(local, f"rank {self._machine.start} to write the result")
+        np.copyto(out, result)
 
-    def _reduce_between_machines(self, rows, divisor: int, out: np.ndarray) -> None:
+    def _reduce_between_machines(self, call: Collective, rows, divisor: int,
+                                 out: np.ndarray) -> None:
         """Steps 2 and 3 on a leader: ``rows`` are its machine's raw vectors."""
         machines, me, ring = len(self._machines), self._index, self._leaders
+        ring.call = SubgroupCollective.of(call, [m.start for m in self._machines],
+                                          _leaders_note(self._machines))
         bounds = chunk_bounds(out.size, machines)
         world = self._world_size
 

@@ -287,14 +287,28 @@ class ShmTransport:
         out[:low] = result[:low]
         out[high:] = result[high:]
 
-    def publish(self, call: Collective, flat: np.ndarray) -> list[np.ndarray]:
-        """Write ``flat`` into this rank's slot; once every rank has, views of every rank's
-        slot in rank order (no copy), valid until this group's next collective."""
+    # -- pieces for a transport built on this one (tcp_hierarchical) ----------------------
+    def publish(self, call: Collective, flat: np.ndarray, share_own: bool = True
+                ) -> list[np.ndarray]:
+        """Write ``flat`` into this rank's slot (unless ``share_own`` is False: no peer reads
+        it); once every rank has, every rank's vector in rank order (views of the slots, no
+        copy), valid until this group's next collective. Also sizes the result slot."""
         self._ensure_capacity(call, flat.nbytes)
         slots = [self._slot(r, flat.dtype, flat.size) for r in range(self.world_size)]
-        np.copyto(slots[self.rank], flat)
+        if share_own:
+            np.copyto(slots[self.rank], flat)
+        else:
+            slots[self.rank] = flat
         self._arrive_and_wait(call, "every rank to write its vector")
         return slots
+
+    def result_slot(self, dtype, count: int) -> np.ndarray:
+        """The result slot as ``count`` ``dtype``s (sized by the last :meth:`publish`)."""
+        return self._slot(self.world_size, dtype, count)
+
+    def wait_for(self, call: Collective, what: str) -> None:
+        """A barrier of this group; ``what`` names what the waiting ranks wait for."""
+        self._arrive_and_wait(call, what)
 
     def broadcast(self, call: Collective, flat: np.ndarray, src: int) -> np.ndarray:
         if self.world_size == 1:

@@ -159,16 +159,18 @@ class HierarchicalTransport:
         local = self._local(call)
         # the leader reads its own row from flat and writes the result straight into the
         # result slot that its machine's ranks copy from: no copy that nobody needs
-        rows = self._shm.publish(local, flat, share_own=not leads)
+        rows = self._shm.publish(local, flat, share_own=not leads, wait=not leads)
         result = self._shm.result_slot(out.dtype, out.size)
-        if leads:
-            self._reduce_between_machines(call, rows, self._world_size if mean else 1, result)
+        if leads:  # sends its own row while the machine's other ranks are still publishing
+            self._reduce_between_machines(call, rows, self._world_size if mean else 1, result,
+                                          lambda: self._shm.wait_for_publish(local))
         self._shm.wait_for(local, f"rank {self._machine.start} to write the result")
         np.copyto(out, result)
 
     def _reduce_between_machines(self, call: Collective, rows, divisor: int,
-                                 out: np.ndarray) -> None:
-        """Steps 2 and 3 on a leader: ``rows`` are its machine's raw vectors."""
+                                 out: np.ndarray, rows_ready=None) -> None:
+        """Steps 2 and 3 on a leader: ``rows`` are its machine's raw vectors, of which only
+        its own (``rows[0]``) may be read before ``rows_ready()`` returned."""
         machines, me, ring = len(self._machines), self._index, self._leaders
         ring.call = SubgroupCollective.of(call, [m.start for m in self._machines],
                                           _leaders_note(self._machines))
@@ -198,6 +200,10 @@ class HierarchicalTransport:
                                      for j in range(self._sizes[machine])]
                 recvs += [(step * world + self._machines[machine][j], block)
                           for j, block in enumerate(incoming[machine])]
+            if step == 0 and rows_ready is not None:  # this leader's own row first
+                ring.pump(sends[:1], recvs[:1])
+                rows_ready()
+                sends, recvs = sends[1:], recvs[1:]
             ring.pump(sends, recvs)
             received = incoming
         # every rank's raw rows of the owned slice, in rank order: the canonical reduction

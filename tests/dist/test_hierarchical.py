@@ -122,3 +122,11 @@ def test_an_unknown_hierarchy_choice_is_refused():
     with pytest.raises(DistributedError, match="hierarchy must be one of"):
         dist.init(backend="tcp_hierarchical", rank=0, world_size=1, master_addr="127.0.0.1",
                   master_port=1, hierarchy="sometimes")
+
+
+def test_wire_compression_is_refused_rather_than_ignored():
+    import everyo.distributed as dist
+
+    with pytest.raises(DistributedError, match="no wire compression"):
+        dist.init(backend="tcp_hierarchical", rank=0, world_size=1, master_addr="127.0.0.1",
+                  master_port=1, wire_dtype="float16")

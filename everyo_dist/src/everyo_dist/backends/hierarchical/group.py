@@ -157,15 +157,20 @@ class HierarchicalTransport:
             self._reduce_between_machines(call, [flat], self._world_size if mean else 1, out)
             return
         local = self._local(call)
-        # the leader reads its own row from flat and writes the result straight into the
-        # result slot that its machine's ranks copy from: no copy that nobody needs
+        # The leader reads its own row in place (nobody else needs it) and sends it while the
+        # machine's other ranks are still publishing theirs; it builds the result in out,
+        # whose fresh pages then fault while the network is the bottleneck anyway.
         rows = self._shm.publish(local, flat, share_own=not leads, wait=not leads)
         result = self._shm.result_slot(out.dtype, out.size)
-        if leads:  # sends its own row while the machine's other ranks are still publishing
-            self._reduce_between_machines(call, rows, self._world_size if mean else 1, result,
+        if leads:
+            self._reduce_between_machines(call, rows, self._world_size if mean else 1, out,
                                           lambda: self._shm.wait_for_publish(local))
+            np.copyto(result, out)
+        else:
+            out.fill(0)  # fault out's pages in while the leaders work (flat is published)
         self._shm.wait_for(local, f"rank {self._machine.start} to write the result")
-        np.copyto(out, result)
+        if not leads:
+            np.copyto(out, result)
 
     def _reduce_between_machines(self, call: Collective, rows, divisor: int,
                                  out: np.ndarray, rows_ready=None) -> None:
@@ -245,7 +250,8 @@ def create_hierarchical_group(rank: int, world_size: int, local_rank: int | None
                               master_addr: str | None = None, master_port: int | None = None,
                               token: str | None = None, timeout: float | None = None,
                               handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
-                              hierarchy: str = "auto") -> ProcessGroup:
+                              hierarchy: str = "auto", wire_dtype: str | None = None
+                              ) -> ProcessGroup:
     """The ``"tcp_hierarchical"`` backend factory (``everyo-run --backend tcp_hierarchical``).
 
     Every rank first joins the flat tcp ring (same rendezvous and options as ``"tcp"``); the
@@ -261,8 +267,10 @@ def create_hierarchical_group(rank: int, world_size: int, local_rank: int | None
         master_addr, master_port, token, timeout, handshake_timeout: as for ``"tcp"``.
         hierarchy: ``"auto"`` (default) runs each all-reduce hierarchically when that sends
             fewer bytes over the busiest link (``layout.hierarchy_pays``), else on the flat
-            ring; ``"always"`` and ``"never"`` force one (for measurements). Both give the
-            same bits. Every rank must pass the same.
+            ring; ``"always"`` and ``"never"`` force one (for measurements). Every rank
+            must pass the same (see docs/distributed.md for the bits of each).
+        wire_dtype: refused unless None: this backend always sends exact values (use
+            ``"tcp"`` for wire compression).
     Returns:
         A :class:`~everyo_dist.group.ProcessGroup` whose ``backend`` is ``"tcp_hierarchical"``.
 
@@ -275,6 +283,10 @@ def create_hierarchical_group(rank: int, world_size: int, local_rank: int | None
         raise DistributedError("the tcp_hierarchical backend needs the rendezvous address: pass "
                                "master_addr= and master_port=, or set EVERYO_MASTER_ADDR and "
                                "EVERYO_MASTER_PORT (everyo-run sets them)")
+    if wire_dtype is not None:
+        raise DistributedError(f"tcp_hierarchical sends exact values and has no wire "
+                               f"compression (wire_dtype={wire_dtype!r}); use backend='tcp' "
+                               f"for it, or unset EVERYO_WIRE_DTYPE")
     if hierarchy not in HIERARCHY_CHOICES:
         raise DistributedError(f"hierarchy must be one of {', '.join(HIERARCHY_CHOICES)}, "
                                f"got {hierarchy!r}")

@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pytest
 from hier_harness import CASES, TOKEN, rank_data, start_ranks
-from tcp_harness import launcher_environment
+from tcp_harness import launcher_environment, make_test_certificates
 from test_launcher import EVERYO_RUN
 
 from everyo_dist.backends.hierarchical.layout import (
@@ -67,7 +67,13 @@ def test_a_killed_rank_fails_every_rank_quickly_and_leaves_no_shared_memory(tmp_
     assert all("PeerLostError" in error for error in errors), errors
 
 
-def test_two_nodes_of_two_ranks_under_everyo_run(tmp_path, clean_shm):
+@pytest.mark.parametrize("tls", [False, True])
+def test_two_nodes_of_two_ranks_under_everyo_run(tmp_path, clean_shm, tls):
+    env = launcher_environment()
+    if tls:  # the leaders' ring is wrapped like every other connection
+        files = make_test_certificates(tmp_path)
+        env.update(EVERYO_TLS_CERT=files["node.pem"], EVERYO_TLS_KEY=files["node.key"],
+                   EVERYO_TLS_CA=files["ca.pem"])
     script = tmp_path / "reduce.py"
     script.write_text(
         "import sys, numpy as np, everyo.distributed as dist\n"
@@ -75,6 +81,11 @@ def test_two_nodes_of_two_ranks_under_everyo_run(tmp_path, clean_shm):
         "from hier_harness import rank_data\n"
         "group = dist.init()\n"
         "assert group.backend == 'tcp_hierarchical' and group.ranks_on_this_machine == 2\n"
+        "import os, ssl\n"
+        "leaders = group.transport._leaders  # the leaders' ring, on local rank 0\n"
+        "if leaders is not None:\n"
+        "    assert isinstance(leaders.to_next, ssl.SSLSocket) == bool(\n"
+        "        os.environ.get('EVERYO_TLS_CERT'))\n"
         "out = group.all_reduce_mean(rank_data(group.rank, 'float32', 100003))\n"
         "np.save(f'{sys.argv[1]}/rank{group.rank}.npy', out)\n")
     token_file = tmp_path / "job.token"
@@ -86,7 +97,7 @@ def test_two_nodes_of_two_ranks_under_everyo_run(tmp_path, clean_shm):
               "--nproc-per-node", 2, "--backend", "tcp_hierarchical"]
     here = os.path.dirname(__file__)
     nodes = [subprocess.Popen([EVERYO_RUN, *map(str, common), "--node-rank", str(k), script,
-                               tmp_path, here], env=launcher_environment(),
+                               tmp_path, here], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for k in (1, 0)]
     outputs = [node.communicate(timeout=90) for node in nodes]

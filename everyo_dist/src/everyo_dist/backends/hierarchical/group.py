@@ -249,6 +249,8 @@ class HierarchicalTransport:
 def create_hierarchical_group(rank: int, world_size: int, local_rank: int | None = None,
                               master_addr: str | None = None, master_port: int | None = None,
                               token: str | None = None, timeout: float | None = None,
+                              tls_cert: str | None = None, tls_key: str | None = None,
+                              tls_ca: str | None = None,
                               handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
                               hierarchy: str = "auto", wire_dtype: str | None = None
                               ) -> ProcessGroup:
@@ -264,7 +266,8 @@ def create_hierarchical_group(rank: int, world_size: int, local_rank: int | None
         world_size: number of ranks.
         local_rank: rank among the processes of this machine (``EVERYO_LOCAL_RANK``, set by
             ``everyo-run``); None means every rank is on its own machine.
-        master_addr, master_port, token, timeout, handshake_timeout: as for ``"tcp"``.
+        master_addr, master_port, token, timeout, tls_cert, tls_key, tls_ca,
+            handshake_timeout: as for ``"tcp"`` (TLS covers the leaders' ring too).
         hierarchy: ``"auto"`` (default) runs each all-reduce hierarchically when that sends
             fewer bytes over the busiest link (``layout.hierarchy_pays``), else on the flat
             ring; ``"always"`` and ``"never"`` force one (for measurements). Every rank
@@ -293,7 +296,7 @@ def create_hierarchical_group(rank: int, world_size: int, local_rank: int | None
     local_rank = 0 if local_rank is None else int(local_rank)
     if not 0 <= local_rank <= rank:
         raise DistributedError(f"rank {rank}: local rank must be in 0..{rank}, got {local_rank}")
-    contexts = tls_contexts_from_environment(os.environ)
+    contexts = tls_contexts_from_environment(os.environ, tls_cert, tls_key, tls_ca)
     server_context, client_context = contexts if contexts else (None, None)
     flat = init_tcp_process_group(master_addr, int(master_port), rank=rank,
                                   world_size=world_size, token=token, timeout=timeout,

@@ -196,3 +196,20 @@ def test_run_onnx_checks_the_batch_and_the_path(tmp_path, ort):
         eo.run_onnx(tmp_path / "missing.onnx", np.ones((2, 3, 4)))
     out = eo.run_onnx(path, eo.ones(5, 3, 4, dtype="float64"))  # Tensor, float64: cast
     assert out.shape == (5, 2) and out.dtype == np.float32
+
+
+@pytest.mark.parametrize("target", ["directory", "empty", "read_only_directory"])
+def test_an_unwritable_path_is_an_everyo_error_and_leaves_nothing(target, tmp_path):
+    inner = tmp_path / "inner"
+    inner.mkdir()
+    path = {"directory": inner, "empty": "", "read_only_directory": inner / "m.onnx"}[target]
+    if target == "read_only_directory":
+        inner.chmod(0o500)
+        if os.access(inner, os.W_OK):  # root ignores the mode
+            pytest.skip("running as root: a read-only directory is still writable")
+    try:
+        with pytest.raises(eo.EveryOSerializationError, match="export_onnx"):
+            eo.export_onnx(eo.ReLU(), path, input_shape=(1, 2))
+    finally:
+        inner.chmod(0o700)
+    assert os.listdir(tmp_path) == ["inner"] and os.listdir(inner) == []

@@ -134,21 +134,28 @@ def eval_mode(model: Module):
 def write_atomically(path, data: bytes) -> None:
     """Write ``data`` to a temporary file beside ``path`` and rename it over ``path``."""
     path = os.fspath(path)
+    if not path or os.path.isdir(path):
+        raise EveryOSerializationError(f"export_onnx: path {path!r} must name a file, not a "
+                                       f"directory")
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
         raise EveryOSerializationError(f"export_onnx: directory {directory!r} does not exist")
-    fd, temporary = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.",
-                                     suffix=".tmp")
+    temporary = None
     try:
+        fd, temporary = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.",
+                                         suffix=".tmp")
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         os.chmod(temporary, 0o644)  # mkstemp creates 0600; an exported model is meant to be read
         os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
+    except BaseException as exc:
+        if temporary is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+        if isinstance(exc, OSError):  # unwritable directory, full disk, ...: name the file
+            raise EveryOSerializationError(f"export_onnx: cannot write {path!r}: {exc}") from exc
         raise
 
 

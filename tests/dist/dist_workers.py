@@ -189,3 +189,20 @@ def ddp_or_average(group, inputs, targets, use_ddp: bool, micro_batches: int = 2
         ddp.close()
     return [p.data for p in params]
 
+
+
+def two_forwards_one_backward(group, inputs, use_ddp: bool):
+    """One loss summed over two forwards through the wrapper; only the second uses the extra
+    branch (whose bucket is reduced first). Returns the averaged gradients."""
+    from everyo.distributed import DistributedDataParallel
+
+    model = BranchyModel()
+    x = eo.tensor(inputs[group.rank::group.world_size])
+    if use_ddp:
+        ddp = DistributedDataParallel(model, group, bucket_cap_mb=1e-6)  # a bucket each
+        (eo.sum(ddp(x, False)) + eo.sum(ddp(x, True))).backward()
+        ddp.close()
+    else:
+        (eo.sum(model(x, False)) + eo.sum(model(x, True))).backward()
+        average_gradients(model.parameters(), group)
+    return [p.grad for p in model.parameters()]

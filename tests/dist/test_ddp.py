@@ -63,3 +63,14 @@ def test_buckets_follow_reverse_registration_order_and_the_cap():
     assert len(buckets) == 3
     assert all(sum(p.data.nbytes for p in b.params) <= 20_000 or len(b.params) == 1
                for b in buckets)
+
+
+def test_a_parameter_used_only_by_a_later_forward_before_backward_is_averaged():
+    from dist_workers import two_forwards_one_backward
+
+    inputs, _ = make_data(rows=16)
+    ddp = spawn(two_forwards_one_backward, 2, args=(inputs, True), backend="shm", timeout=60)
+    reference = spawn(two_forwards_one_backward, 2, args=(inputs, False), backend="shm",
+                      timeout=60)
+    for rank in range(2):
+        _same_bits(ddp[rank], reference[rank])

@@ -22,6 +22,7 @@ import queue
 import threading
 
 import numpy as np
+from everyo import is_grad_enabled
 
 from everyo_dist.errors import DistributedError
 
@@ -156,6 +157,8 @@ class DistributedDataParallel:
         """Run the module; the backward that follows averages its gradients (unless inside
         :meth:`no_sync`)."""
         output = self.module(*args, **kwargs)
+        if not is_grad_enabled():  # evaluation: no backward follows, nothing to average
+            return output
         if not self._sync:
             self._accumulating = True
             return output

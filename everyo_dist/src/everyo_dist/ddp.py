@@ -22,8 +22,8 @@ import queue
 import threading
 
 import numpy as np
-from everyo import is_grad_enabled
 
+from everyo import is_grad_enabled
 from everyo_dist.errors import DistributedError
 
 

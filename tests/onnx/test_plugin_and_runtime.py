@@ -213,3 +213,30 @@ def test_an_unwritable_path_is_an_everyo_error_and_leaves_nothing(target, tmp_pa
     finally:
         inner.chmod(0o700)
     assert os.listdir(tmp_path) == ["inner"] and os.listdir(inner) == []
+
+
+class Log(eo.Module):  # nan for the negative inputs verify=True draws
+    def forward(self, x):
+        return eo.log(x)
+
+
+class InfThenDoubler(eo.Module):  # one inf in every row, then a wrongly converted layer
+    def __init__(self):
+        super().__init__()
+        self.doubler = Doubler()
+
+    def forward(self, x):
+        return eo.concatenate([self.doubler(x), eo.log(x * 0.0)], axis=-1)
+
+
+def test_verify_accepts_nan_where_the_model_has_nan(tmp_path, ort):
+    with np.errstate(invalid="ignore", divide="ignore"):
+        eo.export_onnx(Log(), tmp_path / "m.onnx", input_shape=(2, 4), verify=True)
+    assert os.listdir(tmp_path) == ["m.onnx"]
+
+
+def test_an_inf_in_the_output_does_not_hide_a_wrong_converter(tmp_path, ort):
+    with np.errstate(invalid="ignore", divide="ignore"), \
+            pytest.raises(eo.EveryOSerializationError, match="disagrees"):
+        eo.export_onnx(InfThenDoubler(), tmp_path / "m.onnx", input_shape=(2, 3), verify=True)
+    assert os.listdir(tmp_path) == []

@@ -240,3 +240,18 @@ def test_an_inf_in_the_output_does_not_hide_a_wrong_converter(tmp_path, ort):
             pytest.raises(eo.EveryOSerializationError, match="disagrees"):
         eo.export_onnx(InfThenDoubler(), tmp_path / "m.onnx", input_shape=(2, 3), verify=True)
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("content", [b"garbage" * 10, "truncated"])
+def test_run_onnx_on_a_file_that_is_not_a_model_is_an_everyo_error(content, tmp_path, ort):
+    path = tmp_path / "m.onnx"
+    eo.export_onnx(eo.ReLU(), path, input_shape=(1, 2))
+    path.write_bytes(path.read_bytes()[:40] if content == "truncated" else content)
+    with pytest.raises(eo.EveryOError, match="cannot load"):
+        eo.run_onnx(path, np.ones((1, 2)))
+
+
+def test_run_onnx_on_a_batch_that_is_not_numeric_is_an_everyo_error(tmp_path, ort):
+    eo.export_onnx(eo.ReLU(), tmp_path / "m.onnx", input_shape=(1, 2))
+    with pytest.raises(eo.EveryOError, match="'input' is not numeric"):
+        eo.run_onnx(tmp_path / "m.onnx", [["a", "b"]])

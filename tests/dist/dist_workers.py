@@ -206,3 +206,16 @@ def two_forwards_one_backward(group, inputs, use_ddp: bool):
         (eo.sum(model(x, False)) + eo.sum(model(x, True))).backward()
         average_gradients(model.parameters(), group)
     return [p.grad for p in model.parameters()]
+
+
+def large_integer_sums(group, length: int):
+    """``all_reduce_sum`` of integers too large for a float64 sum to keep exact, and of
+    integers whose sum overflows their dtype; returns ``{dtype: (input, result)}``."""
+    results = {}
+    for dtype in (np.int64, np.uint64, np.int32, np.uint8):
+        info = np.iinfo(dtype)
+        rng = np.random.default_rng(group.rank)
+        values = rng.integers(info.max // 4, info.max, size=length, dtype=dtype, endpoint=True)
+        values[:2] = [info.max, info.max // 3]
+        results[np.dtype(dtype).name] = (values, group.all_reduce_sum(values))
+    return results

@@ -105,3 +105,15 @@ def test_bad_arguments_are_refused_by_name(clean_shm):
         with pytest.raises(Exception, match="dtype"):
             group.all_gather(np.array(["a"]))
         group.barrier()  # none of those poisoned the group
+
+
+@pytest.mark.parametrize("backend", ["shm", "tcp"])
+@pytest.mark.parametrize("length", [5, 70_000])  # tcp's ring: a whole message, and blocks
+def test_integer_sums_are_exact_and_wrap_like_numpy(backend, length):
+    results = spawn(dist_workers.large_integer_sums, 3, args=(length,), backend=backend,
+                    timeout=60)
+    for name in results[0]:
+        expected = np.sum([ranked[name][0] for ranked in results], axis=0, dtype=name)
+        for ranked in results:
+            assert ranked[name][1].dtype == name
+            assert ranked[name][1].tobytes() == expected.tobytes(), name

@@ -81,7 +81,8 @@ class ProcessGroup:
 
         Args:
             array: a NumPy array, ``eo.Tensor`` (its ``.data``) or number; floating or integer.
-                Integers are summed in float64, exactly while the sums stay below 2**53.
+                Integers are summed exactly (in int64), wrapping like NumPy's own sums
+                when the result overflows the dtype.
             out: optional C-contiguous array of the same shape and dtype to write the result
                 into (may be ``array`` itself: an in-place reduction).
         Returns:

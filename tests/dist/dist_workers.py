@@ -219,3 +219,39 @@ def large_integer_sums(group, length: int):
         values[:2] = [info.max, info.max // 3]
         results[np.dtype(dtype).name] = (values, group.all_reduce_sum(values))
     return results
+
+
+class TiedModel(eo.Module):
+    """An encoder and decoder sharing one weight: it gets two gradients per backward."""
+
+    def __init__(self):
+        super().__init__()
+        self.encoder = eo.Linear(8, 8, seed=0)
+        self.decoder = eo.Linear(8, 1, seed=1)
+        self.tied = eo.Linear(8, 8, seed=2)
+        self.tied.weight = self.encoder.weight
+
+    def forward(self, x):
+        return self.decoder(eo.tanh(self.tied(eo.tanh(self.encoder(x)))))
+
+
+def tied_weights_accumulated(group, inputs, use_ddp: bool):
+    """Three micro-batches accumulated into .grad (``no_sync`` but the last), then averaged
+    by DistributedDataParallel or by ``average_gradients``; returns the gradients."""
+    from everyo.distributed import DistributedDataParallel
+
+    model = TiedModel()
+    ddp = DistributedDataParallel(model, group, bucket_cap_mb=1e-6) if use_ddp else None
+    rows = shard_indices(len(inputs), group.rank, group.world_size)
+    batches = np.array_split(rows, 3)
+    for index, batch in enumerate(batches):
+        last = index == len(batches) - 1
+        context = ddp.no_sync() if use_ddp and not last else contextlib.nullcontext()
+        with context:
+            loss = eo.mean((ddp or model)(eo.tensor(inputs[batch])) ** 2)
+        loss.backward()
+    if ddp is not None:
+        ddp.close()
+    else:
+        average_gradients(model.parameters(), group)
+    return [p.grad for p in model.parameters()]

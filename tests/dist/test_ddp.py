@@ -92,3 +92,14 @@ def test_a_forward_without_grad_runs_no_collective_and_leaves_grad_alone():
         finally:
             group.all_reduce_mean = reduce
             ddp.close()
+
+
+def test_ddp_matches_average_gradients_with_tied_weights_and_accumulation():
+    from dist_workers import tied_weights_accumulated
+
+    inputs, _ = make_data(rows=48)
+    ddp = spawn(tied_weights_accumulated, 2, args=(inputs, True), backend="shm", timeout=60)
+    reference = spawn(tied_weights_accumulated, 2, args=(inputs, False), backend="shm",
+                      timeout=60)
+    for rank in range(2):
+        _same_bits(ddp[rank], reference[rank])

@@ -275,3 +275,21 @@ def test_threads_exporting_one_model_at_once_all_succeed_and_leave_no_wrapper(tm
     x = np.random.default_rng(0).standard_normal((5, 4)).astype(np.float32)
     np.testing.assert_allclose(eo.run_onnx(tmp_path / "0.onnx", x), model(eo.tensor(x)).data,
                                rtol=1e-5, atol=1e-6)
+
+
+class _LastHalf(eo.Module):
+    def forward(self, x):
+        length = x.shape[1]
+        return x[:, -length // 2:] * 2.0  # Python floors: the last ceil(length / 2) steps
+
+
+@pytest.mark.parametrize("length", [3, 4, 7])
+def test_a_negative_symbolic_size_is_floor_divided_like_python(length, tmp_path):
+    path = tmp_path / "m.onnx"
+    eo.export_onnx(_LastHalf(), path, input_shape=(2, 6, 3),
+                   dynamic_axes={"input": {1: "sequence"}})
+    x = np.random.default_rng(length).standard_normal((2, length, 3)).astype(np.float32)
+    expected = _LastHalf()(eo.tensor(x)).data
+    actual = eo.run_onnx(path, x)
+    assert actual.shape == expected.shape
+    np.testing.assert_allclose(actual, expected, rtol=1e-6)

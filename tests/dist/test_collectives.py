@@ -117,3 +117,13 @@ def test_integer_sums_are_exact_and_wrap_like_numpy(backend, length):
         for ranked in results:
             assert ranked[name][1].dtype == name
             assert ranked[name][1].tobytes() == expected.tobytes(), name
+
+
+@pytest.mark.parametrize("timeout", [float("inf"), 1e300, "soon", [5]])
+@pytest.mark.parametrize("backend", ["shm", "tcp"])
+def test_a_timeout_no_wait_can_express_is_refused_by_name(backend, timeout, clean_shm):
+    from everyo.distributed import DistributedError
+
+    with pytest.raises(DistributedError, match="timeout must be"):
+        init(backend=backend, rank=0, world_size=1, timeout=timeout,
+             **({"master_addr": "127.0.0.1", "master_port": 1} if backend == "tcp" else {}))

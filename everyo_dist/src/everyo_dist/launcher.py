@@ -19,6 +19,7 @@ the ``TCPRendezvousServer``. BLAS thread variables default to 1 in every rank.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import queue
 import secrets
@@ -95,9 +96,32 @@ def _read_token(path: str) -> str:
     return token
 
 
+def _backend_preparation(args, world_size: int):
+    """What the backend prepares for a job on this machine (the shm backend: its control
+    segment, removed afterwards), as spawn does; tcp's rendezvous is hosted by ``_run_once``."""
+    if args.backend == "tcp" or args.nnodes > 1:
+        return contextlib.nullcontext({})
+    from everyo_dist.backend import registered_backend
+
+    try:
+        return registered_backend(args.backend, "everyo-run").prepare_job(world_size, {})
+    except DistributedError as exc:
+        raise SystemExit(f"everyo-run: {exc}") from None
+
+
+def _option_environment(options: dict) -> dict[str, str]:
+    """The ``EVERYO_*`` variables through which ``init()`` reads prepared options."""
+    from everyo_dist.initialize import ENVIRONMENT_OPTIONS
+
+    return {ENVIRONMENT_OPTIONS[name][0]: str(value) for name, value in options.items()
+            if name in ENVIRONMENT_OPTIONS}
+
+
 def _rank_environment(args, rank: int, local_rank: int, world_size: int, host: str,
-                      port: int, token: str, attempt: int = 0) -> dict[str, str]:
+                      port: int, token: str, attempt: int = 0,
+                      prepared: dict | None = None) -> dict[str, str]:
     env = worker_environment()  # one BLAS thread per rank unless the user chose otherwise
+    env.update(_option_environment(prepared or {}))
     env.update(EVERYO_BACKEND=args.backend, EVERYO_RANK=str(rank),
                EVERYO_WORLD_SIZE=str(world_size), EVERYO_LOCAL_RANK=str(local_rank),
                EVERYO_MASTER_ADDR=host, EVERYO_MASTER_PORT=str(port), EVERYO_TOKEN=token,
@@ -216,14 +240,16 @@ def _run_once(args: argparse.Namespace, attempt: int) -> int:
     lock = threading.Lock()
     readers = []
     outputs: dict[int, _RankOutput] = {}
+    preparation = contextlib.ExitStack()
     try:
+        prepared = preparation.enter_context(_backend_preparation(args, world_size))
         for local_rank in range(args.nproc_per_node):
             rank = args.node_rank * args.nproc_per_node + local_rank
             outputs[rank] = _RankOutput()
             ranks[rank] = subprocess.Popen(
                 [sys.executable, args.script, *args.script_args],
                 env=_rank_environment(args, rank, local_rank, world_size, host, port, token,
-                                      attempt),
+                                      attempt, prepared),
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                 start_new_session=True, preexec_fn=kill_me_when_parent_dies)
             reader = threading.Thread(target=_stream,
@@ -239,6 +265,7 @@ def _run_once(args: argparse.Namespace, attempt: int) -> int:
         _stop(ranks)
         for reader in readers:
             reader.join(timeout=2)
+        preparation.close()  # after the ranks are gone: e.g. the shm segments go
         if server is not None:
             server.close()
 

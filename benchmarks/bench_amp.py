@@ -1,7 +1,7 @@
 """Mixed precision on the CPU: an autocast training step against the float32 step, and the
 memory the graph keeps for backward.
 
-Models (batch sizes from the issue):
+Models:
   mlp_large  Linear 1024-2048-2048-10, ReLU, batch 256
   cnn_cifar  NHWC 32x32x3: Conv 3x3 32 - MaxPool 2 - Conv 3x3 64 - MaxPool 2 - Linear 10, batch 64
 

@@ -24,10 +24,10 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-import numpy as np  # noqa: E402
-from _timing import best_of, ratio_line, torch_or_none  # noqa: E402
+import numpy as np
+from _timing import best_of, ratio_line, torch_or_none
 
-import everyo as eo  # noqa: E402
+import everyo as eo
 
 CHAIN = 300
 

@@ -18,9 +18,9 @@ import tempfile
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "tests"))
 
-from _timing import best_of  # noqa: E402
+from _timing import best_of
 
-from support.onnx_models import DeepResidual  # noqa: E402 - the model the test exports too
+from support.onnx_models import DeepResidual  # the model the test exports too
 
 
 def main() -> int:

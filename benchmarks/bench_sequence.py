@@ -20,7 +20,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from bench_training import Case, main  # noqa: E402
+from bench_training import Case, main
 
 SEQ, FEATURES, HIDDEN, BATCH = 32, 32, 128, 32
 D_MODEL, HEADS, FF, T_SEQ, T_BATCH = 128, 4, 256, 64, 16

@@ -37,7 +37,7 @@ def build_model():
     return model
 
 
-# -- the specification's worker, unchanged ------------------------------------------------------
+# -- the worker, as a user writes it ---------------------------------------------------------------
 def worker(group, inputs, targets):
     model = build_model()  # same seeds on every rank
     optimizer = eo.SGD(model.parameters(), lr=0.05)

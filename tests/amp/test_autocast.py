@@ -19,7 +19,7 @@ def mlp(seed=0):
 
 # -- where a block starts and ends ---------------------------------------------------------------
 
-def test_specification_example_dtypes():
+def test_an_mlp_under_autocast_has_the_documented_dtypes():
     model = mlp()
     with eo.autocast():
         output = model(eo.ones(3, 8))
@@ -159,18 +159,63 @@ def test_only_allowlisted_ops_are_cast_down():
 def test_no_registered_op_outside_the_allowlist_is_cast_down():
     # The test above samples a dozen ops; this one asks the interceptor about every op any
     # installed plugin registered, so a new op can never be cast down by accident.
-    from everyo_amp import DEFAULT_POLICY, LOWER_PRECISION_OPS, make_interceptor
+    from everyo_amp import DEFAULT_POLICY, make_interceptor
 
     intercept = make_interceptor(DEFAULT_POLICY)
     operands = (eo.randn(2, 2, seed=0), eo.randn(2, 2, seed=1), np.ones(2, np.float32), 3.0)
     names = set(eo.registry("ops").items)
-    assert LOWER_PRECISION_OPS <= names and len(names) > 30
+    lowered = {name for name in names if getattr(eo.registry("ops")[name], "precision", None)
+               == "lower"}
+    assert lowered == {"matmul", "conv2d"} and len(names) > 30
     for name in sorted(names):
         result = intercept(name, operands, {}, lambda operands, attrs: operands)
-        if name in LOWER_PRECISION_OPS:
+        if name in lowered:
             assert [getattr(o, "dtype", None) for o in result[:3]] == ["float16"] * 2 + [np.float16]
         else:
             assert all(a is b for a, b in zip(result, operands)), name
+
+
+def test_the_default_policy_is_what_the_ops_declare():
+    # The precision classes are declared on each op class; these are the sets the first-party
+    # distributions declare (the same lists everyo-amp used to keep by hand).
+    from everyo_amp import DEFAULT_POLICY
+
+    ops = eo.registry("ops").items
+    assert DEFAULT_POLICY.ops == {"matmul", "conv2d"}
+    assert DEFAULT_POLICY.upcast == {name for name, op in ops.items()
+                                     if getattr(op, "precision", None) == "float32"}
+    # at least everything everyo-amp used to list by hand (new losses join through their base)
+    assert DEFAULT_POLICY.upcast >= {
+        "sum", "mean", "var", "exp", "log", "pow", "softmax", "log_softmax", "mse_loss",
+        "l1_loss", "cross_entropy", "nll_loss", "bce_with_logits", "layer_norm", "batch_norm",
+        "attention_weights"}
+
+
+def test_an_op_registered_later_is_covered_by_its_own_declaration():
+    class HalfSquare(eo.Op):
+        precision = "float32"
+        __slots__ = ()
+
+        def forward(self, x):
+            return x * x / 2
+
+        def backward(self, g):
+            return (g,)
+
+    class LatePlugin:
+        @eo.hookimpl
+        def everyo_register_ops(self, register):
+            register("late_half_square", HalfSquare)
+
+    eo.register_plugin(LatePlugin(), name="late_precision_plugin")
+    try:
+        h = eo.ones(3, dtype="float16")
+        with eo.autocast():
+            assert eo.dispatch("late_half_square", h).dtype == "float32"
+        assert eo.dispatch("late_half_square", h).dtype == "float16"
+    finally:
+        eo.unregister_plugin("late_precision_plugin")
+    assert "late_half_square" not in eo.registry("ops")
 
 
 def test_float32_ops_upcast_float16_activations():
@@ -255,12 +300,16 @@ def test_third_party_policy_through_the_hook():
             register("add_in_half", type("P", (), {"ops": {"add"}, "dtype": "float16"})())
 
     eo.register_plugin(AddInHalf(), name="test-amp-add-in-half")
-    x = eo.ones(2)
-    with eo.autocast(policy="add_in_half"):
-        assert (x + x).dtype == "float16"
-        assert (eo.ones(1, 2) @ eo.ones(2, 1)).dtype == "float32"
-    with pytest.raises(eo.EveryOError, match="no autocast policy named 'nope'.*default"):
-        eo.autocast(policy="nope")
+    try:
+        x = eo.ones(2)
+        with eo.autocast(policy="add_in_half"):
+            assert (x + x).dtype == "float16"
+            assert (eo.ones(1, 2) @ eo.ones(2, 1)).dtype == "float32"
+        with pytest.raises(eo.EveryOError, match="no autocast policy named 'nope'.*default"):
+            eo.autocast(policy="nope")
+    finally:
+        eo.unregister_plugin("test-amp-add-in-half")
+    assert "add_in_half" not in eo.registry("autocast_policies")
 
 
 def test_policy_refuses_an_op_in_both_lists():

@@ -187,7 +187,7 @@ def test_param_groups_take_defaults_and_add_param_group():
     with pytest.raises(eo.EveryOError, match="more than one parameter group"):
         opt.add_param_group({"params": [a]})
     with pytest.raises(eo.EveryOError, match="different values"):
-        opt.lr  # noqa: B018 - the groups disagree
+        opt.lr  # the groups disagree
     opt.lr = 0.5  # sets every group
     assert opt.lr == 0.5 and all(g["lr"] == 0.5 for g in opt.param_groups)
     with pytest.raises(eo.EveryOError, match="single tensor"):
@@ -247,3 +247,13 @@ def test_in_place_writes_bump_the_version_counter(write):
         eo.init.normal_(w, generator=np.random.default_rng(0))
     with pytest.raises(eo.EveryOError, match="modified in place"):
         loss.backward()
+
+
+def test_bad_betas_and_incomplete_states_are_refused_up_front():
+    w = eo.Parameter(np.zeros(2))
+    # betas=(0.9,) was accepted and failed inside step() with a ValueError; 0.9 a TypeError
+    for betas in ((0.9,), 0.9, (0.9, 0.99, 0.5)):
+        with pytest.raises(eo.EveryOError, match="betas must be two numbers"):
+            eo.Adam([w], betas=betas)
+    with pytest.raises(eo.EveryOError, match=r"the state has no \['state', 'param_groups'\]"):
+        eo.SGD([w]).load_state_dict({"type": "SGD"})  # a KeyError before

@@ -84,7 +84,7 @@ def sigkill_on_rank(group, failing_rank: int, pid_dir):
     time.sleep(60)
 
 
-# -- the specification's example: a three-layer MLP trained with SGD --------------------------
+# -- the documented example: a three-layer MLP trained with SGD -------------------------------
 STEPS = 20
 
 
@@ -105,7 +105,7 @@ def build_model(features: int = 8, hidden: int = 32):
 
 
 def train_worker(group, inputs, targets, steps=STEPS):
-    """The worker of the specification's example, unchanged apart from its parameters."""
+    """The worker of the documented example, unchanged apart from its parameters."""
     model = build_model()
     optimizer = eo.SGD(model.parameters(), lr=0.05)
     rows = shard_indices(len(inputs), group.rank, group.world_size)

@@ -1,4 +1,4 @@
-"""examples/distributed_training.py prints the specification's table, measured."""
+"""examples/distributed_training.py prints its table of measurements."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The mpi backend in real ``mpiexec -n 2`` jobs: primitives, the specification's MLP, a
+"""The mpi backend in real ``mpiexec -n 2`` jobs: primitives, the documented MLP, a
 mismatch, and an exception on one rank ending the job instead of hanging it."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Two "hosts" as network namespaces joined by a veth pair (10.77.0.1 <-> 10.77.0.2): one
-``everyo-run`` node in each trains the specification's MLP over the tcp backend, token
+``everyo-run`` node in each trains the documented MLP over the tcp backend, token
 required. Needs root and iproute2 (``ip netns``); skips with the reason otherwise."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The tcp backend with real processes on loopback: every primitive against the float64
-reference, bit-identical ranks, the specification's MLP, mismatches, TLS, start-up order."""
+reference, bit-identical ranks, the documented MLP, mismatches, TLS, start-up order."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The specification's example: data-parallel training of a three-layer MLP matches
+"""The documented example: data-parallel training of a three-layer MLP matches
 single-process full-batch training, and every rank ends bit-identical."""
 
 from __future__ import annotations
@@ -61,8 +61,8 @@ def test_average_gradients_in_one_collective_with_none_gradients(clean_shm):
     np.testing.assert_array_equal(c.grad, [[1.0, -1.0]])
 
 
-# The specification's block, verbatim, in a script without an `if __name__ == "__main__"` guard.
-SPEC_EXAMPLE = textwrap.dedent('''
+# The user's block, verbatim, in a script without an `if __name__ == "__main__"` guard.
+USER_EXAMPLE = textwrap.dedent('''
 import everyo as eo
 from everyo.distributed import average_gradients, shard_indices, spawn
 
@@ -104,10 +104,10 @@ print(f"ranks agree {agree} drift {drift:.2e}")
 ''')
 
 
-def test_the_specification_example_runs_unchanged(tmp_path, clean_shm):
-    script = tmp_path / "spec_example.py"
+def test_the_documented_example_runs_unchanged(tmp_path, clean_shm):
+    script = tmp_path / "user_example.py"
     here = os.path.dirname(dist_workers.__file__)
-    script.write_text(PRELUDE.format(here=here) + SPEC_EXAMPLE + CHECK)
+    script.write_text(PRELUDE.format(here=here) + USER_EXAMPLE + CHECK)
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                           timeout=120, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert done.returncode == 0, done.stderr

@@ -155,7 +155,7 @@ def test_empty_sequential_is_the_identity(parity):
     parity(eo.Sequential(eo.Sequential()), (1, 2, 2))
 
 
-def test_the_specification_example(tmp_path, monkeypatch, ort, digits):
+def test_the_digits_cnn_exports_and_matches_onnxruntime(tmp_path, monkeypatch, ort, digits):
     monkeypatch.chdir(tmp_path)
     x, y = digits
     model = digits_cnn()

@@ -85,8 +85,9 @@ class ThirdParty:
 
 @pytest.fixture(scope="module", autouse=True)
 def third_party():
-    if Affine not in eo.registry("onnx_converters"):
-        eo.register_plugin(ThirdParty(), name="onnx-tests-third-party")
+    eo.register_plugin(ThirdParty(), name="onnx-tests-third-party")
+    yield
+    eo.unregister_plugin("onnx-tests-third-party")
 
 
 def test_builtin_converters_are_registered_by_class():

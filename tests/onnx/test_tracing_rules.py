@@ -262,7 +262,7 @@ def test_threads_exporting_one_model_at_once_all_succeed_and_leave_no_wrapper(tm
         for _attempt in range(4):
             try:
                 eo.export_onnx(model, tmp_path / f"{worker}.onnx", input_shape=(2, 4))
-            except Exception as exc:  # noqa: BLE001 - collected for the assertion
+            except Exception as exc:  # collected for the assertion
                 failures.append(exc)
 
     threads = [threading.Thread(target=export, args=(worker,)) for worker in range(3)]

@@ -98,6 +98,8 @@ CASES = [
      lambda a, b: _torch().stack([a, b], dim=1), [normal(2, 3), normal(2, 3)]),
     ("pad", lambda a: eo.pad(a, ((1, 0), (2, 1)), value=0.5),
      lambda a: _torch().nn.functional.pad(a, (2, 1, 1, 0), value=0.5), [normal(2, 3)]),
+    ("pad_reflect_crop", lambda a: eo.pad(a, ((0, 0), (1, -1), (2, 1)), mode="reflect"),
+     lambda a: _torch().nn.functional.pad(a, (2, 1, 1, -1), mode="reflect"), [normal(1, 3, 4)]),
     ("softmax", lambda a: eo.softmax(a, axis=-1), lambda a: a.softmax(dim=-1), [normal(3, 5)]),
     ("softmax_axis0", lambda a: eo.softmax(a, axis=0), lambda a: a.softmax(dim=0), [normal(3, 5)]),
     ("log_softmax", lambda a: eo.log_softmax(a), lambda a: a.log_softmax(dim=-1), [normal(3, 5)]),

@@ -8,26 +8,19 @@ exponentials, normalisation and losses in float32), the same lists in bfloat16 (
 
 # NOTE: import the core first. Importing it loads every plugin, this one included, whose hooks
 # import the modules below; doing that while one of them is half-imported would be circular.
-import everyo  # noqa: F401, I001
+import everyo  # noqa: I001
 
 from everyo_amp.autocast_mode import active_policy, autocast, is_autocast_enabled, make_interceptor
 from everyo_amp.grad_scaler import GradScaler
-from everyo_amp.policy import (
-    BFLOAT16_POLICY,
-    DEFAULT_POLICY,
-    FLOAT32_OPS,
-    LOWER_PRECISION_OPS,
-    AutocastPolicy,
-)
+from everyo_amp.policy import BFLOAT16_POLICY, DEFAULT_POLICY, AutocastPolicy, DeclaredPolicy
 from everyo_amp.underflow import ZeroCount, flushed_to_zero
 
 __all__ = [
     "AutocastPolicy",
     "BFLOAT16_POLICY",
     "DEFAULT_POLICY",
-    "FLOAT32_OPS",
+    "DeclaredPolicy",
     "GradScaler",
-    "LOWER_PRECISION_OPS",
     "ZeroCount",
     "active_policy",
     "autocast",

@@ -30,7 +30,7 @@ import numpy as np
 
 from everyo import EveryOError, Tensor, dispatch, registry
 from everyo.dispatch import active_interceptors, pop_interceptor, push_interceptor
-from everyo.dtypes import is_floating
+from everyo.kernels import is_floating
 from everyo_amp.policy import AutocastPolicy
 
 _F64 = np.dtype(np.float64)
@@ -161,7 +161,7 @@ def is_autocast_enabled() -> bool:
     return active_policy() is not None
 
 
-class autocast:  # noqa: N801 - a context manager named like PyTorch's
+class autocast:  # lowercase, like PyTorch's context manager
     """Context manager and decorator: ops in the policy's allowlist run in float16 or bfloat16.
 
     Args:

@@ -2,31 +2,18 @@
 
 A policy is data, not code: ``autocast`` turns it into a dispatch interceptor. The default
 policy is registered by this distribution's plugin through ``everyo_register_autocast_policies``
-exactly as a third-party policy would be.
+exactly as a third-party policy would be. It keeps no list of op names: each op declares its
+precision class where it is defined (``precision = "lower"`` or ``"float32"`` on the ``Op``
+class, see ``everyo.hookspecs.DECLARATIONS``), and the default policy reads those declarations
+from the op registry.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from everyo import EveryOError
-from everyo.dtypes import is_floating, resolve_dtype
-
-#: Ops whose float32 operands are cast down: the two BLAS-shaped ops, where 16 bits are safe
-#: (products accumulate in float32) and where the memory of saved activations is.
-LOWER_PRECISION_OPS = frozenset({"matmul", "conv2d"})
-
-#: Ops that must see float32 even when an operand is a float16 activation: sums over many
-#: values, exponentials and logarithms, normalisation statistics and losses, where float16's
-#: range (max 65504, smallest subnormal 6e-8) runs out. Names an installed plugin does not
-#: register are harmless: they simply never match.
-FLOAT32_OPS = frozenset({
-    # core reductions and transcendental functions
-    "sum", "mean", "var", "exp", "log", "pow", "softmax", "log_softmax",
-    # everyo-layers' losses, normalisation statistics and attention's softmax
-    "mse_loss", "l1_loss", "cross_entropy", "nll_loss", "bce_with_logits", "layer_norm",
-    "batch_norm", "attention_weights",
-})
+from everyo import EveryOError, registry
+from everyo.kernels import is_floating, resolve_dtype
 
 
 @dataclass(frozen=True)
@@ -91,9 +78,53 @@ def floating_dtype(dtype, what: str) -> str:
     return resolved.name
 
 
-DEFAULT_POLICY = AutocastPolicy(ops=LOWER_PRECISION_OPS, dtype="float16", upcast=FLOAT32_OPS)
+class DeclaredPolicy:
+    """The policy the registered ops declare: ``precision = "lower"`` ops run in ``dtype``
+    (float16 by default), ``precision = "float32"`` ops are kept in float32, every other op is
+    left alone.
 
-#: The same lists with bfloat16 as the lower precision: float32's range in 16 bits, so small
-#: gradients do not flush to zero and no loss scaling is needed (fewer significant bits: 8
+    Read from the op registry each time (cached until the registry changes), so an op any
+    plugin registers, in any loading order, is covered by its own declaration.
+
+    Example:
+        >>> from everyo_amp import DEFAULT_POLICY
+        >>> "matmul" in DEFAULT_POLICY.ops, "sum" in DEFAULT_POLICY.upcast
+        (True, True)
+    """
+
+    upcast_dtype = "float32"
+
+    def __init__(self, dtype="float16") -> None:
+        self.dtype = floating_dtype(dtype, "DeclaredPolicy dtype")
+        self._cache: tuple = (None, frozenset(), frozenset())
+
+    def _classes(self) -> tuple:
+        ops = registry("ops")
+        if self._cache[0] != ops.version:
+            declared = ops.declared("precision")
+            self._cache = (ops.version,
+                           frozenset(n for n, p in declared.items() if p == "lower"),
+                           frozenset(n for n, p in declared.items() if p == "float32"))
+        return self._cache
+
+    @property
+    def ops(self) -> frozenset:
+        """Names of the ops declaring ``precision = "lower"``."""
+        return self._classes()[1]
+
+    @property
+    def upcast(self) -> frozenset:
+        """Names of the ops declaring ``precision = "float32"``."""
+        return self._classes()[2]
+
+    def __repr__(self) -> str:
+        return (f"DeclaredPolicy(dtype={self.dtype!r}, ops={sorted(self.ops)}, "
+                f"upcast={sorted(self.upcast)})")
+
+
+DEFAULT_POLICY = DeclaredPolicy("float16")
+
+#: The same declarations with bfloat16 as the lower precision: float32's range in 16 bits, so
+#: small gradients do not flush to zero and no loss scaling is needed (fewer significant bits: 8
 #: against float16's 11).
-BFLOAT16_POLICY = DEFAULT_POLICY.with_dtype("bfloat16")
+BFLOAT16_POLICY = DeclaredPolicy("bfloat16")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from everyo import functional as _functional
 from everyo import init
-from everyo import inplace as _inplace  # noqa: F401  (adds add_, copy_, t[i] = v, ... to Tensor)
+from everyo import inplace as _inplace  # adds add_, copy_, t[i] = v, ... to Tensor
 from everyo.autograd import Op, unbroadcast
 from everyo.containers import ModuleDict, ModuleList
 from everyo.conveniences import (
@@ -78,7 +78,7 @@ from everyo.gradcheck import GradcheckError, gradcheck, gradgradcheck
 from everyo.hookspecs import hookimpl
 from everyo.module import Module, Parameter, Sequential
 from everyo.optim import SGD, Adam, AdamW, Optimizer
-from everyo.plugins import register_plugin, registry
+from everyo.plugins import register_plugin, registry, unregister_plugin
 from everyo.random import default_generator, get_rng_state, manual_seed, set_rng_state
 from everyo.serialization import load, save
 from everyo.tensor import (
@@ -112,29 +112,34 @@ __version__ = _installed_version()
 
 
 def __getattr__(name: str):
-    """``eo.<name>`` for what plugins registered (layers, API names, ops) or an install hint."""
-    from everyo.first_party import DISTRIBUTION_OF, missing
+    """``eo.<name>`` for what plugins registered (layers, API names, modules, ops) or a hint."""
+    from everyo.first_party import missing
     from everyo.plugins import host
 
-    if name in _FORWARDING_MODULES:  # eo.distributed without `import everyo.distributed`
-        import importlib
-
-        try:
-            return importlib.import_module(f"everyo.{name}")
-        except MissingDistributionModuleError as exc:
-            raise MissingDistributionError(str(exc)) from None
     for kind in ("layers", "api"):
         found = host.registries[kind].get(name)
         if found is not None:
             return found
+    if name in host.registries["modules"]:
+        return _public_module(name)
     if name in host.registries["ops"]:
         return _op_function(name)
-    if name in DISTRIBUTION_OF:
-        raise missing(name, DISTRIBUTION_OF[name])
+    error = missing(name)
+    if error is not None:
+        raise error
     raise AttributeError(f"module 'everyo' has no attribute {name!r}")
 
 
-_FORWARDING_MODULES = ("distributed", "distributed_tcp")
+def _public_module(name: str):
+    """``everyo.<name>`` where the core has that import path, else the registered module."""
+    import importlib
+    import importlib.util
+
+    from everyo.first_party import public_module
+
+    if importlib.util.find_spec(f"everyo.{name}") is not None:
+        return importlib.import_module(f"everyo.{name}")
+    return public_module(name)
 
 
 def _op_function(name: str):
@@ -154,7 +159,7 @@ def __dir__():
     from everyo.plugins import host
 
     return sorted(set(globals()) | set(host.registries["layers"].items)
-                  | set(host.registries["api"].items))
+                  | set(host.registries["api"].items) | set(host.registries["modules"].items))
 
 
 def _load_plugins() -> None:

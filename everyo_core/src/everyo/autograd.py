@@ -22,6 +22,8 @@ Example op::
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from everyo.dtypes import HALF_DTYPES, is_floating
@@ -50,6 +52,11 @@ class Op:
     """
 
     __slots__ = ("parents", "needs_input_grad", "saved", "epoch", "attrs", "__weakref__")
+    parents: tuple
+    needs_input_grad: tuple
+    saved: Any
+    epoch: int
+    attrs: dict
 
     #: Name used in error messages; set from the registered name when registered.
     name = "op"
@@ -299,7 +306,7 @@ def raise_shape_mismatch(op, got: tuple, expected: tuple) -> None:
                       f"for an operand of shape {expected}")
 
 
-def _accumulate_leaf(t: Tensor, g: np.ndarray, copy: bool) -> None:
+def _accumulate_leaf(t: Tensor, g: Any, copy: bool) -> None:
     if not t.requires_grad:
         return
     if t.grad is None:

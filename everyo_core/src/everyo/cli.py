@@ -5,24 +5,28 @@ from __future__ import annotations
 import argparse
 import sys
 
-KIND_LABELS = {"ops": "ops", "layers": "layers", "api": "api",
-               "autocast_policies": "autocast policies", "onnx_converters": "ONNX converters",
-               "backends": "backends"}
+from everyo.hookspecs import HOOKS
+
+PLURAL = {h.kind: h.plural for h in HOOKS}
 
 
 def _plugins(out) -> int:
     import everyo  # noqa: F401  (loads the plugins)
-    from everyo.plugins import PluginHost, host
+    from everyo.plugins import DISABLE_AUTOLOAD_ENV, DISABLE_PLUGINS_ENV, PluginHost, host
 
     if not PluginHost.autoload_enabled():
-        print("(plugin autoloading is disabled by EVERYO_DISABLE_PLUGIN_AUTOLOAD)", file=out)
+        print(f"(plugin autoloading is disabled by {DISABLE_AUTOLOAD_ENV})", file=out)
     for info in host.plugins:
         version = f" {info.version}" if info.version else ""
         print(f"{info.name}  [{info.distribution}{version}]", file=out)
         if not info.registered:
             print("    (registers nothing yet)", file=out)
-        for kind, names in info.registered.items():
-            print(f"    {KIND_LABELS[kind]}: {', '.join(names)}", file=out)
+        for kind in PLURAL:
+            if kind in info.registered:
+                print(f"    {PLURAL[kind]}: {', '.join(info.registered[kind])}", file=out)
+    for skipped in host.disabled:
+        print(f"{skipped.name}  [{skipped.distribution}]  disabled by {DISABLE_PLUGINS_ENV}",
+              file=out)
     for failure in host.failures:
         print(f"{failure.name}  [{failure.distribution}]  FAILED TO LOAD: {failure.error}",
               file=out)

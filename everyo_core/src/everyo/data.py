@@ -72,7 +72,7 @@ class DataLoader:
         self.dataset, self.batch_size = dataset, int(batch_size)
         self.shuffle, self.drop_last = shuffle, drop_last
         self._rng = None if seed is None else np.random.default_rng(seed)
-        self._order = None      # the order of the epoch in progress
+        self._order: np.ndarray | None = None  # the order of the epoch in progress
         self._position = 0      # batches of it handed out
         self._resume = False    # the next iter() continues a loaded epoch
 

@@ -1,12 +1,9 @@
-"""Data-parallel training, provided by the everyo-dist distribution.
+"""Data-parallel training: ``from everyo.distributed import spawn, init, average_gradients``.
 
-This module only forwards to ``everyo_dist.api`` so that users write
-``from everyo.distributed import spawn``; without everyo-dist the import explains what to install.
+The names are those of the module a plugin registers as ``"distributed"`` (everyo-dist does);
+without one, importing this raises an ``ImportError`` saying what to install.
 """
 
-from everyo.first_party import require
+from everyo.first_party import fill_from_public_module
 
-require("everyo_dist", "everyo-dist", "distributed")
-
-from everyo_dist.api import *  # noqa: E402,F401,F403
-from everyo_dist.api import __all__  # noqa: E402,F401
+__all__ = fill_from_public_module("distributed", globals())

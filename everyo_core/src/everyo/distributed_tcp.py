@@ -1,11 +1,9 @@
-"""Multi-machine process groups over authenticated TCP, provided by everyo-dist.
+"""Multi-machine process groups: ``from everyo.distributed_tcp import TCPRendezvousServer``.
 
-Forwards to ``everyo_dist.tcp``: ``from everyo.distributed_tcp import TCPRendezvousServer``.
+The names are those of the module a plugin registers as ``"distributed_tcp"`` (everyo-dist does);
+without one, importing this raises an ``ImportError`` saying what to install.
 """
 
-from everyo.first_party import require
+from everyo.first_party import fill_from_public_module
 
-require("everyo_dist", "everyo-dist", "distributed_tcp")
-
-from everyo_dist.tcp import *  # noqa: E402,F401,F403
-from everyo_dist.tcp import __all__  # noqa: E402,F401
+__all__ = fill_from_public_module("distributed_tcp", globals())

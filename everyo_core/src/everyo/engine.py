@@ -12,6 +12,8 @@ ops, so they can be differentiated again. Per op the engine uses, in this order:
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from everyo import hooks
@@ -31,7 +33,7 @@ from everyo.versioning import check_saved, clock, op_name
 
 def backward(root: Tensor, grad, retain_graph: bool, create_graph: bool) -> None:
     """``root.backward(...)`` through the general engine (hooks or ``create_graph``)."""
-    start = root_gradient(root, grad)
+    start: Any = root_gradient(root, grad)
     if create_graph:
         start = grad if isinstance(grad, Tensor) else Tensor._make(start, False, None)
     _execute([root], [start], retain_graph, create_graph, accumulate=True)
@@ -75,16 +77,18 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph: bool | None = None,
                               f"requires_grad=True can be differentiated against")
     starts = []
     for i, (out, g) in enumerate(zip(outputs, grad_outputs)):
+        if not isinstance(out, Tensor):
+            raise EveryOError(f"eo.grad: output {i} is a {type(out).__name__}, not a Tensor")
         if not out.requires_grad:
             raise EveryOError(f"eo.grad: output {i} (shape {out.shape}) does not require grad")
-        start = root_gradient(out, g)
+        start: Any = root_gradient(out, g)
         if create_graph:
             start = g if isinstance(g, Tensor) else Tensor._make(start, False, None)
         starts.append(start)
     if retain_graph is None:
         retain_graph = create_graph
     found = _execute(outputs, starts, retain_graph, create_graph, inputs=inputs)
-    result = []
+    result: list[Tensor | None] = []
     for i, g in enumerate(found):
         if g is None:
             if not allow_unused:
@@ -185,6 +189,8 @@ def _walk(roots, starts, retain_graph, create_graph, inputs, stop_at_inputs, acc
             entry = leaves.pop(key, None)
             if entry is not None:
                 _finish_leaf(entry, wanted, captured, accumulate, run_hooks, create_graph)
+    for i, t in enumerate(inputs):  # an input listed twice gets its gradient twice (PyTorch)
+        captured[i] = captured[wanted[id(t)]]
     return captured
 
 
@@ -273,6 +279,7 @@ class NoSecondDerivative(Op):
     """Stands for a gradient whose own derivative EveryO cannot compute; backward raises."""
 
     __slots__ = ("what",)
+    what: str
     name = "no_second_derivative"
     saved_inputs = ()
     saves_output = False

@@ -4,6 +4,9 @@
 class EveryOError(Exception):
     """Base class of every error EveryO raises on purpose."""
 
+    #: The module path a layer error was raised under (set once by ``Module.__call__``).
+    _everyo_layer_path: object = None
+
 
 class EveryOSerializationError(EveryOError):
     """Saving, loading or exporting a model failed (corrupt file, unsupported layer, ...)."""

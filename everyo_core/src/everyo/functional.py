@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from everyo.dispatch import dispatch
 
 
@@ -14,7 +16,7 @@ def _unary(name: str, doc: str):
 
 
 neg = _unary("neg", "Elementwise negation.")
-abs = _unary("abs", "Elementwise absolute value (gradient sign(x), 0 at 0).")  # noqa: A001
+abs = _unary("abs", "Elementwise absolute value (gradient sign(x), 0 at 0).")
 exp = _unary("exp", "Elementwise e**x.")
 log = _unary("log", "Elementwise natural logarithm.")
 sqrt = _unary("sqrt", "Elementwise square root.")
@@ -31,10 +33,10 @@ def _reduction(name: str, doc: str):
     return fn
 
 
-sum = _reduction("sum", "Sum over ``axis`` (all axes by default).")  # noqa: A001
+sum = _reduction("sum", "Sum over ``axis`` (all axes by default).")
 mean = _reduction("mean", "Mean over ``axis`` (all axes by default).")
-max = _reduction("max", "Maximum over ``axis``; ties share the gradient.")  # noqa: A001
-min = _reduction("min", "Minimum over ``axis``; ties share the gradient.")  # noqa: A001
+max = _reduction("max", "Maximum over ``axis``; ties share the gradient.")
+min = _reduction("min", "Minimum over ``axis``; ties share the gradient.")
 
 
 def var(x, axis=None, keepdims=False, ddof=0):
@@ -62,7 +64,7 @@ def div(a, b):
     return dispatch("div", a, b)
 
 
-def pow(a, b):  # noqa: A001
+def pow(a, b):
     """``a ** b`` with broadcasting."""
     return dispatch("pow", a, b)
 
@@ -82,7 +84,7 @@ def where(condition, a, b):
     return dispatch("where", condition, a, b)
 
 
-def clip(x, min=None, max=None):  # noqa: A002
+def clip(x, min=None, max=None):
     """Limit values to [min, max]; the gradient flows where the value was not clipped."""
     return dispatch("clip", x, min=min, max=max)
 
@@ -120,9 +122,24 @@ def stack(tensors, axis=0):
     return dispatch("stack", *tensors, axis=axis)
 
 
-def pad(x, pad_width, value=0.0):
-    """Constant padding; ``pad_width`` as in ``np.pad``."""
-    return dispatch("pad", x, pad_width=pad_width, value=value)
+def pad(x, pad_width, value=0.0, mode="constant"):
+    """Pad ``x``; a negative width crops instead (as PyTorch's ``F.pad``).
+
+    Args:
+        pad_width: as in ``np.pad``: an int, one ``(before, after)`` pair for every axis, or
+            one pair per axis (first axis first).
+        value: the fill of ``"constant"`` mode.
+        mode: ``"constant"``, ``"reflect"`` (mirror without repeating the edge),
+            ``"replicate"`` (repeat the edge) or ``"circular"`` (wrap around).
+
+    Example:
+        >>> import everyo as eo
+        >>> eo.pad(eo.tensor([1.0, 2.0, 3.0, 4.0]), (2, -1), mode="reflect").data
+        array([3., 2., 1., 2., 3.], dtype=float32)
+    """
+    if mode == "constant" and np.all(np.asarray(pad_width) >= 0):
+        return dispatch("pad", x, pad_width=pad_width, value=value)
+    return dispatch("pad_mode", x, pad_width=pad_width, mode=mode, value=value)
 
 
 def softmax(x, axis=-1):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import warnings
 from collections import OrderedDict
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import numpy as np
 
@@ -57,6 +57,11 @@ class Module:
         >>> Scale()(eo.ones(2)).data
         array([2., 2.], dtype=float32)
     """
+
+    _parameter_names: list[str]
+    _buffer_names: list[str]
+    _module_names: list[str]
+    training: bool
 
     def __init__(self) -> None:
         object.__setattr__(self, "_parameter_names", [])
@@ -254,6 +259,7 @@ def warn_about_plain_containers(module: Module) -> None:
     """Warn once per class and attribute when modules sit in a plain list, tuple or dict
     attribute: they are not registered, so their parameters are neither trained nor saved."""
     for name, value in vars(module).items():
+        items: Iterable
         if isinstance(value, dict):
             items = value.values()
         elif isinstance(value, (list, tuple)):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import numbers
+from typing import Any
 
 import numpy as np
 
@@ -42,6 +42,10 @@ class Tensor:
     """
 
     __slots__ = ("data", "grad", "requires_grad", "_ctx", "__weakref__")
+    data: np.ndarray
+    grad: np.ndarray | None
+    requires_grad: bool
+    _ctx: Any
     __array_priority__ = 1000  # ndarray (op) Tensor defers to Tensor's reflected operator
 
     def __init__(self, data, requires_grad: bool = False, dtype=None):
@@ -116,6 +120,93 @@ class Tensor:
         return bool(self.data)
 
     __hash__ = object.__hash__
+
+    # -- operators (each one dispatch; written out so that type checkers see them) -----------
+    def __add__(self, other) -> Tensor:
+        return dispatch("add", self, other)
+
+    def __radd__(self, other) -> Tensor:
+        return dispatch("add", other, self)
+
+    def __sub__(self, other) -> Tensor:
+        return dispatch("sub", self, other)
+
+    def __rsub__(self, other) -> Tensor:
+        return dispatch("sub", other, self)
+
+    def __mul__(self, other) -> Tensor:
+        return dispatch("mul", self, other)
+
+    def __rmul__(self, other) -> Tensor:
+        return dispatch("mul", other, self)
+
+    def __truediv__(self, other) -> Tensor:
+        return dispatch("div", self, other)
+
+    def __rtruediv__(self, other) -> Tensor:
+        return dispatch("div", other, self)
+
+    def __pow__(self, other) -> Tensor:
+        return dispatch("pow", self, other)
+
+    def __rpow__(self, other) -> Tensor:
+        return dispatch("pow", other, self)
+
+    def __matmul__(self, other) -> Tensor:
+        return dispatch("matmul", self, other)
+
+    def __rmatmul__(self, other) -> Tensor:
+        return dispatch("matmul", other, self)
+
+    def __neg__(self) -> Tensor:
+        return dispatch("neg", self)
+
+    def __abs__(self) -> Tensor:
+        return dispatch("abs", self)
+
+    def __getitem__(self, index) -> Tensor:
+        return dispatch("getitem", self, index=index)
+
+    # NOTE: comparisons give boolean tensors outside the graph (they have no gradient).
+    def __lt__(self, other) -> Tensor:  # type: ignore[override]
+        return Tensor._make(np.less(self.data, _array_of(other)), False, None)
+
+    def __le__(self, other) -> Tensor:  # type: ignore[override]
+        return Tensor._make(np.less_equal(self.data, _array_of(other)), False, None)
+
+    def __gt__(self, other) -> Tensor:  # type: ignore[override]
+        return Tensor._make(np.greater(self.data, _array_of(other)), False, None)
+
+    def __ge__(self, other) -> Tensor:  # type: ignore[override]
+        return Tensor._make(np.greater_equal(self.data, _array_of(other)), False, None)
+
+    def __eq__(self, other) -> Tensor:  # type: ignore[override]
+        return Tensor._make(np.equal(self.data, _array_of(other)), False, None)
+
+    def __ne__(self, other) -> Tensor:  # type: ignore[override]
+        return Tensor._make(np.not_equal(self.data, _array_of(other)), False, None)
+
+    # -- elementwise and reduction methods: the eo.<name> functions --------------------------
+    exp = functional.exp
+    log = functional.log
+    sqrt = functional.sqrt
+    tanh = functional.tanh
+    sigmoid = functional.sigmoid
+    relu = functional.relu
+    abs = functional.abs
+    neg = functional.neg
+    clip = functional.clip
+    sum = functional.sum
+    mean = functional.mean
+    max = functional.max
+    min = functional.min
+    var = functional.var
+    softmax = functional.softmax
+    log_softmax = functional.log_softmax
+    matmul = functional.matmul
+    maximum = functional.maximum
+    minimum = functional.minimum
+    pad = functional.pad
 
     # -- conversion -------------------------------------------------------------------------
     def item(self):
@@ -218,13 +309,26 @@ class Tensor:
         return dispatch("transpose", self, axes=axes or None)
 
     def flatten(self, start_axis: int = 0) -> "Tensor":
-        lead = self.shape[:start_axis]
+        ndim = max(self.ndim, 1)
+        if not -ndim <= start_axis < ndim:
+            # NOTE: shape[:start_axis] would quietly keep every axis and append one of size 1
+            raise EveryOError(f"flatten: start_axis {start_axis} is out of range for shape "
+                              f"{self.shape}")
+        lead = self.shape[:start_axis % ndim] if self.ndim else ()
         return dispatch("reshape", self, shape=lead + (-1,))
 
     def unsqueeze(self, axis: int) -> "Tensor":
         return dispatch("reshape", self, shape=np.expand_dims(self.data, axis).shape)
 
     def squeeze(self, axis=None) -> "Tensor":
+        """Drop axes of length 1 (all of them, or ``axis``: an int or ints); as in PyTorch,
+        a named axis whose length is not 1 is kept."""
+        if axis is not None:
+            axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
+            ndim = max(self.ndim, 1)
+            if any(not -ndim <= a < ndim for a in axes):
+                raise EveryOError(f"squeeze: axis {axis} is out of range for shape {self.shape}")
+            axis = tuple(a % ndim for a in axes if self.ndim and self.shape[a] == 1)
         return dispatch("reshape", self, shape=np.squeeze(self.data, axis).shape)
 
     def argmax(self, axis=None) -> "Tensor":
@@ -234,52 +338,8 @@ class Tensor:
         return Tensor._make(np.argmin(self.data, axis=axis), False, None)
 
 
-def _binary(name: str):
-    def forward(self, other):
-        return dispatch(name, self, other)
-
-    def reflected(self, other):
-        return dispatch(name, other, self)
-
-    return forward, reflected
-
-
-def _method(name: str):
-    def method(self, *args, **kwargs):
-        return dispatch(name, self, *args, **kwargs)
-
-    method.__name__ = name
-    return method
-
-
-def _compare(ufunc):
-    def method(self, other):
-        other = other.data if isinstance(other, Tensor) else other
-        return Tensor._make(ufunc(self.data, other), False, None)
-
-    return method
-
-
-for _dunder, _op in {"add": "add", "sub": "sub", "mul": "mul", "truediv": "div",
-                     "pow": "pow", "matmul": "matmul"}.items():
-    _fwd, _refl = _binary(_op)
-    setattr(Tensor, f"__{_dunder}__", _fwd)
-    setattr(Tensor, f"__r{_dunder}__", _refl)
-
-for _dunder, _ufunc in {"lt": np.less, "le": np.less_equal, "gt": np.greater,
-                        "ge": np.greater_equal, "eq": np.equal, "ne": np.not_equal}.items():
-    setattr(Tensor, f"__{_dunder}__", _compare(_ufunc))
-
-Tensor.__neg__ = _method("neg")
-Tensor.__abs__ = _method("abs")
-Tensor.__getitem__ = lambda self, index: dispatch("getitem", self, index=index)
-
-for _name in ("exp", "log", "sqrt", "tanh", "sigmoid", "relu", "abs", "neg", "clip",
-              "sum", "mean", "max", "min", "var", "softmax", "log_softmax", "matmul",
-              "maximum", "minimum", "pad"):
-    setattr(Tensor, _name, getattr(functional, _name))
-
-del _dunder, _op, _fwd, _refl, _ufunc, _name
+def _array_of(other):
+    return other.data if isinstance(other, Tensor) else other
 
 
 # -- creation ---------------------------------------------------------------------------------
@@ -390,7 +450,3 @@ def rand_like(other, seed=None, dtype=None, requires_grad: bool = False) -> Tens
     """Uniform samples in [0, 1) shaped like ``other``."""
     other = other.data if isinstance(other, Tensor) else np.asarray(other)
     return rand(*other.shape, seed=seed, dtype=dtype or other.dtype, requires_grad=requires_grad)
-
-
-def is_scalar(value) -> bool:
-    return isinstance(value, (numbers.Number, np.generic)) and not isinstance(value, np.ndarray)

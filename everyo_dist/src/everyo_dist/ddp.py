@@ -262,7 +262,7 @@ class DistributedDataParallel:
             try:
                 if self._error is None:
                     bucket.result = self.group.all_reduce_mean(flat)
-            except BaseException as exc:  # noqa: BLE001 - re-raised on the training thread
+            except BaseException as exc:  # re-raised on the training thread
                 self._error = exc
             finally:
                 bucket.done.set()

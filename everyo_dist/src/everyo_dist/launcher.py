@@ -30,6 +30,7 @@ import threading
 import time
 from pathlib import Path
 
+from everyo_dist.backend import registered_backend
 from everyo_dist.blas import worker_environment
 from everyo_dist.errors import DistributedError
 from everyo_dist.parent_death import kill_me_when_parent_dies
@@ -96,21 +97,9 @@ def _read_token(path: str) -> str:
     return token
 
 
-def _backend_preparation(args, world_size: int):
-    """What the backend prepares for a job on this machine (the shm backend: its control
-    segment, removed afterwards), as spawn does; tcp's rendezvous is hosted by ``_run_once``."""
-    if args.backend == "tcp" or args.nnodes > 1:
-        return contextlib.nullcontext({})
-    from everyo_dist.backend import registered_backend
-
-    try:
-        return registered_backend(args.backend, "everyo-run").prepare_job(world_size, {})
-    except DistributedError as exc:
-        raise SystemExit(f"everyo-run: {exc}") from None
-
-
 def _option_environment(options: dict) -> dict[str, str]:
-    """The ``EVERYO_*`` variables through which ``init()`` reads prepared options."""
+    """The ``EVERYO_*`` variables through which ``init()`` reads a backend's prepared options
+    (e.g. the shm backend's control segment)."""
     from everyo_dist.initialize import ENVIRONMENT_OPTIONS
 
     return {ENVIRONMENT_OPTIONS[name][0]: str(value) for name, value in options.items()
@@ -223,26 +212,33 @@ def run(args: argparse.Namespace) -> int:
 def _run_once(args: argparse.Namespace, attempt: int) -> int:
     """Start this node's ranks and supervise them; the exit status of this attempt."""
     world_size = args.nnodes * args.nproc_per_node
-    server = None
     if args.nnodes == 1 and args.master is None:
         token = _read_token(args.token_file) if args.token_file else secrets.token_hex(32)
         host, port = "127.0.0.1", 0
     else:
         token = _read_token(args.token_file) if args.token_file else ""
         host, port = args.master_host, args.master_port
-    if args.backend == "tcp" and args.node_rank == 0:
-        from everyo_dist.backends.tcp.rendezvous import TCPRendezvousServer
+    with contextlib.ExitStack() as job:
+        backend = registered_backend(args.backend, "everyo-run")
+        if args.node_rank == 0:
+            # NOTE: a backend whose ranks meet at a server (tcp) hosts it here, for the whole
+            # job; the others have nothing to host.
+            port = job.enter_context(backend.host_rendezvous(
+                host, port, world_size, token or None, _server_tls_context()))
+        # What the backend prepares for each job, as spawn has it do (the shm backend: its
+        # control segment); left after the ranks are stopped, so its segments go with them.
+        prepared = job.enter_context(backend.prepare_job(
+            world_size, {"master_addr": host, "master_port": port}))
+        return _start_and_supervise(args, attempt, world_size, host, port, token, prepared)
 
-        server = TCPRendezvousServer(host, port, world_size=world_size, token=token or None,
-                                     ssl_context=_server_tls_context())
-        port = server.port
+
+def _start_and_supervise(args: argparse.Namespace, attempt: int, world_size: int, host: str,
+                         port: int, token: str, prepared: dict) -> int:
     ranks: dict[int, subprocess.Popen] = {}
     lock = threading.Lock()
     readers = []
     outputs: dict[int, _RankOutput] = {}
-    preparation = contextlib.ExitStack()
     try:
-        prepared = preparation.enter_context(_backend_preparation(args, world_size))
         for local_rank in range(args.nproc_per_node):
             rank = args.node_rank * args.nproc_per_node + local_rank
             outputs[rank] = _RankOutput()
@@ -265,9 +261,6 @@ def _run_once(args: argparse.Namespace, attempt: int) -> int:
         _stop(ranks)
         for reader in readers:
             reader.join(timeout=2)
-        preparation.close()  # after the ranks are gone: e.g. the shm segments go
-        if server is not None:
-            server.close()
 
 
 def _supervise(ranks: dict[int, subprocess.Popen], outputs: dict[int, "_RankOutput"]) -> int:

@@ -131,7 +131,7 @@ def main() -> None:
         result = fn(group, *args)
         group.close()
         payload = encode(result)
-    except BaseException as exc:  # noqa: BLE001 - everything goes back to the parent
+    except BaseException as exc:  # everything goes back to the parent
         text = "".join(traceback.format_exception(exc))
         if group is not None:
             with contextlib.suppress(Exception):

@@ -12,9 +12,10 @@ import math
 import numpy as np
 
 from everyo import EveryOError, Module, Op, Tensor, dispatch, matmul
-from everyo.dtypes import is_floating
+from everyo.kernels import is_floating
 from everyo_layers.checks import check_float
 from everyo_layers.dropout import Dropout
+from everyo_layers.initializers import layer_generator
 from everyo_layers.linear import Linear
 
 
@@ -26,6 +27,7 @@ class AttentionWeightsOp(Op):
     hidden, or None). Returns ``(..., Tq, Tk)``.
     """
 
+    precision = "float32"
     __slots__ = ("scale",)
 
     def forward(self, q, k, scale=1.0, mask=None):
@@ -50,7 +52,7 @@ class AttentionWeightsOp(Op):
 
     def composite(self, q, k):
         """``softmax(q k^T * scale + mask)`` with differentiable ops."""
-        from everyo.ops.graph_math import swap_last
+        from everyo.kernels import swap_last
 
         scores = dispatch("matmul", q, swap_last(k)) * self.scale
         mask = self.attrs.get("mask")
@@ -106,6 +108,8 @@ class MultiHeadAttention(Module):
         ((3, 5, 8), (3, 5, 5))
     """
 
+    onnx_export = "refused"
+
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, seed=None):
         super().__init__()
         if embed_dim <= 0 or num_heads <= 0 or embed_dim % num_heads:
@@ -113,7 +117,7 @@ class MultiHeadAttention(Module):
                               f"multiple of num_heads ({num_heads})")
         self.embed_dim, self.num_heads = int(embed_dim), int(num_heads)
         self.head_dim = self.embed_dim // self.num_heads
-        seeds = np.random.default_rng(seed).integers(2**32, size=5)
+        seeds = layer_generator(seed).integers(2**32, size=5)
         self.q_proj, self.k_proj, self.v_proj, self.out_proj = (
             Linear(embed_dim, embed_dim, seed=s) for s in seeds[:4])
         # NOTE: PyTorch's init: Xavier-uniform over the stacked (3E, E) input projection and

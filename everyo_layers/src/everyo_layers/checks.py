@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from everyo import EveryOError, Tensor
-from everyo.dtypes import is_floating
+from everyo.kernels import is_floating
 
 
 def array_of(x) -> np.ndarray:
@@ -41,3 +41,13 @@ def pair(value, name: str) -> tuple:
         return int(a), int(b)
     except (TypeError, ValueError):
         raise EveryOError(f"{name} must be an int or a pair of ints, got {value!r}") from None
+
+
+def check_groups(layer: str, groups, in_channels: int, out_channels: int) -> int:
+    """``groups`` as a positive int dividing both channel counts, or an error naming ``layer``."""
+    if not isinstance(groups, (int, np.integer)) or groups <= 0:
+        raise EveryOError(f"{layer}: groups must be a positive int, got {groups!r}")
+    if in_channels % groups or out_channels % groups:
+        raise EveryOError(f"{layer}: groups={groups} must divide both in_channels "
+                          f"({in_channels}) and out_channels ({out_channels})")
+    return int(groups)

@@ -3,64 +3,14 @@
 from __future__ import annotations
 
 import numpy as np
-from numpy.lib.stride_tricks import as_strided
 
 from everyo import EveryOError, Module, Op, dispatch
-from everyo.dtypes import HALF_DTYPES
-from everyo.half_precision import narrow, widen
-from everyo.ops.linalg import blas_matmul
-from everyo_layers.checks import check_float, pair
-from everyo_layers.linear import fan_in_bound, uniform_parameter
+from everyo.kernels import HALF_DTYPES, blas_matmul, narrow, widen
+from everyo_layers.checks import check_float, check_groups
+from everyo_layers.initializers import fan_in_bound, layer_generator, uniform_parameter
 from everyo_layers.padding import output_size, resolve_padding
 from everyo_layers.precision import accumulation_dtype
-
-
-def pad_hw(x: np.ndarray, pads: tuple, value=0) -> np.ndarray:
-    """``x`` (NHWC) with ``pads = ((top, bottom), (left, right))`` added around H and W."""
-    (top, bottom), (left, right) = pads
-    if not (top or bottom or left or right):
-        return x
-    n, h, w, c = x.shape
-    out = np.full((n, h + top + bottom, w + left + right, c), value, dtype=x.dtype)
-    out[:, top:top + h, left:left + w, :] = x
-    return out
-
-
-def window_view(xp: np.ndarray, kernel: tuple, stride: tuple, dilation: tuple,
-                out_hw: tuple) -> np.ndarray:
-    """A read-only ``(N, Ho, Wo, kh, kw, C)`` view of every window of padded NHWC ``xp``."""
-    sn, sh, sw, sc = xp.strides
-    n, _, _, c = xp.shape
-    shape = (n, out_hw[0], out_hw[1], kernel[0], kernel[1], c)
-    strides = (sn, sh * stride[0], sw * stride[1], sh * dilation[0], sw * dilation[1], sc)
-    return as_strided(xp, shape, strides, writeable=False)
-
-
-def window_slices(offset: tuple, stride: tuple, dilation: tuple, out_hw: tuple) -> tuple:
-    """Index of the input elements that kernel position ``offset`` meets in every window."""
-    (i, j), (sh, sw), (dh, dw), (ho, wo) = offset, stride, dilation, out_hw
-    return (slice(None), slice(i * dh, i * dh + sh * (ho - 1) + 1, sh),
-            slice(j * dw, j * dw + sw * (wo - 1) + 1, sw), slice(None))
-
-
-def window_arguments(op: str, x: np.ndarray, kernel, stride, padding, dilation=(1, 1)) -> tuple:
-    """``(kernel, stride, pads, dilation)`` of a window op called directly (``eo.conv2d``,
-    ``eo.max_pool2d``...) with the layers' argument forms: ints or pairs, and any ``padding``
-    :func:`resolve_padding` accepts ("valid", "same", ints, explicit pads).
-
-    Example:
-        >>> window_arguments("conv2d", np.zeros((1, 5, 5, 1)), 3, 2, "same")
-        ((3, 3), (2, 2), ((1, 1), (1, 1)), (1, 1))
-    """
-    if x.ndim != 4:
-        raise EveryOError(f"{op}: expected NHWC input (4 axes), got shape {x.shape}")
-    kernel, stride = pair(kernel, f"{op} kernel size"), pair(stride, f"{op} stride")
-    dilation = pair(dilation, f"{op} dilation")
-    if min(kernel + stride + dilation) <= 0:
-        raise EveryOError(f"{op}: kernel size, stride and dilation must be positive, got "
-                          f"{kernel}, {stride}, {dilation}")
-    return kernel, stride, resolve_padding(padding, x.shape[1:3], kernel, stride, dilation), \
-        dilation
+from everyo_layers.windows import check_geometry, pad_hw, window_arguments, window_slices, window_view
 
 
 def _sum_rows(g2: np.ndarray) -> np.ndarray:
@@ -79,6 +29,7 @@ class Conv2DOp(Op):
     ``matmul`` does.
     """
 
+    precision = "lower"  # BLAS-shaped: float16 is safe, products accumulate in float32
     __slots__ = ("stride", "dilation", "pads", "x_shape", "out_hw", "w_shape")
 
     def forward(self, x, weight, bias=None, stride=(1, 1), padding=((0, 0), (0, 0)),
@@ -199,12 +150,14 @@ class Conv2D(Module):
         padding: ``"valid"``, ``"same"`` (TensorFlow's rule: output ``ceil(in/stride)``, the odd
             extra pad on the bottom/right), an int, ``(ph, pw)`` or
             ``((top, bottom), (left, right))``.
-        dilation: int or (dh, dw).
+        dilation: int or (dh, dw); "same" padding accounts for the dilated kernel's extent.
+        groups: split the channels into ``groups`` independent convolutions (both channel counts
+            must be divisible by it); ``groups=in_channels`` is a depthwise convolution.
         bias: learn an additive bias per output channel.
-        seed: seed of the initialisation (PyTorch's: U(+-1/sqrt(in*kh*kw))).
+        seed: seed of the initialisation (PyTorch's: U(+-1/sqrt(in/groups*kh*kw))).
 
     Attributes:
-        weight: Parameter of shape ``(kh, kw, in_channels, out_channels)``.
+        weight: Parameter of shape ``(kh, kw, in_channels // groups, out_channels)``.
         bias: Parameter of shape ``(out_channels,)`` or None.
 
     Example:
@@ -215,24 +168,22 @@ class Conv2D(Module):
     """
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1,
-                 padding="valid", dilation=1, bias: bool = True, seed=None):
+                 padding="valid", dilation=1, groups: int = 1, bias: bool = True, seed=None):
         super().__init__()
         if in_channels <= 0 or out_channels <= 0:
             raise EveryOError(f"Conv2D: channels must be positive, got {in_channels} and "
                               f"{out_channels}")
         self.in_channels, self.out_channels = int(in_channels), int(out_channels)
-        self.kernel_size = pair(kernel_size, "Conv2D kernel_size")
-        self.stride = pair(stride, "Conv2D stride")
-        self.dilation = pair(dilation, "Conv2D dilation")
-        if min(self.kernel_size + self.stride + self.dilation) <= 0:
-            raise EveryOError(f"Conv2D: kernel_size, stride and dilation must be positive, got "
-                              f"{self.kernel_size}, {self.stride}, {self.dilation}")
+        self.kernel_size, self.stride, self.dilation = check_geometry(
+            "Conv2D", kernel_size, stride, dilation)
+        self.groups = check_groups("Conv2D", groups, self.in_channels, self.out_channels)
         resolve_padding(padding, (1, 1), self.kernel_size)  # validate the form early
         self.padding = padding
-        rng = np.random.default_rng(seed)
+        rng = layer_generator(seed)
         kh, kw = self.kernel_size
-        bound = fan_in_bound(self.in_channels * kh * kw)
-        self.weight = uniform_parameter(rng, (kh, kw, self.in_channels, self.out_channels), bound)
+        per_group = self.in_channels // self.groups
+        bound = fan_in_bound(per_group * kh * kw)
+        self.weight = uniform_parameter(rng, (kh, kw, per_group, self.out_channels), bound)
         self.bias = uniform_parameter(rng, (self.out_channels,), bound) if bias else None
 
     @property
@@ -249,12 +200,16 @@ class Conv2D(Module):
         pads = resolve_padding(self.padding, data.shape[1:3], self.kernel_size, self.stride,
                                self.dilation)
         operands = (x, self.weight) if self.bias is None else (x, self.weight, self.bias)
+        if self.groups > 1:
+            return dispatch("grouped_conv2d", *operands, stride=self.stride, padding=pads,
+                            dilation=self.dilation, groups=self.groups)
         return dispatch("conv2d", *operands, stride=self.stride, padding=pads,
                         dilation=self.dilation)
 
     def extra_repr(self) -> str:
         return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
-                f"stride={self.stride}, padding={self.padding!r}, dilation={self.dilation}")
+                f"stride={self.stride}, padding={self.padding!r}, dilation={self.dilation}, "
+                f"groups={self.groups}")
 
 
 OPS = {"conv2d": Conv2DOp}

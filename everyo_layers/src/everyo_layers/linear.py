@@ -2,26 +2,9 @@
 
 from __future__ import annotations
 
-import math
-
-import numpy as np
-
-from everyo import EveryOError, Module, Parameter, dispatch
+from everyo import EveryOError, Module, dispatch
 from everyo_layers.checks import check_last_axis
-
-
-def uniform_parameter(rng: np.random.Generator, shape: tuple, bound: float) -> Parameter:
-    """A float32 Parameter drawn from U(-bound, bound)."""
-    return Parameter(rng.uniform(-bound, bound, size=shape).astype(np.float32))
-
-
-def fan_in_bound(fan_in: int) -> float:
-    """PyTorch's default bound for weights and biases: ``1/sqrt(fan_in)``.
-
-    NOTE: torch.nn.Linear/Conv2d use kaiming_uniform_(a=sqrt(5)), whose bound
-    ``gain * sqrt(3/fan_in)`` with ``gain = sqrt(2/(1+5))`` simplifies to ``1/sqrt(fan_in)``.
-    """
-    return 1.0 / math.sqrt(fan_in) if fan_in > 0 else 0.0
+from everyo_layers.initializers import fan_in_bound, layer_generator, uniform_parameter
 
 
 class Linear(Module):
@@ -50,7 +33,7 @@ class Linear(Module):
             raise EveryOError(f"Linear: in_features and out_features must be positive, got "
                               f"{in_features} and {out_features}")
         self.in_features, self.out_features = int(in_features), int(out_features)
-        rng = np.random.default_rng(seed)
+        rng = layer_generator(seed)
         bound = fan_in_bound(self.in_features)
         self.weight = uniform_parameter(rng, (self.in_features, self.out_features), bound)
         self.bias = uniform_parameter(rng, (self.out_features,), bound) if bias else None

@@ -10,10 +10,9 @@ from __future__ import annotations
 import numpy as np
 
 from everyo import EveryOError, Module, Op, dispatch
-from everyo.dtypes import is_floating
-from everyo.ops.reduction import log_softmax_array
-from everyo.ops.unary import stable_sigmoid
+from everyo.kernels import is_floating, log_softmax_array, stable_sigmoid
 from everyo_layers.checks import array_of, check_float
+from everyo_layers.loss_weights import class_weights, weighted_class_loss, weighted_elementwise_loss
 from everyo_layers.precision import accumulation_dtype
 
 REDUCTIONS = ("mean", "sum", "none")
@@ -37,6 +36,7 @@ def _upstream(g: np.ndarray, reduction: str, count, shape: tuple) -> np.ndarray:
 
 
 class _LossOp(Op):
+    precision = "float32"  # losses sum many values: float16 would overflow
     __slots__ = ("reduction", "count", "shape")
 
     def spread(self, g: np.ndarray) -> np.ndarray:
@@ -273,7 +273,7 @@ def _class_targets(name: str, scores: np.ndarray, target, ignore_index: int) -> 
 
 
 def cross_entropy(input, target, reduction: str = "mean", label_smoothing: float = 0.0,
-                  ignore_index: int = -100):
+                  ignore_index: int = -100, weight=None):
     """Softmax cross-entropy of logits with integer class targets (or class probabilities).
 
     Args:
@@ -282,6 +282,8 @@ def cross_entropy(input, target, reduction: str = "mean", label_smoothing: float
         reduction: "mean" (over non-ignored targets), "sum" or "none".
         label_smoothing: mix the target with the uniform distribution (PyTorch's rule).
         ignore_index: class-index targets equal to it contribute nothing.
+        weight: optional per-class weights (C,); "mean" then divides by the summed weights of
+            the counted targets (PyTorch's rule, see :mod:`everyo_layers.loss_weights`).
 
     Returns:
         A float32 (float64 for float64 input) tensor, scalar unless reduction="none".
@@ -306,11 +308,15 @@ def cross_entropy(input, target, reduction: str = "mean", label_smoothing: float
                               f"{scores.shape}, got {t.shape}")
     else:
         t = _class_targets("cross_entropy", scores, t, ignore_index)
+    if weight is not None:
+        w = class_weights("cross_entropy", weight, scores.shape[-1], scores.dtype)
+        return weighted_class_loss("cross_entropy", input, t, w, reduction, ignore_index,
+                                   float(label_smoothing))
     return dispatch("cross_entropy", input, target=t, reduction=reduction,
                     label_smoothing=float(label_smoothing), ignore_index=ignore_index)
 
 
-def nll_loss(input, target, reduction: str = "mean", ignore_index: int = -100):
+def nll_loss(input, target, reduction: str = "mean", ignore_index: int = -100, weight=None):
     """Negative log-likelihood: ``-input[..., target]`` for log-probabilities (..., C).
 
     Example:
@@ -321,16 +327,23 @@ def nll_loss(input, target, reduction: str = "mean", ignore_index: int = -100):
     _check_reduction("nll_loss", reduction)
     scores = check_float("nll_loss", input)
     t = _class_targets("nll_loss", scores, target, ignore_index)
+    if weight is not None:
+        w = class_weights("nll_loss", weight, scores.shape[-1], scores.dtype)
+        return weighted_class_loss("nll_loss", input, t, w, reduction, ignore_index)
     return dispatch("nll_loss", input, target=t, reduction=reduction, ignore_index=ignore_index)
 
 
-def _elementwise(name: str, op: str, input, target, reduction: str, **attrs):
+def _check_elementwise(name: str, input, target, reduction: str) -> None:
     _check_reduction(name, reduction)
     x = check_float(name, input)
     y = check_float(f"{name} (target)", target)
     if x.shape != y.shape:
         # NOTE: no broadcasting: (N, 1) against (N,) silently builds an N x N loss in NumPy.
         raise EveryOError(f"{name}: input shape {x.shape} and target shape {y.shape} differ")
+
+
+def _elementwise(name: str, op: str, input, target, reduction: str, **attrs):
+    _check_elementwise(name, input, target, reduction)
     return dispatch(op, input, target, reduction=reduction, **attrs)
 
 
@@ -356,12 +369,15 @@ def l1_loss(input, target, reduction: str = "mean"):
     return _elementwise("l1_loss", "l1_loss", input, target, reduction)
 
 
-def binary_cross_entropy_with_logits(input, target, reduction: str = "mean", pos_weight=None):
+def binary_cross_entropy_with_logits(input, target, reduction: str = "mean", pos_weight=None,
+                                     weight=None):
     """Binary cross-entropy of logits against targets in [0, 1], computed stably.
 
     Args:
         input: logits, any shape. target: same shape. pos_weight: optional weight of the
-            positive term, broadcast over the last axis (PyTorch's).
+            positive term, broadcast over the last axis (PyTorch's). weight: optional weight
+            of each element's loss, broadcast to the input ("mean" still divides by the number
+            of elements, as PyTorch).
 
     Example:
         >>> import everyo as eo
@@ -369,19 +385,28 @@ def binary_cross_entropy_with_logits(input, target, reduction: str = "mean", pos
         0.6931
     """
     attrs = {}
+    name = "binary_cross_entropy_with_logits"
     if pos_weight is not None:
-        name = "binary_cross_entropy_with_logits"
-        pw = attrs["pos_weight"] = check_float(f"{name} (pos_weight)", pos_weight)
-        shape = array_of(input).shape
-        try:
-            fits = np.broadcast_shapes(pw.shape, shape) == shape
-        except ValueError:
-            fits = False
-        if not fits:  # NOTE: broadcasting *beyond* the input would silently grow the loss
-            raise EveryOError(f"{name}: pos_weight of shape {pw.shape} does not broadcast to "
-                              f"the input shape {shape}")
+        attrs["pos_weight"] = _broadcasting_weight(name, "pos_weight", pos_weight, input)
+    if weight is not None:
+        w = _broadcasting_weight(name, "weight", weight, input)
+        _check_elementwise(name, input, target, reduction)
+        return weighted_elementwise_loss("bce_with_logits", input, target, w, reduction, **attrs)
     return _elementwise("binary_cross_entropy_with_logits", "bce_with_logits", input, target,
                         reduction, **attrs)
+
+
+def _broadcasting_weight(name: str, what: str, weight, input) -> np.ndarray:
+    w = check_float(f"{name} ({what})", weight)
+    shape = array_of(input).shape
+    try:
+        fits = np.broadcast_shapes(w.shape, shape) == shape
+    except ValueError:
+        fits = False
+    if not fits:  # NOTE: broadcasting *beyond* the input would silently grow the loss
+        raise EveryOError(f"{name}: {what} of shape {w.shape} does not broadcast to the input "
+                          f"shape {shape}")
+    return w
 
 
 # -- modules ----------------------------------------------------------------------------------
@@ -421,36 +446,40 @@ class CrossEntropyLoss(_Loss):
     """
 
     def __init__(self, reduction: str = "mean", label_smoothing: float = 0.0,
-                 ignore_index: int = -100):
+                 ignore_index: int = -100, weight=None):
         super().__init__(reduction)
         self.label_smoothing = float(label_smoothing)
         self.ignore_index = int(ignore_index)
+        self.weight = None if weight is None else np.asarray(array_of(weight))
 
     def forward(self, input, target):
         return cross_entropy(input, target, self.reduction, self.label_smoothing,
-                             self.ignore_index)
+                             self.ignore_index, self.weight)
 
 
 class NLLLoss(_Loss):
     """Negative log-likelihood of log-probabilities; see :func:`nll_loss`."""
 
-    def __init__(self, reduction: str = "mean", ignore_index: int = -100):
+    def __init__(self, reduction: str = "mean", ignore_index: int = -100, weight=None):
         super().__init__(reduction)
         self.ignore_index = int(ignore_index)
+        self.weight = None if weight is None else np.asarray(array_of(weight))
 
     def forward(self, input, target):
-        return nll_loss(input, target, self.reduction, self.ignore_index)
+        return nll_loss(input, target, self.reduction, self.ignore_index, self.weight)
 
 
 class BCEWithLogitsLoss(_Loss):
     """Binary cross-entropy on logits; see :func:`binary_cross_entropy_with_logits`."""
 
-    def __init__(self, reduction: str = "mean", pos_weight=None):
+    def __init__(self, reduction: str = "mean", pos_weight=None, weight=None):
         super().__init__(reduction)
         self.pos_weight = None if pos_weight is None else np.asarray(array_of(pos_weight))
+        self.weight = None if weight is None else np.asarray(array_of(weight))
 
     def forward(self, input, target):
-        return binary_cross_entropy_with_logits(input, target, self.reduction, self.pos_weight)
+        return binary_cross_entropy_with_logits(input, target, self.reduction, self.pos_weight,
+                                                self.weight)
 
 
 OPS = {"cross_entropy": CrossEntropyOp, "nll_loss": NLLLossOp, "mse_loss": MSELossOp,

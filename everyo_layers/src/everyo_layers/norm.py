@@ -8,6 +8,7 @@ import numpy as np
 
 from everyo import EveryOError, Module, Op, Parameter, dispatch
 from everyo_layers.checks import check_float
+from everyo_layers.norm_stats import moments
 from everyo_layers.precision import accumulation_dtype
 
 
@@ -32,13 +33,13 @@ class _NormalizeOp(Op):
 class LayerNormOp(_NormalizeOp):
     """Normalise over the trailing ``ndims`` axes, then scale and shift (weight, bias optional)."""
 
+    precision = "float32"
     __slots__ = ("axes",)
 
     def forward(self, x, weight=None, bias=None, ndims=1, eps=1e-5):
         xc = x.astype(accumulation_dtype(x.dtype), copy=False)
         self.axes = tuple(range(x.ndim - ndims, x.ndim))
-        centered = xc - xc.mean(axis=self.axes, keepdims=True)
-        var = np.mean(np.square(centered), axis=self.axes, keepdims=True)
+        _, centered, var = moments(xc, self.axes)
         return self.normalize(x, centered, var, eps, weight, bias)
 
     def backward(self, g):
@@ -71,7 +72,8 @@ class BatchNormOp(_NormalizeOp):
     statistics (biased variance) and updates ``running_mean``/``running_var`` in place (unbiased
     variance, PyTorch's rule); otherwise it normalises by the running statistics."""
 
-    __slots__ = ("training",)
+    precision = "float32"
+    __slots__ = ("training", "statistics")
 
     def forward(self, x, weight=None, bias=None, running_mean=None, running_var=None,
                 training=True, momentum=0.1, eps=1e-5):
@@ -81,9 +83,7 @@ class BatchNormOp(_NormalizeOp):
         if training:
             axes = tuple(range(x.ndim - 1))
             count = x.size // x.shape[-1]
-            mean = xc.mean(axis=axes)
-            centered = xc - mean
-            var = np.mean(np.square(centered), axis=axes)
+            mean, centered, var = moments(xc, axes, keepdims=False)
             if running_mean is not None:
                 running_mean *= 1 - momentum
                 running_mean += (momentum * mean).astype(running_mean.dtype, copy=False)
@@ -91,8 +91,11 @@ class BatchNormOp(_NormalizeOp):
                 unbiased = var * (count / (count - 1))
                 running_var += (momentum * unbiased).astype(running_var.dtype, copy=False)
         else:
-            centered = xc - running_mean.astype(compute, copy=False)
-            var = running_var.astype(compute, copy=False)
+            # NOTE: copies, not views: a later training-mode call updates the running
+            # statistics in place, and this graph's backward must see the values it used.
+            mean, var = running_mean.astype(compute), running_var.astype(compute)
+            self.statistics = (mean, var)
+            centered = xc - mean
         return self.normalize(x, centered, var, eps, weight, bias)
 
     def backward(self, g):
@@ -124,8 +127,8 @@ class BatchNormOp(_NormalizeOp):
             centered = x - dispatch("mean", x, axis=axes, keepdims=True)
             var = dispatch("mean", centered * centered, axis=axes, keepdims=True)
         else:
-            centered = x - attrs["running_mean"]
-            var = attrs["running_var"]
+            mean, var = self.statistics
+            centered = x - mean
         return _affine(centered / dispatch("sqrt", var + attrs.get("eps", 1e-5)), weight, bias)
 
 
@@ -142,6 +145,7 @@ class LayerNorm(Module):
         normalized_shape: int or tuple, the trailing shape to normalise over.
         eps: added to the variance.
         elementwise_affine: learn ``weight`` (ones) and ``bias`` (zeros).
+        bias: with ``elementwise_affine``, learn the shift too (``False``: scale only).
 
     Example:
         >>> import everyo as eo
@@ -150,7 +154,8 @@ class LayerNorm(Module):
         [0.0, 0.0]
     """
 
-    def __init__(self, normalized_shape, eps: float = 1e-5, elementwise_affine: bool = True):
+    def __init__(self, normalized_shape, eps: float = 1e-5, elementwise_affine: bool = True,
+                 bias: bool = True):
         super().__init__()
         if isinstance(normalized_shape, (int, np.integer)):
             normalized_shape = (int(normalized_shape),)
@@ -159,7 +164,7 @@ class LayerNorm(Module):
         self.elementwise_affine = bool(elementwise_affine)
         if elementwise_affine:
             self.weight = Parameter(np.ones(self.normalized_shape, np.float32))
-            self.bias = Parameter(np.zeros(self.normalized_shape, np.float32))
+            self.bias = Parameter(np.zeros(self.normalized_shape, np.float32)) if bias else None
         else:
             self.weight = self.bias = None
 
@@ -169,7 +174,7 @@ class LayerNorm(Module):
         if data.shape[data.ndim - n:] != self.normalized_shape or data.ndim < n:
             raise EveryOError(f"LayerNorm{self.normalized_shape}: expected input ending in "
                               f"{self.normalized_shape}, got shape {data.shape}")
-        params = (self.weight, self.bias) if self.elementwise_affine else ()
+        params = tuple(p for p in (self.weight, self.bias) if p is not None)
         return dispatch("layer_norm", x, *params, ndims=n, eps=self.eps)
 
     def extra_repr(self) -> str:

@@ -10,13 +10,21 @@ from __future__ import annotations
 import numpy as np
 
 from everyo import EveryOError, Module, Op, dispatch
-from everyo.ops.unary import keep_where
-from everyo_layers.checks import check_float, pair
-from everyo_layers.conv import pad_hw, window_arguments, window_slices
+from everyo.kernels import keep_where
+from everyo_layers.checks import check_float
 from everyo_layers.padding import output_size, resolve_padding
 from everyo_layers.precision import accumulation_dtype
+from everyo_layers.windows import check_geometry, pad_hw, window_arguments, window_slices
 
 _NO_PADS = ((0, 0), (0, 0))
+
+
+def check_pool_pads(owner: str, padding, pads: tuple, pool: tuple) -> None:
+    """Refuse pads as large as the pool: such a window could hold nothing but padding."""
+    for (lo, hi), size in zip(pads, pool):
+        if max(lo, hi) >= size:
+            raise EveryOError(f"{owner}: padding {padding!r} resolves to {pads}; each pad "
+                              f"must be smaller than the pool size {pool}")
 
 
 class _Windows:
@@ -29,10 +37,7 @@ class _Windows:
         # defaults to the pool size, as the layers and PyTorch do.
         pool, stride, pads, _ = window_arguments(op, x, pool, pool if stride is None else stride,
                                                  padding)
-        for (lo, hi), size in zip(pads, pool):
-            if max(lo, hi) >= size:
-                raise EveryOError(f"{op}: padding {padding!r} resolves to {pads}; each pad "
-                                  f"must be smaller than the pool size {pool}")
+        check_pool_pads(op, padding, pads, pool)
         n, h, w, c = shape = x.shape
         self.pool, self.stride, self.pads = pool, stride, pads
         self.out_hw = (output_size(h, pool[0], stride[0], 1, pads[0]),
@@ -120,13 +125,16 @@ class MaxPool2DOp(Op):
 
 
 class AvgPool2DOp(Op):
-    """Mean over each window, excluding padding from the count (as Keras)."""
+    """Mean over each window, excluding padding from the count (as Keras) unless
+    ``count_include_pad`` (PyTorch's default: padded zeros count)."""
 
-    __slots__ = ("windows", "x_shape", "dtype")
+    __slots__ = ("windows", "x_shape", "dtype", "count_include_pad")
 
-    def forward(self, x, pool_size=(2, 2), stride=None, padding=_NO_PADS):
+    def forward(self, x, pool_size=(2, 2), stride=None, padding=_NO_PADS,
+                count_include_pad=False):
         self.windows = windows = _Windows("avg_pool2d", x, pool_size, stride, padding)
         self.x_shape, self.dtype = x.shape, x.dtype
+        self.count_include_pad = bool(count_include_pad)
         accumulate = accumulation_dtype(x.dtype)  # float16 sums in float32
         total = None
         for view in windows.views(pad_hw(x, windows.pads)):
@@ -137,7 +145,7 @@ class AvgPool2DOp(Op):
 
     def _count(self):
         """How many real (unpadded) elements each window holds, shaped to broadcast."""
-        if self.windows.pads == _NO_PADS:
+        if self.windows.pads == _NO_PADS or self.count_include_pad:
             return np.float32(self.windows.pool[0] * self.windows.pool[1])
         ones = pad_hw(np.ones((1,) + self.x_shape[1:3] + (1,), np.float32), self.windows.pads)
         count = None
@@ -176,12 +184,11 @@ class _Pool2D(Module):
     def __init__(self, pool_size=2, stride=None, padding="valid"):
         super().__init__()
         name = type(self).__name__
-        self.pool_size = pair(pool_size, f"{name} pool_size")
-        self.stride = self.pool_size if stride is None else pair(stride, f"{name} stride")
-        if min(self.pool_size + self.stride) <= 0:
-            raise EveryOError(f"{name}: pool_size and stride must be positive, got "
-                              f"{self.pool_size} and {self.stride}")
-        resolve_padding(padding, (1, 1), self.pool_size)  # validate the form early
+        self.pool_size, self.stride, _ = check_geometry(
+            name, pool_size, pool_size if stride is None else stride, kernel_name="pool_size")
+        pads = resolve_padding(padding, (1, 1), self.pool_size)  # validate the form early
+        if not isinstance(padding, str):  # "same" pads are always smaller than the pool
+            check_pool_pads(name, padding, pads, self.pool_size)
         self.padding = padding
 
     @property
@@ -189,17 +196,16 @@ class _Pool2D(Module):
         return f"{type(self).__name__}{self.pool_size}"
 
     def forward(self, x):
+        return self.pool(x)
+
+    def pool(self, x, **attrs):
         data = check_float(self.label, x)
         if data.ndim != 4:
             raise EveryOError(f"{self.label}: expected NHWC input (4 axes), got shape "
                               f"{data.shape}")
         pads = resolve_padding(self.padding, data.shape[1:3], self.pool_size, self.stride)
-        for (lo, hi), size in zip(pads, self.pool_size):
-            if max(lo, hi) >= size:
-                raise EveryOError(f"{self.label}: padding {self.padding!r} resolves to {pads}; "
-                                  f"each pad must be smaller than the pool size {self.pool_size}")
         return dispatch(self.op_name, x, pool_size=self.pool_size, stride=self.stride,
-                        padding=pads)
+                        padding=pads, **attrs)
 
     def extra_repr(self) -> str:
         return f"pool_size={self.pool_size}, stride={self.stride}, padding={self.padding!r}"
@@ -219,7 +225,9 @@ class MaxPool2D(_Pool2D):
 
 
 class AvgPool2D(_Pool2D):
-    """Mean over ``pool_size`` windows of NHWC input; padded positions are not counted.
+    """Mean over ``pool_size`` windows of NHWC input; padded positions are not counted unless
+    ``count_include_pad=True`` (then every window divides by the full pool area, as PyTorch's
+    default).
 
     Example:
         >>> import everyo as eo
@@ -229,6 +237,13 @@ class AvgPool2D(_Pool2D):
     """
 
     op_name = "avg_pool2d"
+
+    def __init__(self, pool_size=2, stride=None, padding="valid", count_include_pad=False):
+        super().__init__(pool_size, stride, padding)
+        self.count_include_pad = bool(count_include_pad)
+
+    def forward(self, x):
+        return self.pool(x, count_include_pad=self.count_include_pad)
 
 
 OPS = {"max_pool2d": MaxPool2DOp, "avg_pool2d": AvgPool2DOp}

@@ -12,9 +12,11 @@ import math
 
 import numpy as np
 
-from everyo import EveryOError, Module, Parameter, Tensor, dispatch, stack
+from everyo import EveryOError, Module, Parameter, Tensor, concatenate, dispatch, stack
 from everyo_layers.checks import check_float
+from everyo_layers.initializers import layer_generator
 from everyo_layers.recurrent_ops import OPS as _RECURRENT_OPS
+from everyo_layers.recurrent_run import check_lengths, reverse_steps, run_direction
 
 
 class _Recurrent(Module):
@@ -25,33 +27,49 @@ class _Recurrent(Module):
     has_cell = False
 
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1,
-                 batch_first: bool = True, return_state: bool = False, seed=None):
+                 batch_first: bool = True, return_state: bool = False, seed=None,
+                 bidirectional: bool = False, dropout: float = 0.0):
         super().__init__()
+        name = type(self).__name__
         if min(input_size, hidden_size, num_layers) <= 0:
-            raise EveryOError(f"{type(self).__name__}: input_size, hidden_size and num_layers "
+            raise EveryOError(f"{name}: input_size, hidden_size and num_layers "
                               f"must be positive, got {input_size}, {hidden_size}, {num_layers}")
+        if not 0.0 <= dropout < 1.0:
+            raise EveryOError(f"{name}: dropout must be in [0, 1), got {dropout}")
         self.input_size, self.hidden_size = int(input_size), int(hidden_size)
         self.num_layers = int(num_layers)
         self.batch_first, self.return_state = bool(batch_first), bool(return_state)
-        rng = np.random.default_rng(seed)
+        self.bidirectional, self.dropout = bool(bidirectional), float(dropout)
+        self.rng = layer_generator(seed)
         # NOTE: PyTorch's init: every weight and bias from U(-1/sqrt(hidden), 1/sqrt(hidden)).
         bound = 1.0 / math.sqrt(self.hidden_size)
         width = self.gates * self.hidden_size
         for k in range(self.num_layers):
-            fan = self.input_size if k == 0 else self.hidden_size
-            for name, shape in ((f"weight_ih_l{k}", (fan, width)),
-                                (f"weight_hh_l{k}", (self.hidden_size, width)),
-                                (f"bias_ih_l{k}", (width,)), (f"bias_hh_l{k}", (width,))):
-                data = rng.uniform(-bound, bound, size=shape).astype(np.float32)
-                setattr(self, name, Parameter(data))
+            fan = self.input_size if k == 0 else self.hidden_size * self.directions
+            for suffix in self.suffixes:
+                for name, shape in ((f"weight_ih_l{k}{suffix}", (fan, width)),
+                                    (f"weight_hh_l{k}{suffix}", (self.hidden_size, width)),
+                                    (f"bias_ih_l{k}{suffix}", (width,)),
+                                    (f"bias_hh_l{k}{suffix}", (width,))):
+                    data = self.rng.uniform(-bound, bound, size=shape).astype(np.float32)
+                    setattr(self, name, Parameter(data))
+
+    @property
+    def directions(self) -> int:
+        return 2 if self.bidirectional else 1
+
+    @property
+    def suffixes(self) -> tuple:
+        """Parameter-name suffix of each direction (PyTorch's)."""
+        return ("", "_reverse") if self.bidirectional else ("",)
 
     @property
     def label(self) -> str:
         return f"{type(self).__name__}({self.input_size}→{self.hidden_size})"
 
-    def layer_parameters(self, k: int) -> tuple:
-        """``(weight_ih, weight_hh, bias_ih, bias_hh)`` of layer ``k`` of the stack."""
-        return tuple(getattr(self, f"{n}_l{k}")
+    def layer_parameters(self, k: int, suffix: str = "") -> tuple:
+        """``(weight_ih, weight_hh, bias_ih, bias_hh)`` of layer ``k`` (direction ``suffix``)."""
+        return tuple(getattr(self, f"{n}_l{k}{suffix}")
                      for n in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"))
 
     def _check_input(self, x) -> np.ndarray:
@@ -66,8 +84,8 @@ class _Recurrent(Module):
         return data
 
     def _initial(self, state, batch: int, dtype) -> list:
-        """The initial state(s) as a list (one entry per tensor), each (layers, batch, H)."""
-        expected = (self.num_layers, batch, self.hidden_size)
+        """The initial state(s) as a list (one entry per tensor), each (layers*dirs, batch, H)."""
+        expected = (self.num_layers * self.directions, batch, self.hidden_size)
         if state is None:
             zeros = np.zeros(expected, dtype)
             return [zeros] * (2 if self.has_cell else 1)
@@ -78,51 +96,62 @@ class _Recurrent(Module):
             shape = part.shape if isinstance(part, Tensor) else np.shape(part)
             if tuple(shape) != expected:
                 raise EveryOError(f"{self.label}: expected initial state of shape "
-                                  f"(num_layers, batch, hidden) = {expected}, got {tuple(shape)}")
+                                  f"(num_layers * directions, batch, hidden) = {expected}, got "
+                                  f"{tuple(shape)}")
         return parts
 
-    def forward(self, x, state=None):
+    def forward(self, x, state=None, lengths=None):
         """Run the stack over the sequence ``x``.
 
         Args:
             x: ``(batch, seq, input_size)`` (``(seq, batch, input_size)`` when not batch_first).
-            state: optional initial state, ``(num_layers, batch, hidden)``; for LSTM a pair
-                ``(h0, c0)``. Zeros when omitted.
+            state: optional initial state, ``(num_layers * directions, batch, hidden)``; for
+                LSTM a pair ``(h0, c0)``. Zeros when omitted.
+            lengths: optional real length of each sample (ints in ``[1, seq]``): outputs past
+                it are zero and the final state is the one after the sample's last real step
+                (PyTorch's packed-sequence results).
 
         Returns:
-            The last layer's hidden state at every step, laid out like ``x``; with
-            ``return_state=True`` the pair ``(output, final_state)``.
+            The last layer's hidden state at every step (both directions concatenated on the
+            last axis when bidirectional), laid out like ``x``; with ``return_state=True`` the
+            pair ``(output, final_state)``, final states ``(num_layers * directions, batch,
+            hidden)`` ordered layer by layer, forward before reverse.
         """
         data = self._check_input(x)
-        steps = data.shape[1] if self.batch_first else data.shape[0]
-        batch = data.shape[0] if self.batch_first else data.shape[1]
+        batch, steps = (data.shape[:2] if self.batch_first else data.shape[1::-1])
+        if lengths is not None:
+            lengths = check_lengths(self.label, lengths, batch, steps)
         initial = self._initial(state, batch, data.dtype)
-        last = (slice(None), -1) if self.batch_first else -1
+        out = x if self.batch_first else dispatch("transpose", x, axes=(1, 0, 2))
         finals: list = [[] for _ in initial]
-        out = x
         for k in range(self.num_layers):
-            starts = [s[k] for s in initial]
-            out = dispatch(self.op_name, out, *starts, *self.layer_parameters(k),
-                           **self._attrs())
-            if self.has_cell:  # the op appends the final cell state as one more step
-                seq = (slice(None), slice(None, steps)) if self.batch_first else slice(None, steps)
-                cell = (slice(None), steps) if self.batch_first else steps
-                if self.return_state:
-                    finals[1].append(out[cell])
-                out = out[seq]
-            if self.return_state:
-                finals[0].append(out[last])
+            if k and self.dropout and self.training:
+                out = dispatch("dropout", out, p=self.dropout, rng=self.rng)
+            outputs = []
+            for d, suffix in enumerate(self.suffixes):
+                starts = [s[k * self.directions + d] for s in initial]
+                source = out if d == 0 else reverse_steps(out, lengths)
+                result, last = run_direction(self.op_name, source, starts,
+                                             self.layer_parameters(k, suffix), self._attrs(),
+                                             self.has_cell, lengths)
+                outputs.append(result if d == 0 else reverse_steps(result, lengths))
+                for held, value in zip(finals, last):
+                    held.append(value)
+            out = outputs[0] if len(outputs) == 1 else concatenate(outputs, axis=2)
+        if not self.batch_first:
+            out = dispatch("transpose", out, axes=(1, 0, 2))
         if not self.return_state:
             return out
         final = [stack(f, axis=0) for f in finals]
         return out, (tuple(final) if self.has_cell else final[0])
 
     def _attrs(self) -> dict:
-        return {"batch_first": self.batch_first}
+        return {}
 
     def extra_repr(self) -> str:
         return (f"{self.input_size}, {self.hidden_size}, num_layers={self.num_layers}, "
-                f"batch_first={self.batch_first}, return_state={self.return_state}")
+                f"batch_first={self.batch_first}, return_state={self.return_state}, "
+                f"bidirectional={self.bidirectional}, dropout={self.dropout}")
 
 
 class RNN(_Recurrent):
@@ -133,9 +162,14 @@ class RNN(_Recurrent):
         hidden_size: size of the hidden state.
         num_layers: stacked layers, each feeding its output sequence to the next.
         batch_first: input/output ``(batch, seq, features)``; else ``(seq, batch, features)``.
-        return_state: also return the final hidden state ``(num_layers, batch, hidden)``.
+        return_state: also return the final hidden state ``(num_layers * directions, batch,
+            hidden)``.
         nonlinearity: ``"tanh"`` (default) or ``"relu"``.
-        seed: seed of the initialisation (PyTorch's scheme).
+        seed: seed of the initialisation (PyTorch's scheme) and of the dropout masks.
+        bidirectional: also run every layer backwards over the sequence; its parameters end in
+            ``_reverse`` and the outputs of both directions are concatenated.
+        dropout: drop probability applied (while training) to the input of every layer but
+            the first.
 
     Example:
         >>> import everyo as eo
@@ -145,18 +179,22 @@ class RNN(_Recurrent):
         ((4, 6, 5), (2, 4, 5))
     """
 
+    onnx_export = "refused"
+
     op_name, gates = "rnn", 1
 
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1,
                  batch_first: bool = True, return_state: bool = False,
-                 nonlinearity: str = "tanh", seed=None):
+                 nonlinearity: str = "tanh", seed=None, bidirectional: bool = False,
+                 dropout: float = 0.0):
         if nonlinearity not in ("tanh", "relu"):
             raise EveryOError(f"RNN: nonlinearity must be 'tanh' or 'relu', got {nonlinearity!r}")
-        super().__init__(input_size, hidden_size, num_layers, batch_first, return_state, seed)
+        super().__init__(input_size, hidden_size, num_layers, batch_first, return_state, seed,
+                         bidirectional, dropout)
         self.nonlinearity = nonlinearity
 
     def _attrs(self) -> dict:
-        return {"batch_first": self.batch_first, "nonlinearity": self.nonlinearity}
+        return {"nonlinearity": self.nonlinearity}
 
 
 class LSTM(_Recurrent):
@@ -172,6 +210,8 @@ class LSTM(_Recurrent):
         ((4, 6, 5), (1, 4, 5), (1, 4, 5))
     """
 
+    onnx_export = "refused"
+
     op_name, gates, has_cell = "lstm", 4, True
 
 
@@ -186,6 +226,8 @@ class GRU(_Recurrent):
         >>> gru(eo.ones(4, 6, 3)).shape
         (4, 6, 5)
     """
+
+    onnx_export = "refused"
 
     op_name, gates = "gru", 3
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from everyo import EveryOError, Op
-from everyo.ops.linalg import blas_matmul
+from everyo.kernels import blas_matmul
 
 
 def sigmoid_(a: np.ndarray) -> np.ndarray:

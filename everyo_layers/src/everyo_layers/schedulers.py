@@ -261,7 +261,7 @@ class CosineAnnealingLR(LRScheduler):
         0.5
     """
 
-    def __init__(self, optimizer, T_max: int, eta_min: float = 0.0,  # noqa: N803 (torch's name)
+    def __init__(self, optimizer, T_max: int, eta_min: float = 0.0,  # T_max: PyTorch's name
                  last_epoch: int = -1):
         if T_max <= 0:
             raise EveryOError(f"CosineAnnealingLR: T_max must be positive, got {T_max}")
@@ -301,7 +301,7 @@ class CosineAnnealingWarmRestarts(LRScheduler):
         [0.5, 1.0, 0.5, 1.0]
     """
 
-    def __init__(self, optimizer, T_0: int, T_mult: int = 1,  # noqa: N803 (torch's names)
+    def __init__(self, optimizer, T_0: int, T_mult: int = 1,  # T_0, T_mult: PyTorch's names
                  eta_min: float = 0.0, last_epoch: int = -1):
         if not isinstance(T_0, int) or T_0 <= 0:
             raise EveryOError(f"CosineAnnealingWarmRestarts: T_0 must be a positive integer, "

@@ -228,7 +228,7 @@ class ReduceLROnPlateau(LRScheduler):
             return value < best - self.threshold
         return value > best + self.threshold
 
-    def step(self, metrics) -> None:  # noqa: D417 - one argument, named as in PyTorch
+    def step(self, metrics) -> None:  # one argument, named as in PyTorch
         """Record this epoch's metric; reduce the learning rate after a plateau."""
         current = float(metrics.item() if hasattr(metrics, "item") else metrics)
         self.last_epoch += 1

@@ -54,7 +54,7 @@ def spread_tensor(g, reduction: str, count, shape: tuple):
     """A loss op's output gradient (Tensor) spread over its per-element losses of ``shape``."""
     if reduction == "none":
         return g
-    from everyo.ops.graph_math import broadcast_tensor
+    from everyo.kernels import broadcast_tensor
 
     return broadcast_tensor(g / float(count) if reduction == "mean" else g, shape)
 

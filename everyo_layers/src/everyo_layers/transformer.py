@@ -16,6 +16,7 @@ from everyo import EveryOError, Module, Sequential, dispatch, relu
 from everyo_layers.attention import MultiHeadAttention
 from everyo_layers.checks import check_float
 from everyo_layers.dropout import Dropout
+from everyo_layers.initializers import layer_generator
 from everyo_layers.linear import Linear
 from everyo_layers.norm import LayerNorm
 
@@ -58,6 +59,8 @@ class PositionalEncoding(Module):
         >>> pe(eo.zeros(2, 3, 4, dtype="float64")).data[0, 1].round(4).tolist()
         [0.8415, 0.5403, 0.01, 1.0]
     """
+
+    onnx_export = "refused"
 
     def __init__(self, d_model: int, max_len: int = 5000):
         super().__init__()
@@ -104,7 +107,7 @@ class _TransformerLayer(Module):
         self.dim_feedforward, self.norm_first = int(dim_feedforward), bool(norm_first)
         self.activation_name = activation if isinstance(activation, str) else "custom"
         self.activation = _activation(activation)
-        seeds = iter(np.random.default_rng(seed).integers(2**32, size=4 + 2 * attention_blocks))
+        seeds = iter(layer_generator(seed).integers(2**32, size=4 + 2 * attention_blocks))
         attention = [MultiHeadAttention(d_model, num_heads, dropout=dropout, seed=next(seeds))
                      for _ in range(attention_blocks)]
         self.self_attn = attention[0]
@@ -147,6 +150,8 @@ class TransformerEncoderLayer(_TransformerLayer):
         (2, 5, 8)
     """
 
+    onnx_export = "refused"
+
     def __init__(self, d_model: int, num_heads: int, dim_feedforward: int = 2048,
                  dropout: float = 0.1, norm_first: bool = False, activation="relu",
                  layer_norm_eps: float = 1e-5, seed=None):
@@ -179,6 +184,8 @@ class TransformerDecoderLayer(_TransformerLayer):
         >>> layer(eo.randn(2, 4, 8, seed=1), eo.randn(2, 6, 8, seed=2)).shape
         (2, 4, 8)
     """
+
+    onnx_export = "refused"
 
     def __init__(self, d_model: int, num_heads: int, dim_feedforward: int = 2048,
                  dropout: float = 0.1, norm_first: bool = False, activation="relu",
@@ -229,6 +236,8 @@ class TransformerEncoder(Module):
         >>> encoder(eo.randn(2, 5, 8, seed=1)).shape, len(encoder.layers)
         ((2, 5, 8), 2)
     """
+
+    onnx_export = "refused"
 
     def __init__(self, encoder_layer: Module, num_layers: int, norm: Module | None = None):
         super().__init__()

@@ -9,4 +9,4 @@ is exported or run. The public functions are reached as ``eo.export_onnx``, ``eo
 # NOTE: importing everyo first loads every plugin, this one included, before any submodule of
 # this package starts executing; otherwise `import everyo_onnx.converters.x` in a fresh
 # interpreter would reach the plugin loader while x is still half-initialised.
-import everyo  # noqa: F401
+import everyo

@@ -22,7 +22,7 @@ import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
 from everyo import EveryOSerializationError
-from everyo.dtypes import is_floating
+from everyo.kernels import is_floating
 from everyo_onnx.symbolic import ONNX_ARITHMETIC, SymInt
 
 

@@ -1,27 +1,42 @@
-"""Which modules the exporter refuses by name, and how a refusal reads.
+"""Which modules the exporter refuses by design, and how a refusal reads.
 
 Recurrent layers, embeddings, attention and the transformer layers are refused even though
 their forward passes dispatch ordinary ops: exporting them faithfully needs integer lookups,
 time-step loops and masks the tracer would reproduce only for the traced shapes. A model that
 needs them exported writes its attention from core ops (see docs/onnx.md).
+
+Nobody lists them here: each such layer class declares ``onnx_export = "refused"`` where it is
+defined (see ``everyo.hookspecs.DECLARATIONS``), and the exporter reads that declaration.
 """
 
 from __future__ import annotations
 
-REFUSED_BY_DESIGN = ("RNN", "LSTM", "GRU", "Embedding", "MultiHeadAttention",
-                     "PositionalEncoding", "TransformerEncoderLayer", "TransformerDecoderLayer",
-                     "TransformerEncoder", "TransformerDecoder", "Transformer")
+from everyo import registry
+
+
+def refused_by_design() -> list[str]:
+    """Names of the registered layers that declare ``onnx_export = "refused"``.
+
+    Example:
+        >>> "LSTM" in refused_by_design(), "Linear" in refused_by_design()
+        (True, False)
+    """
+    layers = registry("layers")
+    return [name for name, status in layers.declared("onnx_export").items()
+            if status == "refused" and vars(layers[name]).get("onnx_export") == "refused"]
 
 
 def refusal_reason(module) -> str | None:
-    """Why ``module`` is refused by name, or None when it may be exported.
+    """Why ``module`` is refused by design, or None when it may be exported.
 
     Example:
         >>> import everyo as eo
         >>> refusal_reason(eo.LSTM(2, 2)), refusal_reason(eo.ReLU())
         ('refused by design', None)
     """
-    if type(module).__name__ in REFUSED_BY_DESIGN:
+    # NOTE: the exact class's own declaration, as converters are looked up by exact class: a
+    # subclass may compute something else, so it is traced (and refused op by op if need be).
+    if vars(type(module)).get("onnx_export") == "refused":
         return "refused by design"
     return None
 
@@ -49,6 +64,6 @@ def module_label(path: str, module) -> str:
 def refusal_message(problems: list[str]) -> str:
     noun = "refusal" if len(problems) == 1 else f"{len(problems)} refusals"
     return (f"cannot export to ONNX ({noun}): " + "; ".join(problems)
-            + f". Refused by design: {', '.join(REFUSED_BY_DESIGN)}; any other module is traced "
+            + f". Refused by design: {', '.join(refused_by_design())}; any other module is traced "
             f"and needs an ONNX converter for every op its forward reaches (a plugin adds one "
             f"through the everyo_register_onnx_converters hook). Nothing was written.")

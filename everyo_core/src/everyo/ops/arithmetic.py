@@ -108,6 +108,7 @@ def _lowered(b):
 
 
 class Pow(Op):
+    precision = "float32"
     __slots__ = ()
     saved_inputs = (0, 1)
     saves_output = True

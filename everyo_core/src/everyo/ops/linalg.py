@@ -45,6 +45,7 @@ class MatMul(Op):
     """``a @ b (+ bias)``. With a bias the whole affine map is one op, so a precision policy
     casting matmul's operands sees the bias too."""
 
+    precision = "lower"  # BLAS-shaped: float16 is safe, products accumulate in float32
     __slots__ = ("bias_shape",)
     saved_inputs = (0, 1)
     saves_output = False

@@ -50,6 +50,7 @@ class Abs(Op):
 
 
 class Exp(Op):
+    precision = "float32"
     __slots__ = ()
     saved_inputs = ()
     saves_output = True
@@ -68,6 +69,7 @@ class Exp(Op):
 
 
 class Log(Op):
+    precision = "float32"
     __slots__ = ()
     saved_inputs = (0,)
     saves_output = False

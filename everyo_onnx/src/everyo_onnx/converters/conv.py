@@ -39,7 +39,8 @@ def convert_conv2d(layer, ctx, x: str) -> str:
         inputs.append(ctx.constant(layer.bias.data, "bias"))
     return in_nchw(ctx, x, "Conv", inputs, kernel_shape=list(layer.kernel_size),
                    strides=list(layer.stride), dilations=list(layer.dilation),
-                   pads=onnx_pads(layer, ctx, x, layer.kernel_size, layer.dilation), group=1)
+                   pads=onnx_pads(layer, ctx, x, layer.kernel_size, layer.dilation),
+                   group=layer.groups)
 
 
 def convert_max_pool2d(layer, ctx, x: str) -> str:
@@ -49,10 +50,10 @@ def convert_max_pool2d(layer, ctx, x: str) -> str:
 
 
 def convert_avg_pool2d(layer, ctx, x: str) -> str:
-    # NOTE: count_include_pad=0: the layer averages over the real cells only, as Keras does.
+    # NOTE: by default the layer averages over the real cells only, as Keras does.
     return in_nchw(ctx, x, "AveragePool", kernel_shape=list(layer.pool_size),
                    strides=list(layer.stride), pads=onnx_pads(layer, ctx, x, layer.pool_size),
-                   count_include_pad=0)
+                   count_include_pad=int(layer.count_include_pad))
 
 
 CONVERTERS = {

@@ -48,11 +48,16 @@ def convert_conv2d_op(ctx, x, weight, bias=None, stride=(1, 1), padding=((0, 0),
 
 
 def pool_converter(onnx_op: str, **extra):
-    def convert(ctx, x, pool_size=(2, 2), stride=None, padding=((0, 0), (0, 0))):
+    def convert(ctx, x, pool_size=(2, 2), stride=None, padding=((0, 0), (0, 0)), **options):
         pool, stride, pads, _ = window_arguments(
             onnx_op, ctx.sample(x), pool_size, pool_size if stride is None else stride, padding)
+        attributes = dict(extra)
+        if "count_include_pad" in options:  # avg_pool2d's option (PyTorch's default: True)
+            attributes["count_include_pad"] = int(options.pop("count_include_pad"))
+        if options:
+            ctx.refuse(f"{onnx_op}: unsupported options {sorted(options)}")
         return in_nchw(ctx, x, onnx_op, kernel_shape=list(pool), strides=list(stride),
-                       pads=_pads(pads), **extra)
+                       pads=_pads(pads), **attributes)
 
     convert.__name__ = f"convert_{onnx_op.lower()}_op"
     return convert

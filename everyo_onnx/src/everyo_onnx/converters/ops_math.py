@@ -32,7 +32,7 @@ def convert_where(ctx, condition, a, b):
     return ctx.node("Where", [ctx.cast(condition, np.bool_), a, b])
 
 
-def convert_clip(ctx, x, min=None, max=None):  # noqa: A002 - the op's own attribute names
+def convert_clip(ctx, x, min=None, max=None):  # the op's own attribute names
     # NOTE: Max/Min rather than Clip: the bounds may be arrays that broadcast, as in np.clip.
     (x,) = _typed(ctx, (x,))
     dtype = ctx.dtype(x)

@@ -1,0 +1,34 @@
+"""NumPy kernels for writing ops: the array-level building blocks the core's own ops use.
+
+An op's ``forward`` and ``backward`` work on NumPy arrays; these functions are the pieces worth
+sharing between ops, with the dtype care that is easy to get wrong: float16/bfloat16 products
+through float32 BLAS, exact gradient selection, overflow-free sigmoid and log-softmax, the
+16-bit conversions, and "is this dtype floating?" (NumPy reports bfloat16 as ``kind == "V"``).
+The Tensor-level twins an op's ``backward_graph`` needs (``unbroadcast_tensor``,
+``broadcast_tensor``, ``expand_reduced``, ``swap_last``) are here too. They are public and
+stable: a plugin imports them from here, never from ``everyo.ops.*``, ``everyo.dtypes`` or
+``everyo.half_precision`` (the core's private layout, which may move).
+
+Example:
+    >>> import numpy as np
+    >>> from everyo.kernels import blas_matmul, is_floating, stable_sigmoid
+    >>> blas_matmul(np.ones((2, 3), np.float16), np.ones((3, 1), np.float16)).dtype
+    dtype('float16')
+    >>> stable_sigmoid(np.array([-1000.0, 0.0, 1000.0])).tolist()
+    [0.0, 0.5, 1.0]
+    >>> is_floating(np.dtype("bfloat16")), is_floating(np.dtype("int8"))
+    (True, False)
+"""
+
+from __future__ import annotations
+
+from everyo.dtypes import HALF_DTYPES, is_floating, resolve_dtype
+from everyo.half_precision import narrow, widen
+from everyo.ops.graph_math import broadcast_tensor, expand_reduced, swap_last, unbroadcast_tensor
+from everyo.ops.linalg import blas_matmul
+from everyo.ops.reduction import log_softmax_array
+from everyo.ops.unary import keep_where, stable_sigmoid
+
+__all__ = ["HALF_DTYPES", "blas_matmul", "broadcast_tensor", "expand_reduced", "is_floating",
+           "keep_where", "log_softmax_array", "narrow", "resolve_dtype", "stable_sigmoid",
+           "swap_last", "unbroadcast_tensor", "widen"]

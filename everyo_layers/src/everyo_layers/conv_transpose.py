@@ -1,0 +1,246 @@
+"""``Conv2DTranspose`` on NHWC input (Keras's layout and output size) and its op.
+
+The transposed convolution is the input-gradient of a convolution: ONE matmul turns every input
+pixel into its ``kh*kw`` output contributions, which are added into the output one kernel
+position at a time (a strided slice of the whole batch each, never a loop over pixels).
+Its backward is the ordinary convolution: a strided window view and one matmul.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from everyo import EveryOError, Module, Op, dispatch
+from everyo_layers.checks import check_float
+from everyo_layers.initializers import fan_in_bound, layer_generator, uniform_parameter
+from everyo_layers.precision import accumulation_dtype
+from everyo_layers.windows import check_geometry, pad_hw, window_view
+
+
+def transpose_output_size(size: int, kernel: int, stride: int, padding: str) -> tuple:
+    """Keras's output length of a transposed convolution and the crop before it.
+
+    ``"valid"``: ``size * stride + max(kernel - stride, 0)``; ``"same"``: ``size * stride``.
+    The full scatter spans ``(size - 1) * stride + kernel``; ``"same"`` drops
+    ``max(kernel - stride, 0) // 2`` leading entries (TensorFlow's rule: the gradient of a
+    ``"same"`` convolution), missing trailing entries are zeros.
+
+    Returns:
+        ``(output length, leading crop)``.
+
+    Example:
+        >>> transpose_output_size(16, 4, 2, "same"), transpose_output_size(3, 3, 2, "valid")
+        ((32, 1), (7, 0))
+    """
+    if padding == "same":
+        return size * stride, max(kernel - stride, 0) // 2
+    return size * stride + max(kernel - stride, 0), 0
+
+
+def _spread(x, sh: int, sw: int):
+    """NHWC ``x`` with ``sh - 1`` zero rows / ``sw - 1`` zero columns between its entries."""
+    n, h, w, c = x.shape
+    if sh > 1:
+        x = dispatch("stack", x, *[x * 0.0] * (sh - 1), axis=2)
+        x = dispatch("reshape", x, shape=(n, h * sh, w, c))[:, :(h - 1) * sh + 1]
+        h = (h - 1) * sh + 1
+    if sw > 1:
+        x = dispatch("stack", x, *[x * 0.0] * (sw - 1), axis=3)
+        x = dispatch("reshape", x, shape=(n, h, w * sw, c))[:, :, :(w - 1) * sw + 1]
+    return x
+
+
+class Conv2DTransposeOp(Op):
+    """Transposed 2-D convolution of NHWC ``x`` with ``weight`` (kh, kw, out, in), plus
+    ``bias``; ``out_hw`` is the output size and ``crop`` the leading (top, left) entries of the
+    full scatter that are dropped.
+
+    Computed as a sub-pixel convolution: output row ``y = stride * q + p`` only meets kernel
+    rows ``p, p + stride, ...``, so every phase ``p`` is an ordinary stride-1 correlation of the
+    input with a ``ceil(k / stride)``-tap slice of the kernel. All phases share one window
+    matrix of the input and run as ONE matmul whose columns are (phase, output channel); the
+    result interleaves into the output with one reshape. Backward is the same two matmuls
+    transposed and a ``ceil(k / stride)**2``-position col2im.
+    """
+
+    __slots__ = ("stride", "crop", "out_hw", "x_shape", "w_shape", "taps", "ext_hw")
+    saved_inputs = ()  # backward reads the window matrix and regrouped weight, private copies
+    saves_output = False
+
+    def forward(self, x, weight, bias=None, stride=(1, 1), out_hw=None, crop=(0, 0)):
+        if x.ndim != 4 or weight.ndim != 4 or x.shape[3] != weight.shape[3]:
+            raise EveryOError(f"conv2d_transpose: input {x.shape} (NHWC) and weight "
+                              f"{weight.shape} (kh, kw, out, in) do not fit")
+        kh, kw, cout, cin = weight.shape
+        if bias is not None and bias.shape != (cout,):
+            raise EveryOError(f"conv2d_transpose: bias of shape {bias.shape} does not fit "
+                              f"weight {weight.shape}; expected ({cout},)")
+        n, h, w, _ = x.shape
+        _, stride, _ = check_geometry("conv2d_transpose", (kh, kw), stride)
+        if out_hw is None:
+            out_hw = ((h - 1) * stride[0] + kh, (w - 1) * stride[1] + kw)
+        self.stride, self.crop, self.out_hw = stride, tuple(crop), tuple(out_hw)
+        self.x_shape, self.w_shape = x.shape, weight.shape
+        self.taps = taps = (-(-kh // stride[0]), -(-kw // stride[1]))
+        q = (h + taps[0] - 1, w + taps[1] - 1)  # positions per phase
+        self.ext_hw = (max(q[0] * stride[0], crop[0] + out_hw[0]),
+                       max(q[1] * stride[1], crop[1] + out_hw[1]))
+        dtype = np.result_type(x, weight) if bias is None else np.result_type(x, weight, bias)
+        compute = accumulation_dtype(dtype)
+        xp = pad_hw(x.astype(compute, copy=False), ((taps[0] - 1,) * 2, (taps[1] - 1,) * 2))
+        cols = window_view(xp, taps, (1, 1), (1, 1), q).reshape(-1, taps[0] * taps[1] * cin)
+        w_sub = self._phase_weight(weight.astype(compute, copy=False))
+        phases = np.matmul(cols, w_sub).reshape(n, q[0], q[1], stride[0], stride[1], cout)
+        full = np.zeros((n,) + self.ext_hw + (cout,), compute)
+        full[:, :q[0] * stride[0], :q[1] * stride[1]].reshape(
+            n, q[0], stride[0], q[1], stride[1], cout)[...] = phases.transpose(0, 1, 3, 2, 4, 5)
+        out = full[:, crop[0]:crop[0] + out_hw[0], crop[1]:crop[1] + out_hw[1], :]
+        out = out + bias if bias is not None else np.ascontiguousarray(out)
+        needs = self.needs_input_grad
+        self.saved = (cols if needs[1] else None, w_sub if needs[0] else None)
+        return out.astype(dtype, copy=False)
+
+    def _tap_index(self):
+        """Kernel row/column met by window position t in phase p: ``s * (A - 1 - t) + p``."""
+        return [stride * (a - 1 - np.arange(a))[:, None] + np.arange(stride)[None, :]
+                for a, stride in zip(self.taps, self.stride)]
+
+    def _phase_weight(self, weight: np.ndarray) -> np.ndarray:
+        """``(A_h*A_w*in, s_h*s_w*out)``: per window position the kernel taps of every phase
+        (zero where a phase has fewer taps)."""
+        kh, kw, cout, cin = weight.shape
+        (ah, aw), (sh, sw) = self.taps, self.stride
+        padded = np.zeros((ah * sh, aw * sw, cout, cin), weight.dtype)
+        padded[:kh, :kw] = weight
+        rows, cols = self._tap_index()
+        sub = padded[rows[:, :, None, None], cols[None, None, :, :]]  # (ah, sh, aw, sw, o, i)
+        return np.ascontiguousarray(sub.transpose(0, 2, 5, 1, 3, 4)).reshape(
+            ah * aw * cin, sh * sw * cout)
+
+    def _weight_grad(self, g_sub: np.ndarray) -> np.ndarray:
+        """The inverse regrouping of :meth:`_phase_weight` (each tap appears once)."""
+        kh, kw, cout, cin = self.w_shape
+        (ah, aw), (sh, sw) = self.taps, self.stride
+        sub = g_sub.reshape(ah, aw, cin, sh, sw, cout).transpose(0, 3, 1, 4, 5, 2)
+        padded = np.empty((ah * sh, aw * sw, cout, cin), g_sub.dtype)
+        rows, cols = self._tap_index()
+        padded[rows[:, :, None, None], cols[None, None, :, :]] = sub
+        return padded[:kh, :kw]
+
+    def composite(self, x, weight, bias=None):
+        """The same scatter with differentiable ops: one matmul, then per kernel position the
+        contributions spread ``stride`` apart (zeros interleaved) and padded into place."""
+        n, h, w, cin = self.x_shape
+        kh, kw, cout, _ = self.w_shape
+        (sh, sw), (fh, fw) = self.stride, self.ext_hw
+        w2 = dispatch("reshape", dispatch("transpose", weight, axes=(3, 0, 1, 2)),
+                      shape=(cin, kh * kw * cout))
+        cols = dispatch("reshape", dispatch("matmul", dispatch("reshape", x, shape=(-1, cin)),
+                                            w2), shape=(n, h, w, kh, kw, cout))
+        full = None
+        for i in range(kh):
+            for j in range(kw):
+                piece = _spread(cols[:, :, :, i, j, :], sh, sw)
+                ph, pw = piece.shape[1:3]
+                piece = dispatch("pad", piece, pad_width=((0, 0), (i, fh - i - ph),
+                                                          (j, fw - j - pw), (0, 0)))
+                full = piece if full is None else full + piece
+        (top, left), (ho, wo) = self.crop, self.out_hw
+        out = full[:, top:top + ho, left:left + wo, :]
+        return out if bias is None else out + bias
+
+    def backward(self, g):
+        cols, w_sub = self.saved
+        needs = self.needs_input_grad
+        n, h, w, cin = self.x_shape
+        cout = self.w_shape[2]
+        (ah, aw), (sh, sw) = self.taps, self.stride
+        q = (h + ah - 1, w + aw - 1)
+        compute = accumulation_dtype(g.dtype)
+        (top, left), (ho, wo) = self.crop, self.out_hw
+        gfull = np.zeros((n,) + self.ext_hw + (cout,), compute)
+        gfull[:, top:top + ho, left:left + wo, :] = g
+        g_phases = gfull[:, :q[0] * sh, :q[1] * sw].reshape(n, q[0], sh, q[1], sw, cout)
+        g_rows = np.ascontiguousarray(g_phases.transpose(0, 1, 3, 2, 4, 5)).reshape(
+            -1, sh * sw * cout)
+        gx = gw = gb = None
+        if needs[0]:
+            blocks = np.matmul(g_rows, w_sub.T).reshape(n, q[0], q[1], ah, aw, cin)
+            gxp = np.zeros((n, h + 2 * (ah - 1), w + 2 * (aw - 1), cin), compute)
+            for i in range(ah):
+                for j in range(aw):
+                    gxp[:, i:i + q[0], j:j + q[1]] += blocks[:, :, :, i, j]
+            gx = gxp[:, ah - 1:ah - 1 + h, aw - 1:aw - 1 + w].astype(g.dtype)
+        if needs[1]:
+            gw = np.ascontiguousarray(self._weight_grad(np.matmul(cols.T, g_rows)),
+                                      dtype=g.dtype)
+        if len(needs) > 2 and needs[2]:
+            gb = g.reshape(-1, cout).sum(axis=0, dtype=compute).astype(g.dtype)
+        return gx, gw, gb
+
+
+class Conv2DTranspose(Module):
+    """Transposed 2-D convolution over NHWC input (Keras's ``Conv2DTranspose``).
+
+    Args:
+        in_channels, out_channels: channels of the input and the output.
+        kernel_size: int or (kh, kw).
+        stride: int or (sh, sw).
+        padding: ``"valid"`` (output ``in * stride + max(kernel - stride, 0)``) or ``"same"``
+            (output ``in * stride``), Keras's rule.
+        bias: learn an additive bias per output channel.
+        seed: seed of the initialisation (PyTorch's: U(+-1/sqrt(out*kh*kw))).
+
+    Attributes:
+        weight: Parameter of shape ``(kh, kw, out_channels, in_channels)`` (Keras's layout;
+            PyTorch's ``ConvTranspose2d.weight`` is ``weight.transpose(3, 2, 0, 1)``).
+        bias: Parameter of shape ``(out_channels,)`` or None.
+
+    Example:
+        >>> import everyo as eo
+        >>> up = eo.Conv2DTranspose(8, 4, 4, stride=2, padding="same", seed=0)
+        >>> up(eo.ones(2, 5, 5, 8)).shape, up.weight.shape
+        ((2, 10, 10, 4), (4, 4, 4, 8))
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1,
+                 padding: str = "valid", bias: bool = True, seed=None):
+        super().__init__()
+        if in_channels <= 0 or out_channels <= 0:
+            raise EveryOError(f"Conv2DTranspose: channels must be positive, got {in_channels} "
+                              f"and {out_channels}")
+        if padding not in ("valid", "same"):
+            raise EveryOError(f"Conv2DTranspose: padding must be 'valid' or 'same', got "
+                              f"{padding!r}")
+        self.in_channels, self.out_channels = int(in_channels), int(out_channels)
+        self.kernel_size, self.stride, _ = check_geometry("Conv2DTranspose", kernel_size, stride)
+        self.padding = padding
+        rng = layer_generator(seed)
+        kh, kw = self.kernel_size
+        # NOTE: PyTorch's ConvTranspose2d computes its fan-in from weight dim 1, i.e. out*kh*kw.
+        bound = fan_in_bound(self.out_channels * kh * kw)
+        self.weight = uniform_parameter(rng, (kh, kw, self.out_channels, self.in_channels), bound)
+        self.bias = uniform_parameter(rng, (self.out_channels,), bound) if bias else None
+
+    @property
+    def label(self) -> str:
+        return f"Conv2DTranspose({self.in_channels}→{self.out_channels})"
+
+    def forward(self, x):
+        data = check_float(self.label, x)
+        if data.ndim != 4 or data.shape[-1] != self.in_channels:
+            raise EveryOError(f"{self.label}: expected NHWC input with {self.in_channels} "
+                              f"channels, got shape {data.shape}")
+        sizes = [transpose_output_size(n, k, s, self.padding) for n, k, s in
+                 zip(data.shape[1:3], self.kernel_size, self.stride)]
+        operands = (x, self.weight) if self.bias is None else (x, self.weight, self.bias)
+        return dispatch("conv2d_transpose", *operands, stride=self.stride,
+                        out_hw=tuple(s[0] for s in sizes), crop=tuple(s[1] for s in sizes))
+
+    def extra_repr(self) -> str:
+        return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
+                f"stride={self.stride}, padding={self.padding!r}")
+
+
+OPS = {"conv2d_transpose": Conv2DTransposeOp}
+LAYERS = {"Conv2DTranspose": Conv2DTranspose}

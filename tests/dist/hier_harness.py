@@ -25,13 +25,15 @@ HERE = Path(__file__).resolve().parent
 TOKEN = "hier-test-token"
 LENGTHS = (1, 2, 7, 1001, 70001)  # odd, shorter than the machines, longer than a reduce block
 CASES = [(dtype, length, mean) for dtype in ("float32", "float64") for length in LENGTHS
-         for mean in (False, True)]
+         for mean in (False, True)] + [("int32", length, False) for length in LENGTHS]
 
 
 def rank_data(rank: int, dtype: str, length: int) -> np.ndarray:
     """What rank ``rank`` contributes: values spanning many magnitudes, so that the order of
     float64 additions changes the bits."""
     rng = np.random.default_rng(1000 * rank + length)
+    if dtype == "int32":  # sums that overflow int32 wrap, the same on every backend
+        return rng.integers(-2 ** 31, 2 ** 31, length, dtype=np.int32)
     return (rng.standard_normal(length) * 10.0 ** rng.integers(-8, 9, length)).astype(dtype)
 
 

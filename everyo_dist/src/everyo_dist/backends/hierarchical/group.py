@@ -38,7 +38,7 @@ from everyo_dist.backends.tcp.tls import tls_contexts_from_environment
 from everyo_dist.contract import Collective
 from everyo_dist.errors import DistributedError
 from everyo_dist.group import ProcessGroup, SingleRankTransport, check_membership
-from everyo_dist.reduction import REDUCE_BLOCK, reduce_rows
+from everyo_dist.reduction import REDUCE_BLOCK, accumulator_dtype, reduce_rows
 
 NAME = "tcp_hierarchical"
 HIERARCHY_CHOICES = ("auto", "always", "never")
@@ -82,7 +82,7 @@ class _SliceFinisher:
 
     def __init__(self, rows, out, divisor):
         self.rows, self.out, self.divisor, self.done = rows, out, divisor, 0
-        self.scratch = np.empty(2 * REDUCE_BLOCK, np.float64)
+        self.scratch = np.empty(2 * REDUCE_BLOCK, accumulator_dtype(out.dtype))
 
     def work(self, received) -> bool:
         if self.done >= self.out.size:

@@ -188,3 +188,9 @@ def test_grouped_conv2d_takes_an_empty_batch(layer):
 
 def test_grouped_conv1d_takes_an_empty_batch():
     assert eo.Conv1D(4, 6, 3, groups=2, seed=0)(eo.zeros(0, 7, 4)).shape == (0, 5, 6)
+
+
+def test_conv2d_transpose_refuses_an_input_without_pixels():
+    """PyTorch refuses it too; the output size formula would otherwise invent pixels."""
+    with pytest.raises(eo.EveryOError, match=r"Conv2DTranspose\(3→4\).*at least one pixel"):
+        eo.Conv2DTranspose(3, 4, 3)(eo.ones(1, 0, 5, 3))

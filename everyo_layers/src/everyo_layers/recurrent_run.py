@@ -21,7 +21,10 @@ from everyo import EveryOError, concatenate, dispatch, zeros
 
 def check_lengths(label: str, lengths, batch: int, steps: int) -> np.ndarray:
     """``lengths`` as an int array of one entry in ``[1, steps]`` per sample, or an error."""
-    data = np.asarray(lengths.data if hasattr(lengths, "data") else lengths)
+    try:
+        data = np.asarray(lengths.data if hasattr(lengths, "data") else lengths)
+    except (TypeError, ValueError):  # ragged nesting and the like
+        data = np.asarray(None)
     if data.dtype.kind not in "iu" or data.shape != (batch,):
         raise EveryOError(f"{label}: lengths must be {batch} integers (one per sample), got "
                           f"{data.dtype.name} array of shape {data.shape}")

@@ -177,12 +177,12 @@ class PluginHost:
         self._check_public_names(staged, owner)
         for kind, items in staged.items():
             for key, thing, override in items:
+                if kind == "ops":  # also when kept underneath: it may come back
+                    thing.name = key
                 if (kind, key) in yielded:
                     # kept underneath the override, so it comes back if the overrider leaves
                     self.registries[kind].shadowed.setdefault(key, []).insert(0, (thing, owner))
                     continue
-                if kind == "ops":
-                    thing.name = key
                 self.registries[kind].add(key, thing, owner=owner, override=override)
 
     def _check_public_names(self, staged: dict, owner: str) -> None:

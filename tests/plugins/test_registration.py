@@ -213,3 +213,12 @@ def test_a_misspelled_hook_is_refused_naming_the_right_one():
     with pytest.raises(eo.PluginError, match="did you mean 'everyo_register_layers'"):
         eo.register_plugin(Misspelled(), next(_names))
     assert "Never" not in eo.registry("layers")
+
+
+def test_registering_one_plugin_twice_under_two_names_is_a_plugin_error():
+    plugin = plugin_with("everyo_register_api", ("twice_test", lambda: 1))
+    first = next(_names)
+    eo.register_plugin(plugin, first)
+    with pytest.raises(eo.PluginError, match=f"already registered, as '{first}'"):
+        eo.register_plugin(plugin, next(_names))
+    assert eo.twice_test() == 1

@@ -90,6 +90,9 @@ class PluginHost:
             owner = self.info(name)
             where = f" (distribution {owner.distribution})" if owner else ""
             raise PluginError(f"a plugin named {name!r} is already registered{where}")
+        registered_as = self.manager.get_name(plugin)
+        if registered_as is not None:
+            raise PluginError(f"plugin {name!r} is already registered, as {registered_as!r}")
         self.manager.register(plugin, name=name)
         try:
             self._check_hooks(plugin, name)

@@ -247,7 +247,14 @@ class PluginHost:
     def load_entry_points(self) -> None:
         """Load the ``everyo`` entry points: first-party ones first, then the rest by name."""
         disabled = disabled_plugin_names()
-        for ep in ordered_entry_points(metadata.entry_points(group=ENTRY_POINT_GROUP)):
+        entry_points = ordered_entry_points(metadata.entry_points(group=ENTRY_POINT_GROUP))
+        unknown = disabled - {ep.name for ep in entry_points}
+        if unknown:  # a misspelt (or distribution) name would otherwise disable nothing
+            warnings.warn(f"{DISABLE_PLUGINS_ENV} names no installed plugin: "
+                          f"{', '.join(sorted(unknown))}; the entry-point names are "
+                          f"{', '.join(ep.name for ep in entry_points)}", RuntimeWarning,
+                          stacklevel=2)
+        for ep in entry_points:
             dist = ep.dist.name if ep.dist is not None else "(unknown)"
             version = ep.dist.version if ep.dist is not None else ""
             if ep.name in disabled:

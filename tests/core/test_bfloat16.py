@@ -99,3 +99,46 @@ def test_float16_meeting_bfloat16_computes_in_float32_or_is_refused_by_name():
     with pytest.raises(eo.EveryOError, match=r"'concatenate' cannot combine dtypes "
                                              r"\['bfloat16', 'float16'\]"):
         eo.concatenate([b, h])
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_reductions_of_16_bit_tensors_sum_in_float32_and_round_once(dtype):
+    # NumPy sums bfloat16 sequentially in bfloat16: 10,000 values in [0, 1) summed to 256
+    # (float16's cumsum stalled at 2048), where PyTorch accumulates in float32
+    values = np.random.default_rng(0).random(10_000).astype(np.float32)
+    low = eo.tensor(values).to(dtype)
+    wide = low.data.astype(np.float32)  # the 16-bit values, exactly
+
+    def rounded(array):
+        return np.asarray(array, np.float32).astype(dtype)
+
+    cases = {
+        "sum": (low.sum(), wide.sum()),
+        "mean": (low.mean(), wide.mean()),
+        "var": (low.var(), wide.var()),
+        "cumsum": (eo.cumsum(low, 0), np.cumsum(wide)),
+        "einsum": (eo.einsum("i,i->", low, low), np.einsum("i,i->", wide, wide)),
+    }
+    rows = wide.reshape(10, 1000)
+    shifted = np.exp(rows - rows.max(axis=1, keepdims=True))
+    cases["softmax"] = (eo.softmax(low.reshape(10, 1000), axis=-1),
+                        shifted / shifted.sum(axis=1, keepdims=True))
+    cases["log_softmax"] = (eo.log_softmax(low.reshape(10, 1000), axis=-1),
+                            np.log(shifted / shifted.sum(axis=1, keepdims=True)))
+    for name, (ours, reference) in cases.items():
+        assert ours.dtype == dtype, name
+        np.testing.assert_allclose(ours.data.astype(np.float32),
+                                   rounded(reference).astype(np.float32),
+                                   rtol=2 ** -7, atol=0, err_msg=name)
+
+
+def test_save_load_keeps_the_shape_of_0_d_and_transposed_bfloat16_arrays(tmp_path):
+    # the payload went through np.ascontiguousarray, which made a 0-d array shape (1,)
+    scalar = np.array(1.5, BFLOAT16)
+    transposed = np.arange(6.0, dtype=np.float32).reshape(2, 3).T.astype(BFLOAT16)
+    eo.save({"scalar": scalar, "transposed": transposed}, tmp_path / "c.npz")
+    loaded = eo.load(tmp_path / "c.npz")
+    assert loaded["scalar"].shape == () and loaded["scalar"].dtype == BFLOAT16
+    assert loaded["scalar"].item() == 1.5
+    np.testing.assert_array_equal(loaded["transposed"].view(np.uint16),
+                                  transposed.view(np.uint16))

@@ -25,12 +25,12 @@ def test_argmax_argmin_match_pytorch(torch):
 
 
 def test_split_chunk_shapes_match_pytorch(torch):
-    x = np.zeros((7, 3))
-    for n in (1, 2, 3, 7, 9):
-        assert [p.shape for p in eo.split(eo.tensor(x), n)] == [
-            tuple(p.shape) for p in torch.tensor(x).split(n)]
-        assert [p.shape for p in eo.chunk(eo.tensor(x), n)] == [
-            tuple(p.shape) for p in torch.tensor(x).chunk(n)]
+    for x in (np.zeros((7, 3)), np.zeros((0, 3))):  # an empty axis: `n` empty chunks
+        for n in (1, 2, 3, 7, 9):
+            assert [p.shape for p in eo.split(eo.tensor(x), n)] == [
+                tuple(p.shape) for p in torch.tensor(x).split(n)]
+            assert [p.shape for p in eo.chunk(eo.tensor(x), n)] == [
+                tuple(p.shape) for p in torch.tensor(x).chunk(n)]
 
 
 def test_causal_mask_attention_pattern_matches_pytorch(torch):
@@ -67,3 +67,15 @@ def test_bad_input_is_named():
         eo.einsum("ij->i", eo.zeros(3))
     with pytest.raises(eo.EveryOError, match="axis 2 is out of range"):
         eo.cumsum(x, 2)
+
+
+def test_masked_fill_with_a_mask_that_does_not_broadcast_is_named():
+    # np.broadcast_shapes raised its own ValueError before the named check could run
+    with pytest.raises(eo.EveryOError, match=r"mask shape \(2,\) does not broadcast"):
+        eo.masked_fill(eo.zeros(3, 4), np.array([True, False]), -1.0)
+
+
+def test_gather_refuses_negative_indices_as_pytorch_does():
+    # NumPy indexing wrapped -1 around to the last element: a silent value PyTorch refuses
+    with pytest.raises(eo.EveryOError, match=r"index values must be in \[0, 4\)"):
+        eo.gather(eo.zeros(3, 4), 1, np.array([[-1], [0], [0]]))

@@ -57,6 +57,30 @@ def test_grad_unused_input_raises_unless_allowed():
     assert gz is None and np.all(gx.data == 2.0)
 
 
+def test_grad_with_an_input_listed_twice_returns_it_twice():
+    # PyTorch's autograd.grad answers every listed input; the second copy was reported unused
+    x = eo.tensor(np.array([1.0, 2.0]), requires_grad=True)
+    y = x * 5.0
+    gx1, gy, gx2 = eo.grad((x * y).sum(), [x, y, x])
+    np.testing.assert_array_equal(gx1.data, [10.0, 20.0])
+    np.testing.assert_array_equal(gx2.data, gx1.data)
+    np.testing.assert_array_equal(gy.data, [1.0, 2.0])
+
+
+def test_grad_of_a_non_tensor_output_is_named():
+    x = eo.tensor(np.ones(2), requires_grad=True)
+    with pytest.raises(eo.EveryOError, match="output 0 is a ndarray, not a Tensor"):
+        eo.grad([np.ones(2)], x)  # was an AttributeError on .requires_grad
+
+
+def test_gradcheck_takes_bfloat16_inputs_as_floating():
+    # bfloat16's NumPy kind is "V": such an input was treated as a constant, and the check
+    # then failed with "backward() on a tensor that does not require grad"
+    x = eo.tensor([1.5, -2.0]).to("bfloat16").data
+    assert eo.gradcheck(lambda a: (a * a * a).sum(), x)
+    assert eo.gradgradcheck(lambda a: (a * a * a).sum(), x)
+
+
 def test_grad_frees_the_graph_unless_retained():
     x = eo.tensor(np.ones(2), requires_grad=True)
     y = (x.exp()).sum()

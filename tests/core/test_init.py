@@ -101,3 +101,20 @@ def test_bad_arguments():
         eo.init.kaiming_normal_(eo.Parameter(np.zeros((2, 2))), mode="fan")
     with pytest.raises(eo.EveryOError, match="floating"):
         eo.init.zeros_(eo.tensor([1, 2]))
+
+
+def test_zero_element_tensors_and_bad_arguments():
+    # a zero fan divided by zero (raw ZeroDivisionError); PyTorch warns and leaves it alone
+    for fn in (eo.init.kaiming_uniform_, eo.init.kaiming_normal_, eo.init.xavier_uniform_,
+               eo.init.xavier_normal_):
+        empty = eo.Parameter(np.zeros((0, 4), np.float32))
+        with pytest.warns(UserWarning, match="zero-element"):
+            assert fn(empty) is empty
+    w = eo.Parameter(np.zeros((2, 2), np.float32))
+    # NumPy's "high - low < 0" / "scale < 0" ValueErrors and a ZeroDivisionError leaked
+    with pytest.raises(eo.EveryOError, match="a <= b"):
+        eo.init.uniform_(w, 1.0, 0.0)
+    with pytest.raises(eo.EveryOError, match="std must be >= 0"):
+        eo.init.normal_(w, 0.0, -1.0)
+    with pytest.raises(eo.EveryOError, match="std must be > 0"):
+        eo.init.trunc_normal_(w, std=0.0)

@@ -247,3 +247,13 @@ def test_in_place_writes_bump_the_version_counter(write):
         eo.init.normal_(w, generator=np.random.default_rng(0))
     with pytest.raises(eo.EveryOError, match="modified in place"):
         loss.backward()
+
+
+def test_bad_betas_and_incomplete_states_are_refused_up_front():
+    w = eo.Parameter(np.zeros(2))
+    # betas=(0.9,) was accepted and failed inside step() with a ValueError; 0.9 a TypeError
+    for betas in ((0.9,), 0.9, (0.9, 0.99, 0.5)):
+        with pytest.raises(eo.EveryOError, match="betas must be two numbers"):
+            eo.Adam([w], betas=betas)
+    with pytest.raises(eo.EveryOError, match=r"the state has no \['state', 'param_groups'\]"):
+        eo.SGD([w]).load_state_dict({"type": "SGD"})  # a KeyError before

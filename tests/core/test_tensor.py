@@ -325,3 +325,16 @@ def test_true_division_of_integer_tensors_gives_the_default_float():
         assert quotient.dtype == "float32"
     np.testing.assert_array_equal((ints / 2).data, np.array([0.5, 1.0, 1.5], np.float32))
     assert (eo.tensor(np.array([1.0, 2.0])) / 2).dtype == "float64"  # floats keep their dtype
+
+
+def test_flatten_and_squeeze_axes_follow_pytorch():
+    x = eo.zeros(3, 1, 4, 1)
+    assert x.flatten(-4).shape == (12,) and x.flatten(2).shape == (3, 1, 4)
+    # a start axis past the end used to keep every axis and append one of length 1
+    with pytest.raises(eo.EveryOError, match="start_axis 4 is out of range"):
+        x.flatten(4)
+    # PyTorch keeps a named axis whose length is not 1 (NumPy raised ValueError)
+    assert x.squeeze(0).shape == (3, 1, 4, 1)
+    assert x.squeeze((0, 1)).shape == (3, 4, 1)
+    with pytest.raises(eo.EveryOError, match="axis 4 is out of range"):
+        x.squeeze(4)

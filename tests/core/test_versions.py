@@ -174,3 +174,25 @@ def test_in_place_bad_values_are_everyo_errors():
     ints = eo.tensor(np.array([1, 2]))
     with pytest.raises(eo.EveryOError, match="int64"):
         ints.add_(0.5)
+
+
+def test_var_operand_modified_in_place_raises_for_a_differentiable_gradient():
+    # var's create_graph backward recomputes the centred values from its operand: a write
+    # after the forward pass gave a silently wrong gradient (the new values' centring).
+    x = eo.tensor(np.array([1., 2., 4.]), requires_grad=True)
+    v = x.var()
+    with eo.no_grad():
+        x.add_(np.array([0., 0., 10.]))
+    with pytest.raises(eo.EveryOError, match=r"'var'.*operand 0"):
+        eo.grad(v, x, create_graph=True)
+
+
+def test_clamp_in_place_bad_bounds_are_everyo_errors():
+    # np.clip's broadcast ValueError and casting UFuncTypeError leaked out of clamp_
+    with pytest.raises(eo.EveryOError, match=r"clamp_: .*shape \(3,\)"):
+        eo.zeros(3).clamp_(np.zeros(2), None)
+    ints = eo.tensor(np.array([1, 2, 3]))
+    with pytest.raises(eo.EveryOError, match="clamp_: cannot clamp a int64"):
+        ints.clamp_(0.5, 2.5)
+    np.testing.assert_array_equal(eo.tensor(np.array([1., 5.])).clamp_(eo.tensor(2.0)).data,
+                                  [2., 5.])

@@ -175,3 +175,29 @@ def test_norm_bad_inputs():
         eo.LayerNorm(8)(eo.zeros(2, 4))
     with pytest.raises(eo.EveryOError, match="floating-point input, got int64"):
         eo.LayerNorm(2)(eo.tensor(np.zeros((2, 2), np.int64)))
+
+
+def test_an_evaluation_graph_keeps_the_statistics_it_used():
+    # A training-mode call updates the running statistics in place; a graph built in
+    # evaluation mode before it must still differentiate with the values it normalised by.
+    rng = np.random.default_rng(0)
+    bn = eo.BatchNorm1D(3)
+    bn(eo.tensor(rng.standard_normal((8, 3)).astype(np.float32) * 3 + 2))
+    bn.eval()
+    data = rng.standard_normal((4, 3)).astype(np.float32)
+    g = np.arange(12, dtype=np.float32).reshape(4, 3)
+    fresh = eo.tensor(data, requires_grad=True)
+    bn(fresh).backward(g)
+    x = eo.tensor(data, requires_grad=True)
+    out = bn(x)
+    twice = eo.tensor(data, requires_grad=True)
+    first, = eo.grad((bn(twice) ** 2).sum(), [twice], create_graph=True)
+    expected_second = first.data.copy()
+    late = eo.tensor(data, requires_grad=True)
+    late_out = bn(late)
+    bn.train()
+    bn(eo.tensor(rng.standard_normal((8, 3)).astype(np.float32) * 10 + 5))
+    out.backward(g)
+    np.testing.assert_array_equal(x.grad, fresh.grad)
+    second, = eo.grad((late_out ** 2).sum(), [late], create_graph=True)
+    np.testing.assert_array_equal(second.data, expected_second)

@@ -60,3 +60,18 @@ def test_loader_state_continues_the_epoch():
     assert [b.data.tolist() for b in resumed] == rest
     assert [b.data.tolist() for b in resumed] == next_epoch
     assert sorted(sum(first + rest, [])) == list(range(10))
+
+
+def test_manual_seed_makes_initialisation_reproducible():
+    # As torch.manual_seed: layers created without seed= draw from the global generator.
+    def build():
+        return eo.Sequential(eo.Conv2D(1, 4, 3), eo.Flatten(), eo.Linear(4, 2),
+                             eo.LSTM(2, 3), eo.Embedding(5, 2))
+
+    eo.manual_seed(7)
+    first = [p.data.copy() for p in build().parameters()]
+    eo.manual_seed(7)
+    again = [p.data.copy() for p in build().parameters()]
+    other = [p.data.copy() for p in build().parameters()]
+    assert all(np.array_equal(a, b) for a, b in zip(first, again))
+    assert not any(np.array_equal(a, b) for a, b in zip(first, other))

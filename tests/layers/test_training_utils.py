@@ -49,6 +49,17 @@ def test_clip_grad_norm_nonfinite():
         eo.clip_grad_norm_([p], 1.0, error_if_nonfinite=True)
 
 
+def test_clip_grad_max_norm_sees_a_nan_in_any_parameter():
+    # Python's max(2.0, nan) is 2.0: a NaN in the second gradient gave a finite norm and a
+    # "clipped" first gradient; PyTorch's max-norm is NaN (and error_if_nonfinite raises)
+    a, b = eo.Parameter(np.zeros(2, np.float32)), eo.Parameter(np.zeros(2, np.float32))
+    a.grad = np.array([1.0, 2.0], np.float32)
+    b.grad = np.array([np.nan, 1.0], np.float32)
+    assert math.isnan(eo.clip_grad_norm_([a, b], 1.0, norm_type=math.inf))
+    with pytest.raises(eo.EveryOError, match="total gradient norm is nan"):
+        eo.clip_grad_norm_([a, b], 1.0, norm_type=math.inf, error_if_nonfinite=True)
+
+
 def _lr_curves(torch, make_ours, make_ref, epochs):
     ours_opt = eo.SGD([eo.Parameter([1.0])], lr=0.5)
     ours = make_ours(ours_opt)

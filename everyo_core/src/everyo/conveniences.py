@@ -73,7 +73,9 @@ def chunk(x, chunks: int, axis: int = 0) -> tuple:
     if int(chunks) <= 0:
         raise EveryOError(f"chunk: chunks must be positive, got {chunks}")
     n = x.shape[_axis(axis, x.ndim, "chunk")]
-    return split(x, max(-(-n // int(chunks)), 1), axis)
+    if n == 0:  # PyTorch: an empty axis gives `chunks` empty pieces
+        return split(x, [0] * int(chunks), axis)
+    return split(x, -(-n // int(chunks)), axis)
 
 
 def view(x, *shape) -> Tensor:
@@ -92,7 +94,11 @@ def masked_fill(x, mask, value) -> Tensor:
     array = mask.data if isinstance(mask, Tensor) else np.asarray(mask)
     if array.dtype != bool:
         raise EveryOError(f"masked_fill: the mask must be boolean, got {array.dtype}")
-    if np.broadcast_shapes(array.shape, x.data.shape) != x.data.shape:
+    try:
+        fits = np.broadcast_shapes(array.shape, x.data.shape) == x.data.shape
+    except ValueError:  # NumPy's "shape mismatch": not broadcastable at all
+        fits = False
+    if not fits:
         raise EveryOError(f"masked_fill: mask shape {array.shape} does not broadcast to the "
                           f"tensor's {x.data.shape}")
     # NOTE: a Tensor mask goes to the op as itself, so a tracer (ONNX export) sees where it

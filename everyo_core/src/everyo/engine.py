@@ -77,6 +77,8 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph: bool | None = None,
                               f"requires_grad=True can be differentiated against")
     starts = []
     for i, (out, g) in enumerate(zip(outputs, grad_outputs)):
+        if not isinstance(out, Tensor):
+            raise EveryOError(f"eo.grad: output {i} is a {type(out).__name__}, not a Tensor")
         if not out.requires_grad:
             raise EveryOError(f"eo.grad: output {i} (shape {out.shape}) does not require grad")
         start: Any = root_gradient(out, g)
@@ -187,6 +189,8 @@ def _walk(roots, starts, retain_graph, create_graph, inputs, stop_at_inputs, acc
             entry = leaves.pop(key, None)
             if entry is not None:
                 _finish_leaf(entry, wanted, captured, accumulate, run_hooks, create_graph)
+    for i, t in enumerate(inputs):  # an input listed twice gets its gradient twice (PyTorch)
+        captured[i] = captured[wanted[id(t)]]
     return captured
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from everyo.dtypes import is_floating
 from everyo.errors import EveryOError
 from everyo.grad_mode import no_grad
 from everyo.tensor import Tensor
@@ -31,7 +32,7 @@ def gradcheck(fn, *inputs, params=(), eps: float = 1e-6, atol: float = 1e-5, rto
     tensors = []
     for x in inputs:
         data = x.data if isinstance(x, Tensor) else np.asarray(x)
-        if data.dtype.kind == "f":
+        if is_floating(data.dtype):  # (bfloat16 included: its NumPy kind is "V")
             tensors.append(Tensor(data.astype(np.float64), requires_grad=True))
         else:
             tensors.append(x if isinstance(x, Tensor) else Tensor(data))
@@ -105,10 +106,10 @@ def gradgradcheck(fn, *inputs, eps: float = 1e-6, atol: float = 1e-5, rtol: floa
     from everyo.grad_mode import enable_grad
 
     arrays = [x.data if isinstance(x, Tensor) else np.asarray(x) for x in inputs]
-    floating = [i for i, a in enumerate(arrays) if a.dtype.kind == "f"]
+    floating = [i for i, a in enumerate(arrays) if is_floating(a.dtype)]
     if not floating:
         raise GradcheckError("gradgradcheck needs at least one floating input")
-    probe = [Tensor(a.astype(np.float64) if a.dtype.kind == "f" else a) for a in arrays]
+    probe = [Tensor(a.astype(np.float64) if is_floating(a.dtype) else a) for a in arrays]
     out_shape = fn(*probe).shape
     v = np.random.default_rng(seed + 1).standard_normal(out_shape)
 
@@ -122,7 +123,7 @@ def gradgradcheck(fn, *inputs, eps: float = 1e-6, atol: float = 1e-5, rtol: floa
             return flat[0] if len(flat) == 1 else _concatenate(flat)
 
     gradcheck(fn, *arrays, eps=eps, atol=atol, rtol=rtol, seed=seed)
-    xs = [Tensor(a.astype(np.float64), requires_grad=True) if a.dtype.kind == "f" else Tensor(a)
+    xs = [Tensor(a.astype(np.float64), requires_grad=True) if is_floating(a.dtype) else Tensor(a)
           for a in arrays]
     fast = grad(fn(*xs), [xs[i] for i in floating], grad_outputs=Tensor(v), allow_unused=True)
     graph = first_derivative(*xs, Tensor(v)).data

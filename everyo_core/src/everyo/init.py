@@ -19,6 +19,7 @@ Example:
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 
@@ -99,14 +100,27 @@ def _fill(tensor, values, name: str):
     return tensor
 
 
+def _zero_elements(tensor, name: str) -> bool:
+    """True (with PyTorch's warning) for a tensor with no elements: initialising it is a no-op
+    (its fan is 0, so the scale would divide by zero)."""
+    if _array(tensor, name).size:
+        return False
+    warnings.warn("Initializing zero-element tensors is a no-op", stacklevel=3)
+    return True
+
+
 def uniform_(tensor, a: float = 0.0, b: float = 1.0, generator=None):
     """Fill with samples of U(a, b)."""
+    if not a <= b:
+        raise EveryOError(f"init.uniform_: needs a <= b, got a={a}, b={b}")
     rng = resolve_generator(generator)
     return _fill(tensor, rng.uniform(a, b, _array(tensor, "uniform_").shape), "uniform_")
 
 
 def normal_(tensor, mean: float = 0.0, std: float = 1.0, generator=None):
     """Fill with samples of N(mean, std²)."""
+    if not std >= 0:
+        raise EveryOError(f"init.normal_: std must be >= 0, got {std}")
     rng = resolve_generator(generator)
     return _fill(tensor, rng.normal(mean, std, _array(tensor, "normal_").shape), "normal_")
 
@@ -115,6 +129,8 @@ def trunc_normal_(tensor, mean: float = 0.0, std: float = 1.0, a: float = -2.0, 
                   generator=None):
     """Fill with N(mean, std²) truncated to [a, b] (redrawing the samples that fall outside:
     the same distribution PyTorch's inverse-CDF sampling gives)."""
+    if not std > 0:
+        raise EveryOError(f"init.trunc_normal_: std must be > 0, got {std}")
     rng = resolve_generator(generator)
     shape = _array(tensor, "trunc_normal_").shape
 
@@ -150,6 +166,8 @@ def ones_(tensor):
 def xavier_uniform_(tensor, gain: float = 1.0, generator=None):
     """Glorot uniform: U(-a, a) with ``a = gain * sqrt(6 / (fan_in + fan_out))``."""
     fan_in, fan_out = calculate_fan_in_and_fan_out(tensor)
+    if _zero_elements(tensor, "xavier_uniform_"):
+        return tensor
     bound = gain * math.sqrt(2.0 / float(fan_in + fan_out)) * math.sqrt(3.0)
     return uniform_(tensor, -bound, bound, generator)
 
@@ -157,12 +175,16 @@ def xavier_uniform_(tensor, gain: float = 1.0, generator=None):
 def xavier_normal_(tensor, gain: float = 1.0, generator=None):
     """Glorot normal: N(0, std²) with ``std = gain * sqrt(2 / (fan_in + fan_out))``."""
     fan_in, fan_out = calculate_fan_in_and_fan_out(tensor)
+    if _zero_elements(tensor, "xavier_normal_"):
+        return tensor
     return normal_(tensor, 0.0, gain * math.sqrt(2.0 / float(fan_in + fan_out)), generator)
 
 
 def kaiming_uniform_(tensor, a: float = 0.0, mode: str = "fan_in",
                      nonlinearity: str = "leaky_relu", generator=None):
     """He uniform: U(-b, b) with ``b = gain * sqrt(3 / fan)`` (``a``: leaky_relu's slope)."""
+    if _zero_elements(tensor, "kaiming_uniform_"):
+        return tensor
     std = calculate_gain(nonlinearity, a) / math.sqrt(_fan(tensor, mode))
     bound = math.sqrt(3.0) * std
     return uniform_(tensor, -bound, bound, generator)
@@ -171,6 +193,8 @@ def kaiming_uniform_(tensor, a: float = 0.0, mode: str = "fan_in",
 def kaiming_normal_(tensor, a: float = 0.0, mode: str = "fan_in",
                     nonlinearity: str = "leaky_relu", generator=None):
     """He normal: N(0, std²) with ``std = gain / sqrt(fan)``."""
+    if _zero_elements(tensor, "kaiming_normal_"):
+        return tensor
     std = calculate_gain(nonlinearity, a) / math.sqrt(_fan(tensor, mode))
     return normal_(tensor, 0.0, std, generator)
 

@@ -99,7 +99,11 @@ def zero_(self: Tensor) -> Tensor:
 def clamp_(self: Tensor, min=None, max=None) -> Tensor:
     """Limit the values to [min, max] in place; returns ``self``."""
     _check_recordable(self, "clamp_")
-    np.clip(self.data, min, max, out=self.data)
+    try:
+        np.clip(self.data, _value(min), _value(max), out=self.data, casting="same_kind")
+    except (ValueError, TypeError) as exc:  # NumPy's broadcast / casting errors
+        raise EveryOError(f"clamp_: cannot clamp a {self.dtype} tensor of shape {self.shape} "
+                          f"in place to min={min!r}, max={max!r} ({exc})") from None
     bump_version(self)
     return self
 

@@ -164,6 +164,10 @@ class Optimizer:
                               f"{state.get('type')!r}")
         if "hyperparameters" in state:
             state = _from_single_group_layout(state)
+        missing = [key for key in ("state", "param_groups") if key not in state]
+        if missing:
+            raise EveryOError(f"{name}.load_state_dict: the state has no {missing}; pass what "
+                              f"{name}.state_dict() returned")
         saved_groups = list(state["param_groups"])
         if len(saved_groups) != len(self.param_groups):
             raise EveryOError(f"{name}.load_state_dict: the state has {len(saved_groups)} "
@@ -284,12 +288,17 @@ class Adam(Optimizer):
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.0, amsgrad: bool = False):
-        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps,
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps,
                                       weight_decay=weight_decay, amsgrad=amsgrad))
 
     def _check_options(self, group):
         super()._check_options(group)
-        group["betas"] = tuple(group["betas"])
+        betas = group["betas"]
+        if not isinstance(betas, (tuple, list, np.ndarray)) or len(betas) != 2:
+            # NOTE: checked here, not at the first step() (which failed unpacking them)
+            raise EveryOError(f"{type(self).__name__}: betas must be two numbers "
+                              f"(beta1, beta2), got {betas!r}")
+        group["betas"] = tuple(betas)
         if not all(0.0 <= b < 1.0 for b in group["betas"]):
             raise EveryOError(f"{type(self).__name__}: betas must be in [0, 1), got "
                               f"{group['betas']}")

@@ -65,7 +65,7 @@ def owned_generators(module) -> dict:
     found = {}
     for path, sub in module.named_modules():
         for name, value in vars(sub).items():
-            if isinstance(value, np.random.Generator):
+            if isinstance(value, np.random.Generator) and value is not _default:
                 found[f"{path}.{name}" if path else name] = value
     return found
 

@@ -45,7 +45,8 @@ def _encode(value, arrays: dict, where: str):
         payload = _RAW_PAYLOAD.get(value.dtype)
         if payload is not None:
             ref = f"{_RAW_PREFIX}{len(arrays)}"
-            arrays[ref] = np.ascontiguousarray(value).view(payload)
+            # NOTE: not np.ascontiguousarray, which turns a 0-d array into shape (1,)
+            arrays[ref] = np.array(value, order="C", copy=not value.flags.c_contiguous).view(payload)
             return {"array": ref, "dtype": value.dtype.name}
         if value.dtype.kind not in "biufc":
             raise EveryOSerializationError(f"save: {where} has dtype {value.dtype}, which cannot "

@@ -309,13 +309,26 @@ class Tensor:
         return dispatch("transpose", self, axes=axes or None)
 
     def flatten(self, start_axis: int = 0) -> "Tensor":
-        lead = self.shape[:start_axis]
+        ndim = max(self.ndim, 1)
+        if not -ndim <= start_axis < ndim:
+            # NOTE: shape[:start_axis] would quietly keep every axis and append one of size 1
+            raise EveryOError(f"flatten: start_axis {start_axis} is out of range for shape "
+                              f"{self.shape}")
+        lead = self.shape[:start_axis % ndim] if self.ndim else ()
         return dispatch("reshape", self, shape=lead + (-1,))
 
     def unsqueeze(self, axis: int) -> "Tensor":
         return dispatch("reshape", self, shape=np.expand_dims(self.data, axis).shape)
 
     def squeeze(self, axis=None) -> "Tensor":
+        """Drop axes of length 1 (all of them, or ``axis``: an int or ints); as in PyTorch,
+        a named axis whose length is not 1 is kept."""
+        if axis is not None:
+            axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
+            ndim = max(self.ndim, 1)
+            if any(not -ndim <= a < ndim for a in axes):
+                raise EveryOError(f"squeeze: axis {axis} is out of range for shape {self.shape}")
+            axis = tuple(a % ndim for a in axes if self.ndim and self.shape[a] == 1)
         return dispatch("reshape", self, shape=np.squeeze(self.data, axis).shape)
 
     def argmax(self, axis=None) -> "Tensor":

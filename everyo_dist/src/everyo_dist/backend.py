@@ -31,6 +31,11 @@ def _no_preparation(world_size: int, options: dict):
     yield options
 
 
+@contextmanager
+def _no_rendezvous(host: str, port: int, world_size: int, token: str | None, ssl_context):
+    yield port
+
+
 class Backend:
     """A registered process-group backend.
 
@@ -42,6 +47,10 @@ class Backend:
         prepare_job: optional ``prepare_job(world_size, options)`` context manager (or
             ``"module:function"``) run by ``spawn`` in the parent around the whole job; it
             yields the options every worker's factory receives and cleans up on exit.
+        host_rendezvous: optional ``host_rendezvous(host, port, world_size, token,
+            ssl_context)`` context manager (or ``"module:function"``) that ``everyo-run`` on
+            node 0 enters around the job, for a backend whose ranks meet at a server the
+            launcher hosts (tcp); it yields the port it listens on.
 
     Example:
         >>> from everyo_dist.backend import Backend
@@ -50,13 +59,14 @@ class Backend:
         ['rank', 'segment', 'timeout', 'world_size']
     """
 
-    def __init__(self, name: str, factory, prepare_job=None):
+    def __init__(self, name: str, factory, prepare_job=None, host_rendezvous=None):
         if not isinstance(name, str) or not name:
             from everyo_dist.errors import DistributedError
 
             raise DistributedError(f"a backend needs a non-empty name, got {name!r}")
         self.name = name
         self._factory, self._prepare_job = factory, prepare_job
+        self._host_rendezvous = host_rendezvous
         self.__doc__ = f"Create a {name!r} process group."
 
     def __call__(self, **options):
@@ -83,6 +93,13 @@ class Backend:
         if self._prepare_job is None:
             return _no_preparation(world_size, options)
         return _resolve(self._prepare_job)(world_size, options)
+
+    def host_rendezvous(self, host: str, port: int, world_size: int, token: str | None,
+                        ssl_context):
+        """The context manager ``everyo-run`` enters on node 0; yields the port ranks dial."""
+        if self._host_rendezvous is None:
+            return _no_rendezvous(host, port, world_size, token, ssl_context)
+        return _resolve(self._host_rendezvous)(host, port, world_size, token, ssl_context)
 
 
 def as_backend(name: str, registered) -> Backend:

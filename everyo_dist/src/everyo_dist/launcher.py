@@ -19,6 +19,7 @@ the ``TCPRendezvousServer``. BLAS thread variables default to 1 in every rank.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import queue
 import secrets
@@ -29,6 +30,7 @@ import threading
 import time
 from pathlib import Path
 
+from everyo_dist.backend import registered_backend
 from everyo_dist.blas import worker_environment
 from everyo_dist.errors import DistributedError
 from everyo_dist.parent_death import kill_me_when_parent_dies
@@ -199,19 +201,24 @@ def run(args: argparse.Namespace) -> int:
 def _run_once(args: argparse.Namespace, attempt: int) -> int:
     """Start this node's ranks and supervise them; the exit status of this attempt."""
     world_size = args.nnodes * args.nproc_per_node
-    server = None
     if args.nnodes == 1 and args.master is None:
         token = _read_token(args.token_file) if args.token_file else secrets.token_hex(32)
         host, port = "127.0.0.1", 0
     else:
         token = _read_token(args.token_file) if args.token_file else ""
         host, port = args.master_host, args.master_port
-    if args.backend == "tcp" and args.node_rank == 0:
-        from everyo_dist.backends.tcp.rendezvous import TCPRendezvousServer
+    with contextlib.ExitStack() as job:
+        if args.node_rank == 0:
+            # NOTE: a backend whose ranks meet at a server (tcp) hosts it here, for the whole
+            # job; the others have nothing to host.
+            backend = registered_backend(args.backend, "everyo-run")
+            port = job.enter_context(backend.host_rendezvous(
+                host, port, world_size, token or None, _server_tls_context()))
+        return _start_and_supervise(args, attempt, world_size, host, port, token)
 
-        server = TCPRendezvousServer(host, port, world_size=world_size, token=token or None,
-                                     ssl_context=_server_tls_context())
-        port = server.port
+
+def _start_and_supervise(args: argparse.Namespace, attempt: int, world_size: int, host: str,
+                         port: int, token: str) -> int:
     ranks: dict[int, subprocess.Popen] = {}
     lock = threading.Lock()
     readers = []
@@ -239,8 +246,6 @@ def _run_once(args: argparse.Namespace, attempt: int) -> int:
         _stop(ranks)
         for reader in readers:
             reader.join(timeout=2)
-        if server is not None:
-            server.close()
 
 
 def _supervise(ranks: dict[int, subprocess.Popen], outputs: dict[int, "_RankOutput"]) -> int:

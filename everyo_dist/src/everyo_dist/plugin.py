@@ -15,7 +15,8 @@ BACKENDS = (
     Backend("shm", "everyo_dist.backends.shm.group:create_shm_group",
             prepare_job="everyo_dist.backends.shm.job:prepare_shm_job"),
     Backend("tcp", "everyo_dist.backends.tcp.group:create_tcp_group",
-            prepare_job="everyo_dist.backends.tcp.job:prepare_tcp_job"),
+            prepare_job="everyo_dist.backends.tcp.job:prepare_tcp_job",
+            host_rendezvous="everyo_dist.backends.tcp.job:host_launch_rendezvous"),
     Backend("mpi", "everyo_dist.backends.mpi.group:create_mpi_group"),
 )
 

@@ -15,6 +15,7 @@ from everyo import EveryOError, Module, Op, Tensor, dispatch, matmul
 from everyo.kernels import is_floating
 from everyo_layers.checks import check_float
 from everyo_layers.dropout import Dropout
+from everyo_layers.initializers import layer_generator
 from everyo_layers.linear import Linear
 
 
@@ -116,7 +117,7 @@ class MultiHeadAttention(Module):
                               f"multiple of num_heads ({num_heads})")
         self.embed_dim, self.num_heads = int(embed_dim), int(num_heads)
         self.head_dim = self.embed_dim // self.num_heads
-        seeds = np.random.default_rng(seed).integers(2**32, size=5)
+        seeds = layer_generator(seed).integers(2**32, size=5)
         self.q_proj, self.k_proj, self.v_proj, self.out_proj = (
             Linear(embed_dim, embed_dim, seed=s) for s in seeds[:4])
         # NOTE: PyTorch's init: Xavier-uniform over the stacked (3E, E) input projection and

@@ -7,7 +7,7 @@ import numpy as np
 from everyo import EveryOError, Module, Op, dispatch
 from everyo.kernels import HALF_DTYPES, blas_matmul, narrow, widen
 from everyo_layers.checks import check_float, check_groups
-from everyo_layers.initializers import fan_in_bound, uniform_parameter
+from everyo_layers.initializers import fan_in_bound, layer_generator, uniform_parameter
 from everyo_layers.padding import output_size, resolve_padding
 from everyo_layers.precision import accumulation_dtype
 from everyo_layers.windows import check_geometry, pad_hw, window_arguments, window_slices, window_view
@@ -179,7 +179,7 @@ class Conv2D(Module):
         self.groups = check_groups("Conv2D", groups, self.in_channels, self.out_channels)
         resolve_padding(padding, (1, 1), self.kernel_size)  # validate the form early
         self.padding = padding
-        rng = np.random.default_rng(seed)
+        rng = layer_generator(seed)
         kh, kw = self.kernel_size
         per_group = self.in_channels // self.groups
         bound = fan_in_bound(per_group * kh * kw)

@@ -6,7 +6,7 @@ import numpy as np
 
 from everyo import EveryOError, Module, dispatch
 from everyo_layers.checks import check_float, check_groups
-from everyo_layers.initializers import fan_in_bound, uniform_parameter
+from everyo_layers.initializers import fan_in_bound, layer_generator, uniform_parameter
 from everyo_layers.padding import effective_kernel, resolve_padding
 from everyo_layers.windows import check_geometry
 
@@ -58,7 +58,7 @@ class Conv1D(Module):
         if padding != "causal":
             self.pads_2d(padding, 1)  # validate the form early
         self.padding = padding
-        rng = np.random.default_rng(seed)
+        rng = layer_generator(seed)
         per_group = self.in_channels // self.groups
         bound = fan_in_bound(per_group * k)
         self.weight = uniform_parameter(rng, (k, per_group, self.out_channels), bound)

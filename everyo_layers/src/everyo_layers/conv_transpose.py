@@ -12,7 +12,7 @@ import numpy as np
 
 from everyo import EveryOError, Module, Op, dispatch
 from everyo_layers.checks import check_float
-from everyo_layers.initializers import fan_in_bound, uniform_parameter
+from everyo_layers.initializers import fan_in_bound, layer_generator, uniform_parameter
 from everyo_layers.precision import accumulation_dtype
 from everyo_layers.windows import check_geometry, pad_hw, window_view
 
@@ -215,7 +215,7 @@ class Conv2DTranspose(Module):
         self.in_channels, self.out_channels = int(in_channels), int(out_channels)
         self.kernel_size, self.stride, _ = check_geometry("Conv2DTranspose", kernel_size, stride)
         self.padding = padding
-        rng = np.random.default_rng(seed)
+        rng = layer_generator(seed)
         kh, kw = self.kernel_size
         # NOTE: PyTorch's ConvTranspose2d computes its fan-in from weight dim 1, i.e. out*kh*kw.
         bound = fan_in_bound(self.out_channels * kh * kw)

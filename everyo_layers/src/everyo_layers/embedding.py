@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from everyo import EveryOError, Module, Op, Parameter, Tensor, dispatch
+from everyo_layers.initializers import layer_generator
 
 
 def scatter_add_rows(indices: np.ndarray, rows: np.ndarray, num_rows: int) -> np.ndarray:
@@ -101,7 +102,7 @@ class Embedding(Module):
             raise EveryOError(f"Embedding: padding_idx {padding_idx} is not in "
                               f"[0, {num_embeddings})")
         self.padding_idx = padding_idx
-        table = np.random.default_rng(seed).standard_normal((num_embeddings, embedding_dim))
+        table = layer_generator(seed).standard_normal((num_embeddings, embedding_dim))
         if padding_idx is not None:
             table[padding_idx] = 0
         self.weight = Parameter(table.astype(np.float32))

@@ -6,7 +6,14 @@ import math
 
 import numpy as np
 
-from everyo import Parameter
+from everyo import Parameter, default_generator
+
+
+def layer_generator(seed) -> np.random.Generator:
+    """The generator a layer initialises from: its own for an explicit ``seed``, else EveryO's
+    global one, so that ``eo.manual_seed`` makes a model's initialisation reproducible, as
+    ``torch.manual_seed`` does."""
+    return default_generator() if seed is None else np.random.default_rng(seed)
 
 
 def uniform_parameter(rng: np.random.Generator, shape: tuple, bound: float) -> Parameter:

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import numpy as np
-
 from everyo import EveryOError, Module, dispatch
 from everyo_layers.checks import check_last_axis
-from everyo_layers.initializers import fan_in_bound, uniform_parameter
+from everyo_layers.initializers import fan_in_bound, layer_generator, uniform_parameter
 
 
 class Linear(Module):
@@ -35,7 +33,7 @@ class Linear(Module):
             raise EveryOError(f"Linear: in_features and out_features must be positive, got "
                               f"{in_features} and {out_features}")
         self.in_features, self.out_features = int(in_features), int(out_features)
-        rng = np.random.default_rng(seed)
+        rng = layer_generator(seed)
         bound = fan_in_bound(self.in_features)
         self.weight = uniform_parameter(rng, (self.in_features, self.out_features), bound)
         self.bias = uniform_parameter(rng, (self.out_features,), bound) if bias else None

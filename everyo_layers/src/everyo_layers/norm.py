@@ -73,7 +73,7 @@ class BatchNormOp(_NormalizeOp):
     variance, PyTorch's rule); otherwise it normalises by the running statistics."""
 
     precision = "float32"
-    __slots__ = ("training",)
+    __slots__ = ("training", "statistics")
 
     def forward(self, x, weight=None, bias=None, running_mean=None, running_var=None,
                 training=True, momentum=0.1, eps=1e-5):
@@ -91,8 +91,11 @@ class BatchNormOp(_NormalizeOp):
                 unbiased = var * (count / (count - 1))
                 running_var += (momentum * unbiased).astype(running_var.dtype, copy=False)
         else:
-            centered = xc - running_mean.astype(compute, copy=False)
-            var = running_var.astype(compute, copy=False)
+            # NOTE: copies, not views: a later training-mode call updates the running
+            # statistics in place, and this graph's backward must see the values it used.
+            mean, var = running_mean.astype(compute), running_var.astype(compute)
+            self.statistics = (mean, var)
+            centered = xc - mean
         return self.normalize(x, centered, var, eps, weight, bias)
 
     def backward(self, g):
@@ -124,8 +127,8 @@ class BatchNormOp(_NormalizeOp):
             centered = x - dispatch("mean", x, axis=axes, keepdims=True)
             var = dispatch("mean", centered * centered, axis=axes, keepdims=True)
         else:
-            centered = x - attrs["running_mean"]
-            var = attrs["running_var"]
+            mean, var = self.statistics
+            centered = x - mean
         return _affine(centered / dispatch("sqrt", var + attrs.get("eps", 1e-5)), weight, bias)
 
 

@@ -14,6 +14,7 @@ import numpy as np
 
 from everyo import EveryOError, Module, Parameter, Tensor, concatenate, dispatch, stack
 from everyo_layers.checks import check_float
+from everyo_layers.initializers import layer_generator
 from everyo_layers.recurrent_ops import OPS as _RECURRENT_OPS
 from everyo_layers.recurrent_run import check_lengths, reverse_steps, run_direction
 
@@ -39,7 +40,7 @@ class _Recurrent(Module):
         self.num_layers = int(num_layers)
         self.batch_first, self.return_state = bool(batch_first), bool(return_state)
         self.bidirectional, self.dropout = bool(bidirectional), float(dropout)
-        self.rng = np.random.default_rng(seed)
+        self.rng = layer_generator(seed)
         # NOTE: PyTorch's init: every weight and bias from U(-1/sqrt(hidden), 1/sqrt(hidden)).
         bound = 1.0 / math.sqrt(self.hidden_size)
         width = self.gates * self.hidden_size

@@ -45,7 +45,9 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0,
     flat = [g.reshape(-1).astype(accumulation_dtype(g.dtype), copy=False)
             for g in grads]
     if math.isinf(norm_type):
-        total = max(float(np.max(np.abs(f))) if f.size else 0.0 for f in flat)
+        # NOTE: np.max, not Python's max: max(2.0, nan) is 2.0, which hid a NaN gradient
+        # that is not in the first tensor (PyTorch's norm is NaN then)
+        total = float(np.max([np.max(np.abs(f)) if f.size else 0.0 for f in flat]))
     elif norm_type == 2.0:
         total = math.sqrt(sum(float(np.dot(f, f)) for f in flat))
     else:

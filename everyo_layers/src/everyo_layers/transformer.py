@@ -16,6 +16,7 @@ from everyo import EveryOError, Module, Sequential, dispatch, relu
 from everyo_layers.attention import MultiHeadAttention
 from everyo_layers.checks import check_float
 from everyo_layers.dropout import Dropout
+from everyo_layers.initializers import layer_generator
 from everyo_layers.linear import Linear
 from everyo_layers.norm import LayerNorm
 
@@ -106,7 +107,7 @@ class _TransformerLayer(Module):
         self.dim_feedforward, self.norm_first = int(dim_feedforward), bool(norm_first)
         self.activation_name = activation if isinstance(activation, str) else "custom"
         self.activation = _activation(activation)
-        seeds = iter(np.random.default_rng(seed).integers(2**32, size=4 + 2 * attention_blocks))
+        seeds = iter(layer_generator(seed).integers(2**32, size=4 + 2 * attention_blocks))
         attention = [MultiHeadAttention(d_model, num_heads, dropout=dropout, seed=next(seeds))
                      for _ in range(attention_blocks)]
         self.self_attn = attention[0]

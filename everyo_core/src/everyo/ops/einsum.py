@@ -14,7 +14,9 @@ import numpy as np
 
 from everyo.autograd import Op
 from everyo.dispatch import dispatch
+from everyo.dtypes import HALF_DTYPES, result_dtype
 from everyo.errors import EveryOError
+from everyo.half_precision import narrow, widen
 
 
 def parse_equation(equation: str, shapes: list) -> tuple[list[str], str]:
@@ -74,10 +76,15 @@ class Einsum(Op):
         self.terms, self.output = parse_equation(equation, self.shapes)
         self.equation = ",".join(self.terms) + "->" + self.output
         self.saved = xs
+        half = any(x.dtype in HALF_DTYPES for x in xs)
         try:
-            return np.asarray(np.einsum(self.equation, *xs, optimize=len(xs) > 2))
+            # NOTE: np.einsum has no bfloat16 loop (TypeError) and sums float16 in float16:
+            # 16-bit operands are contracted in float32 and rounded once, like matmul.
+            out = np.asarray(np.einsum(self.equation, *[widen(x) for x in xs],
+                                       optimize=len(xs) > 2))
         except ValueError as exc:
             raise EveryOError(f"einsum {equation!r} on shapes {self.shapes}: {exc}") from None
+        return narrow(out, result_dtype(*xs)) if half else out
 
     def backward(self, g):
         xs = self.saved
@@ -88,8 +95,9 @@ class Einsum(Op):
                 continue
             equation, produced, missing, unique = operand_grad_plan(
                 i, self.terms, self.output, self.shapes)
-            others = [x for j, x in enumerate(xs) if j != i]
-            grad = np.einsum(equation, g, *others, optimize=len(others) > 1)
+            others = [widen(x) for j, x in enumerate(xs) if j != i]
+            # (a 16-bit gradient comes back in float32; the engine rounds it to the operand's)
+            grad = np.einsum(equation, widen(g), *others, optimize=len(others) > 1)
             own = dict(zip(self.terms[i], self.shapes[i]))
             if missing:
                 grad = np.expand_dims(grad, tuple(unique.index(c) for c in missing))

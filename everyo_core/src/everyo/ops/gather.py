@@ -26,7 +26,8 @@ def gather_index(index: np.ndarray, axis: int, shape: tuple, op: str) -> tuple:
         if d != axis and n > m:
             raise EveryOError(f"{op}: index shape {index.shape} is larger than the tensor's "
                               f"{shape} along axis {d}")
-    if index.size and (index.min() < -shape[axis] or index.max() >= shape[axis]):
+    # NOTE: negative values are refused as PyTorch does (NumPy would wrap them around)
+    if index.size and (index.min() < 0 or index.max() >= shape[axis]):
         raise EveryOError(f"{op}: index values must be in [0, {shape[axis]}) along axis "
                           f"{axis}, got [{index.min()}, {index.max()}]")
     grid: list = list(np.indices(index.shape, sparse=True))

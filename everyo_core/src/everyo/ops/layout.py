@@ -8,6 +8,7 @@ import numpy as np
 from everyo.autograd import Op, unbroadcast
 from everyo.dispatch import dispatch
 from everyo.errors import EveryOError
+from everyo.ops.reduction import accumulated
 
 
 def broadcast_axes(shape: tuple, target: tuple) -> tuple:
@@ -87,13 +88,13 @@ class CumSum(Op):
         if not -x.ndim <= axis < max(x.ndim, 1):
             raise EveryOError(f"cumsum: axis {axis} is out of range for shape {x.shape}")
         self.axis = axis % max(x.ndim, 1)
-        return np.cumsum(x, axis=self.axis) if x.ndim else x.copy()
+        return accumulated(np.cumsum, x, axis=self.axis) if x.ndim else x.copy()
 
     def backward(self, g):
         if g.ndim == 0:
             return (g,)
         flip = _reversed(self.axis, g.ndim)
-        return (np.ascontiguousarray(np.cumsum(g[flip], axis=self.axis)[flip]),)
+        return (np.ascontiguousarray(accumulated(np.cumsum, g[flip], axis=self.axis)[flip]),)
 
     def backward_graph(self, g, out):
         if g.ndim == 0:

@@ -6,7 +6,9 @@ import numpy as np
 
 from everyo.autograd import Op
 from everyo.dispatch import dispatch
+from everyo.dtypes import HALF_DTYPES
 from everyo.errors import EveryOError
+from everyo.half_precision import narrow, widen
 from everyo.ops.graph_math import expand_reduced
 from everyo.ops.unary import floating
 
@@ -38,6 +40,23 @@ def _one_axis(axis, x: np.ndarray, op: str) -> int:
     return int(axis) % x.ndim
 
 
+def accumulated(fn, x: np.ndarray, *args, **kwargs) -> np.ndarray:
+    """``fn(x, ...)``; a 16-bit ``x`` is summed through float32 and the result rounded once.
+
+    NOTE: NumPy reduces bfloat16 (ml_dtypes) sequentially in bfloat16, so the running sum
+    stops growing at 256 when adding values below 1 (the sum of 10,000 values in [0, 1) came
+    out as 256); float16's cumsum stalls the same way at 2048. PyTorch accumulates both in
+    float32, as the BLAS-shaped ops here already do.
+
+    Example:
+        >>> accumulated(np.sum, np.full(1000, 0.5, np.float16)).item()
+        500.0
+    """
+    if x.dtype in HALF_DTYPES:
+        return narrow(np.asarray(fn(widen(x), *args, **kwargs)), x.dtype)
+    return fn(x, *args, **kwargs)
+
+
 def _expand(g: np.ndarray, axes: tuple, keepdims: bool) -> np.ndarray:
     """Reinsert reduced axes so ``g`` broadcasts against the operand."""
     return g if keepdims or not axes else np.expand_dims(g, axes)
@@ -51,7 +70,7 @@ class Sum(Op):
 
     def forward(self, x, axis=None, keepdims=False):
         self.shape, self.axes, self.keepdims = x.shape, _axes(axis, x.shape, self.name), keepdims
-        return np.sum(x, axis=self.axes, keepdims=keepdims)
+        return accumulated(np.sum, x, axis=self.axes, keepdims=keepdims)
 
     def backward(self, g):
         return (np.broadcast_to(_expand(g, self.axes, self.keepdims), self.shape),)
@@ -68,7 +87,7 @@ class Mean(Op):
 
     def forward(self, x, axis=None, keepdims=False):
         self.shape, self.axes, self.keepdims = x.shape, _axes(axis, x.shape, self.name), keepdims
-        return np.mean(floating(x), axis=self.axes, keepdims=keepdims)
+        return accumulated(np.mean, floating(x), axis=self.axes, keepdims=keepdims)
 
     def backward(self, g):
         count = int(np.prod([self.shape[a] for a in self.axes])) if self.axes else 1
@@ -121,7 +140,9 @@ class Var(Op):
 
     precision = "float32"
     __slots__ = ("axes", "keepdims", "denominator")
-    saved_inputs = ()
+    # NOTE: backward keeps its own centred copy, but backward_graph (create_graph) recomputes
+    # it from the operand, so an in-place write to the operand must be caught (as PyTorch's).
+    saved_inputs = (0,)
     saves_output = False
 
     def forward(self, x, axis=None, keepdims=False, ddof=0):
@@ -131,11 +152,14 @@ class Var(Op):
         # by a negative count (which would give a negative variance).
         self.denominator = max(count - ddof, 0)
         x = floating(x)
+        dtype = x.dtype
+        x = widen(x)  # 16-bit values are centred and summed in float32 (see accumulated)
         centered = x - x.mean(axis=self.axes, keepdims=True) if x.size else x
         self.saved = centered
         with np.errstate(divide="ignore", invalid="ignore"):
-            return np.sum(centered * centered, axis=self.axes, keepdims=keepdims) / \
+            out = np.sum(centered * centered, axis=self.axes, keepdims=keepdims) / \
                 np.asarray(self.denominator, x.dtype)
+        return narrow(np.asarray(out), dtype)
 
     def _scale(self, dtype) -> np.ndarray:
         with np.errstate(divide="ignore"):
@@ -166,13 +190,14 @@ class Softmax(Op):
         if x.size == 0:  # nothing to normalise (np.max has no identity)
             self.saved = x
             return x.copy()
-        shifted = np.exp(x - x.max(axis=self.axis, keepdims=True))
-        out = shifted / shifted.sum(axis=self.axis, keepdims=True)
+        wide = widen(x)  # a 16-bit row is normalised in float32 and rounded once
+        shifted = np.exp(wide - wide.max(axis=self.axis, keepdims=True))
+        out = narrow(shifted / shifted.sum(axis=self.axis, keepdims=True), x.dtype)
         self.saved = out
         return out
 
     def backward(self, g):
-        y = self.saved
+        y, g = widen(self.saved), widen(g)  # (the engine rounds to the operand's dtype)
         return (y * (g - (g * y).sum(axis=self.axis, keepdims=True)),)
 
     def backward_graph(self, g, out):
@@ -195,12 +220,13 @@ class LogSoftmax(Op):
     def forward(self, x, axis=-1):
         self.axis = _one_axis(axis, x, self.name)
         x = floating(x)
-        out = log_softmax_array(x, self.axis) if x.size else x.copy()
+        out = narrow(log_softmax_array(widen(x), self.axis), x.dtype) if x.size else x.copy()
         self.saved = out
         return out
 
     def backward(self, g):
-        return (g - np.exp(self.saved) * g.sum(axis=self.axis, keepdims=True),)
+        g = widen(g)  # (the engine rounds the result to the operand's dtype)
+        return (g - np.exp(widen(self.saved)) * g.sum(axis=self.axis, keepdims=True),)
 
     def backward_graph(self, g, out):
         total = dispatch("sum", g, axis=self.axis, keepdims=True)

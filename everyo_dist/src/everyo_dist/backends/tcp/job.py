@@ -10,6 +10,15 @@ from everyo_dist.backends.tcp.rendezvous import TCPRendezvousServer
 
 
 @contextmanager
+def host_launch_rendezvous(host: str, port: int, world_size: int, token: str | None,
+                           ssl_context):
+    """The rendezvous ``everyo-run`` hosts on node 0 for the job's ranks; yields its port."""
+    with TCPRendezvousServer(host, port, world_size=world_size, token=token,
+                             ssl_context=ssl_context) as server:
+        yield server.port
+
+
+@contextmanager
 def prepare_tcp_job(world_size: int, options: dict):
     """Host the rendezvous for the job's workers unless the caller named one (``master_port``).
 

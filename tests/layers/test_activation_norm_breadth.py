@@ -147,3 +147,9 @@ def test_group_norm_takes_an_empty_batch():
     assert out.shape == (0, 3, 4)
     out.sum().backward()
     assert x.grad.shape == x.shape and not np.any(norm.weight.grad)
+
+
+@pytest.mark.parametrize("shape", [-4, 0, (), (3, -1), None, 2.5j])
+def test_rms_norm_refuses_a_shape_that_is_no_positive_sizes(shape):
+    with pytest.raises(eo.EveryOError, match="RMSNorm: normalized_shape must be a positive"):
+        eo.RMSNorm(shape)

@@ -177,7 +177,13 @@ class RMSNorm(Module):
         super().__init__()
         if isinstance(normalized_shape, (int, np.integer)):
             normalized_shape = (int(normalized_shape),)
-        self.normalized_shape = tuple(int(n) for n in normalized_shape)
+        try:
+            self.normalized_shape = tuple(int(n) for n in normalized_shape)
+        except (TypeError, ValueError):
+            self.normalized_shape = ()
+        if not self.normalized_shape or min(self.normalized_shape) <= 0:
+            raise EveryOError(f"RMSNorm: normalized_shape must be a positive int or a non-empty "
+                              f"tuple of positive ints, got {normalized_shape!r}")
         self.eps = None if eps is None else float(eps)
         self.weight = (Parameter(np.ones(self.normalized_shape, np.float32))
                        if elementwise_affine else None)

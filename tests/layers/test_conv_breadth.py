@@ -194,3 +194,9 @@ def test_conv2d_transpose_refuses_an_input_without_pixels():
     """PyTorch refuses it too; the output size formula would otherwise invent pixels."""
     with pytest.raises(eo.EveryOError, match=r"Conv2DTranspose\(3→4\).*at least one pixel"):
         eo.Conv2DTranspose(3, 4, 3)(eo.ones(1, 0, 5, 3))
+
+
+@pytest.mark.parametrize("padding", [1.5, None, (1, 2, 3)])
+def test_conv1d_refuses_a_padding_it_cannot_read(padding):
+    with pytest.raises(eo.EveryOError, match="padding must be"):
+        eo.Conv1D(3, 4, 3, padding=padding)

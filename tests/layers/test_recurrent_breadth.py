@@ -128,3 +128,12 @@ def test_malformed_lengths_and_state_name_the_layer():
         eo.GRU(3, 4)(x, lengths=[2, [3]])
     with pytest.raises(eo.EveryOError, match=r"LSTM\(3→4\): the initial state is a pair"):
         eo.LSTM(3, 4)(x, 5)
+
+
+@pytest.mark.parametrize("kind", [eo.LSTM, eo.GRU, eo.RNN])
+def test_an_empty_batch_with_lengths_gives_empty_outputs(kind):
+    """As without lengths: nothing to run (NumPy's or Python's errors were leaking)."""
+    layer = kind(3, 2, bidirectional=True, return_state=True)
+    out, state = layer(eo.zeros(0, 4, 3), lengths=np.array([], dtype=np.int64))
+    assert out.shape == (0, 4, 4)
+    assert (state[0] if isinstance(state, tuple) else state).shape == (2, 0, 2)

@@ -66,7 +66,7 @@ def run_direction(op: str, x, states: list, params: tuple, attrs: dict, has_cell
         ``(outputs (B, T, H), final states)``; with ``lengths``, outputs are zero past each
         sample's length and the final states are taken at each sample's last real step.
     """
-    if lengths is None:
+    if lengths is None or not len(lengths):  # an empty batch has nothing to cut by length
         return _call(op, x, states, params, attrs, has_cell)
     batch, steps = x.shape[:2]
     order = np.argsort(-lengths, kind="stable")

@@ -189,3 +189,69 @@ def ddp_or_average(group, inputs, targets, use_ddp: bool, micro_batches: int = 2
         ddp.close()
     return [p.data for p in params]
 
+
+
+def two_forwards_one_backward(group, inputs, use_ddp: bool):
+    """One loss summed over two forwards through the wrapper; only the second uses the extra
+    branch (whose bucket is reduced first). Returns the averaged gradients."""
+    from everyo.distributed import DistributedDataParallel
+
+    model = BranchyModel()
+    x = eo.tensor(inputs[group.rank::group.world_size])
+    if use_ddp:
+        ddp = DistributedDataParallel(model, group, bucket_cap_mb=1e-6)  # a bucket each
+        (eo.sum(ddp(x, False)) + eo.sum(ddp(x, True))).backward()
+        ddp.close()
+    else:
+        (eo.sum(model(x, False)) + eo.sum(model(x, True))).backward()
+        average_gradients(model.parameters(), group)
+    return [p.grad for p in model.parameters()]
+
+
+def large_integer_sums(group, length: int):
+    """``all_reduce_sum`` of integers too large for a float64 sum to keep exact, and of
+    integers whose sum overflows their dtype; returns ``{dtype: (input, result)}``."""
+    results = {}
+    for dtype in (np.int64, np.uint64, np.int32, np.uint8):
+        info = np.iinfo(dtype)
+        rng = np.random.default_rng(group.rank)
+        values = rng.integers(info.max // 4, info.max, size=length, dtype=dtype, endpoint=True)
+        values[:2] = [info.max, info.max // 3]
+        results[np.dtype(dtype).name] = (values, group.all_reduce_sum(values))
+    return results
+
+
+class TiedModel(eo.Module):
+    """An encoder and decoder sharing one weight: it gets two gradients per backward."""
+
+    def __init__(self):
+        super().__init__()
+        self.encoder = eo.Linear(8, 8, seed=0)
+        self.decoder = eo.Linear(8, 1, seed=1)
+        self.tied = eo.Linear(8, 8, seed=2)
+        self.tied.weight = self.encoder.weight
+
+    def forward(self, x):
+        return self.decoder(eo.tanh(self.tied(eo.tanh(self.encoder(x)))))
+
+
+def tied_weights_accumulated(group, inputs, use_ddp: bool):
+    """Three micro-batches accumulated into .grad (``no_sync`` but the last), then averaged
+    by DistributedDataParallel or by ``average_gradients``; returns the gradients."""
+    from everyo.distributed import DistributedDataParallel
+
+    model = TiedModel()
+    ddp = DistributedDataParallel(model, group, bucket_cap_mb=1e-6) if use_ddp else None
+    rows = shard_indices(len(inputs), group.rank, group.world_size)
+    batches = np.array_split(rows, 3)
+    for index, batch in enumerate(batches):
+        last = index == len(batches) - 1
+        context = ddp.no_sync() if use_ddp and not last else contextlib.nullcontext()
+        with context:
+            loss = eo.mean((ddp or model)(eo.tensor(inputs[batch])) ** 2)
+        loss.backward()
+    if ddp is not None:
+        ddp.close()
+    else:
+        average_gradients(model.parameters(), group)
+    return [p.grad for p in model.parameters()]

@@ -105,3 +105,25 @@ def test_bad_arguments_are_refused_by_name(clean_shm):
         with pytest.raises(Exception, match="dtype"):
             group.all_gather(np.array(["a"]))
         group.barrier()  # none of those poisoned the group
+
+
+@pytest.mark.parametrize("backend", ["shm", "tcp"])
+@pytest.mark.parametrize("length", [5, 70_000])  # tcp's ring: a whole message, and blocks
+def test_integer_sums_are_exact_and_wrap_like_numpy(backend, length):
+    results = spawn(dist_workers.large_integer_sums, 3, args=(length,), backend=backend,
+                    timeout=60)
+    for name in results[0]:
+        expected = np.sum([ranked[name][0] for ranked in results], axis=0, dtype=name)
+        for ranked in results:
+            assert ranked[name][1].dtype == name
+            assert ranked[name][1].tobytes() == expected.tobytes(), name
+
+
+@pytest.mark.parametrize("timeout", [float("inf"), 1e300, "soon", [5]])
+@pytest.mark.parametrize("backend", ["shm", "tcp"])
+def test_a_timeout_no_wait_can_express_is_refused_by_name(backend, timeout, clean_shm):
+    from everyo.distributed import DistributedError
+
+    with pytest.raises(DistributedError, match="timeout must be"):
+        init(backend=backend, rank=0, world_size=1, timeout=timeout,
+             **({"master_addr": "127.0.0.1", "master_port": 1} if backend == "tcp" else {}))

@@ -63,3 +63,43 @@ def test_buckets_follow_reverse_registration_order_and_the_cap():
     assert len(buckets) == 3
     assert all(sum(p.data.nbytes for p in b.params) <= 20_000 or len(b.params) == 1
                for b in buckets)
+
+
+def test_a_parameter_used_only_by_a_later_forward_before_backward_is_averaged():
+    from dist_workers import two_forwards_one_backward
+
+    inputs, _ = make_data(rows=16)
+    ddp = spawn(two_forwards_one_backward, 2, args=(inputs, True), backend="shm", timeout=60)
+    reference = spawn(two_forwards_one_backward, 2, args=(inputs, False), backend="shm",
+                      timeout=60)
+    for rank in range(2):
+        _same_bits(ddp[rank], reference[rank])
+
+
+def test_a_forward_without_grad_runs_no_collective_and_leaves_grad_alone():
+    with init(backend="shm", rank=0, world_size=1) as group:
+        model = eo.Linear(2, 1, seed=0)
+        ddp = DistributedDataParallel(model, group)
+        calls = []
+        reduce = group.all_reduce_mean
+        group.all_reduce_mean = lambda flat: calls.append(flat) or reduce(flat)
+        try:
+            with eo.no_grad():
+                ddp(eo.ones((3, 2)))  # e.g. evaluation on one rank only
+            assert calls == [] and model.weight.grad is None and model.bias.grad is None
+            ddp(eo.ones((3, 2))).sum().backward()
+            assert len(calls) == 1 and model.weight.grad.ravel().tolist() == [3.0, 3.0]
+        finally:
+            group.all_reduce_mean = reduce
+            ddp.close()
+
+
+def test_ddp_matches_average_gradients_with_tied_weights_and_accumulation():
+    from dist_workers import tied_weights_accumulated
+
+    inputs, _ = make_data(rows=48)
+    ddp = spawn(tied_weights_accumulated, 2, args=(inputs, True), backend="shm", timeout=60)
+    reference = spawn(tied_weights_accumulated, 2, args=(inputs, False), backend="shm",
+                      timeout=60)
+    for rank in range(2):
+        _same_bits(ddp[rank], reference[rank])

@@ -4,6 +4,7 @@ uninterrupted run's bit for bit."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -108,3 +109,37 @@ def test_max_restarts_is_refused_for_several_machines(tmp_path):
                            str(tmp_path / "x.py")], env=launcher_environment(),
                           capture_output=True, text=True, timeout=30)
     assert done.returncode == 2 and "several" in done.stderr
+
+
+KILLED_ONCE_SCRIPT = """
+import os, signal, sys
+import numpy as np
+import everyo.distributed as dist
+
+group = dist.init()
+for step in range(6):
+    if group.rank == 1 and step == 2 and os.environ["EVERYO_RESTART"] == "0":
+        os.kill(os.getpid(), signal.SIGKILL)
+    total = group.all_reduce_sum(np.full(1000, group.rank + 1.0))
+print("attempt", os.environ["EVERYO_RESTART"], "total", total[0], flush=True)
+group.close()
+"""
+
+
+def _job_segments(launcher_pid: int) -> list[str]:
+    return [n for n in os.listdir("/dev/shm") if n.startswith(f"everyo-{launcher_pid}-")]
+
+
+def test_the_shm_backend_runs_under_everyo_run_restarts_and_leaves_no_segment(tmp_path):
+    script = tmp_path / "killed_once.py"
+    script.write_text(KILLED_ONCE_SCRIPT)
+    launcher = subprocess.Popen([EVERYO_RUN, "--backend", "shm", "--nproc-per-node", "3",
+                                 "--max-restarts", "1", "--timeout", "30", str(script)],
+                                env=launcher_environment(), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+    stdout, stderr = launcher.communicate(timeout=120)
+    assert launcher.returncode == 0, stdout + stderr
+    assert "rank 1 was killed by SIGKILL" in stderr, stderr
+    assert sorted(line.split("] ", 1)[1] for line in stdout.splitlines()) == \
+        ["attempt 1 total 6.0"] * 3, stdout
+    assert _job_segments(launcher.pid) == []

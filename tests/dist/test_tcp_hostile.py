@@ -155,3 +155,42 @@ def test_a_registration_with_port_0_names_the_port():
                 read_control(sock, time.monotonic() + 5, FrameKind.PEERS)
     message = str(refusal.value)
     assert "port 0" in message and "outside" not in message, message
+
+
+def _rank_0_told(document) -> BaseException:
+    """What ``init_tcp_process_group`` raises when a (forged) rendezvous server authenticates
+    properly and then sends ``document`` as the peer table of a 2-rank group."""
+    from everyo_dist.backends.tcp.auth import accept_handshake
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def forged_server():
+        sock, _ = listener.accept()
+        with sock:
+            accept_handshake(sock, token_key(TOKEN), 5)
+            read_control(sock, time.monotonic() + 5, FrameKind.REGISTER)
+            sock.sendall(control_frame(FrameKind.PEERS, document))
+
+    thread = threading.Thread(target=forged_server, daemon=True)
+    thread.start()
+    try:
+        with pytest.raises(BaseException) as failure:
+            init_tcp_process_group("127.0.0.1", port, rank=0, world_size=2, token=TOKEN,
+                                   timeout=10)
+    finally:
+        thread.join(5)
+        listener.close()
+    return failure.value
+
+
+@pytest.mark.parametrize("document", [
+    {"nothing": 1}, {"peers": "127.0.0.1"}, {"peers": [["127.0.0.1", 5000]]},
+    {"peers": [["127.0.0.1", 5000], ["127.0.0.1"]]}, {"peers": [[1, 2], [3, 4]]},
+    {"peers": [["127.0.0.1", 5000], ["127.0.0.1", "5001"]]},
+    {"peers": [["127.0.0.1", 5000], ["127.0.0.1", 70000]]},
+])
+def test_a_malformed_peer_table_is_a_distributed_error_naming_it(document):
+    error = _rank_0_told(document)
+    assert isinstance(error, DistributedError), repr(error)
+    assert "peer table" in str(error), str(error)

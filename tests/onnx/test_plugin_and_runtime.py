@@ -197,3 +197,62 @@ def test_run_onnx_checks_the_batch_and_the_path(tmp_path, ort):
         eo.run_onnx(tmp_path / "missing.onnx", np.ones((2, 3, 4)))
     out = eo.run_onnx(path, eo.ones(5, 3, 4, dtype="float64"))  # Tensor, float64: cast
     assert out.shape == (5, 2) and out.dtype == np.float32
+
+
+@pytest.mark.parametrize("target", ["directory", "empty", "read_only_directory"])
+def test_an_unwritable_path_is_an_everyo_error_and_leaves_nothing(target, tmp_path):
+    inner = tmp_path / "inner"
+    inner.mkdir()
+    path = {"directory": inner, "empty": "", "read_only_directory": inner / "m.onnx"}[target]
+    if target == "read_only_directory":
+        inner.chmod(0o500)
+        if os.access(inner, os.W_OK):  # root ignores the mode
+            pytest.skip("running as root: a read-only directory is still writable")
+    try:
+        with pytest.raises(eo.EveryOSerializationError, match="export_onnx"):
+            eo.export_onnx(eo.ReLU(), path, input_shape=(1, 2))
+    finally:
+        inner.chmod(0o700)
+    assert os.listdir(tmp_path) == ["inner"] and os.listdir(inner) == []
+
+
+class Log(eo.Module):  # nan for the negative inputs verify=True draws
+    def forward(self, x):
+        return eo.log(x)
+
+
+class InfThenDoubler(eo.Module):  # one inf in every row, then a wrongly converted layer
+    def __init__(self):
+        super().__init__()
+        self.doubler = Doubler()
+
+    def forward(self, x):
+        return eo.concatenate([self.doubler(x), eo.log(x * 0.0)], axis=-1)
+
+
+def test_verify_accepts_nan_where_the_model_has_nan(tmp_path, ort):
+    with np.errstate(invalid="ignore", divide="ignore"):
+        eo.export_onnx(Log(), tmp_path / "m.onnx", input_shape=(2, 4), verify=True)
+    assert os.listdir(tmp_path) == ["m.onnx"]
+
+
+def test_an_inf_in_the_output_does_not_hide_a_wrong_converter(tmp_path, ort):
+    with np.errstate(invalid="ignore", divide="ignore"), \
+            pytest.raises(eo.EveryOSerializationError, match="disagrees"):
+        eo.export_onnx(InfThenDoubler(), tmp_path / "m.onnx", input_shape=(2, 3), verify=True)
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("content", [b"garbage" * 10, "truncated"])
+def test_run_onnx_on_a_file_that_is_not_a_model_is_an_everyo_error(content, tmp_path, ort):
+    path = tmp_path / "m.onnx"
+    eo.export_onnx(eo.ReLU(), path, input_shape=(1, 2))
+    path.write_bytes(path.read_bytes()[:40] if content == "truncated" else content)
+    with pytest.raises(eo.EveryOError, match="cannot load"):
+        eo.run_onnx(path, np.ones((1, 2)))
+
+
+def test_run_onnx_on_a_batch_that_is_not_numeric_is_an_everyo_error(tmp_path, ort):
+    eo.export_onnx(eo.ReLU(), tmp_path / "m.onnx", input_shape=(1, 2))
+    with pytest.raises(eo.EveryOError, match="'input' is not numeric"):
+        eo.run_onnx(tmp_path / "m.onnx", [["a", "b"]])

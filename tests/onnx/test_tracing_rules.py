@@ -238,3 +238,58 @@ def test_tensor_methods_are_restored_after_an_export_even_a_failed_one(tmp_path)
         eo.export_onnx(Seq2Seq(), tmp_path / "r.onnx", input_shape=(1, 3, 4))
     assert eo.Tensor.shape is shape and eo.Tensor.__gt__ is greater
     assert type(eo.ones(2, 3).shape[0]) is int
+
+
+class _SlowForward(eo.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = eo.Linear(4, 3, seed=0)
+
+    def forward(self, x):
+        import time
+
+        time.sleep(0.002)  # lets another thread's trace begin and end meanwhile
+        return eo.relu(self.lin(x))
+
+
+def test_threads_exporting_one_model_at_once_all_succeed_and_leave_no_wrapper(tmp_path):
+    import threading
+
+    model = _SlowForward()
+    failures = []
+
+    def export(worker):
+        for _attempt in range(4):
+            try:
+                eo.export_onnx(model, tmp_path / f"{worker}.onnx", input_shape=(2, 4))
+            except Exception as exc:  # collected for the assertion
+                failures.append(exc)
+
+    threads = [threading.Thread(target=export, args=(worker,)) for worker in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert failures == []
+    assert [m for m in model.modules() if "forward" in m.__dict__] == []
+    x = np.random.default_rng(0).standard_normal((5, 4)).astype(np.float32)
+    np.testing.assert_allclose(eo.run_onnx(tmp_path / "0.onnx", x), model(eo.tensor(x)).data,
+                               rtol=1e-5, atol=1e-6)
+
+
+class _LastHalf(eo.Module):
+    def forward(self, x):
+        length = x.shape[1]
+        return x[:, -length // 2:] * 2.0  # Python floors: the last ceil(length / 2) steps
+
+
+@pytest.mark.parametrize("length", [3, 4, 7])
+def test_a_negative_symbolic_size_is_floor_divided_like_python(length, tmp_path):
+    path = tmp_path / "m.onnx"
+    eo.export_onnx(_LastHalf(), path, input_shape=(2, 6, 3),
+                   dynamic_axes={"input": {1: "sequence"}})
+    x = np.random.default_rng(length).standard_normal((2, length, 3)).astype(np.float32)
+    expected = _LastHalf()(eo.tensor(x)).data
+    actual = eo.run_onnx(path, x)
+    assert actual.shape == expected.shape
+    np.testing.assert_allclose(actual, expected, rtol=1e-6)

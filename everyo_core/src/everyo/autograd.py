@@ -235,6 +235,10 @@ def run_backward(root: Tensor, grad=None, retain_graph: bool | None = None,
     # NOTE: the fast path: gradients are arrays, no hooks. engine.py runs the same walk with
     # Tensors, captures and hooks; keep the two in step.
     pending = {id(root._ctx): grad}
+    # NOTE: a leaf's contributions are summed before they meet its existing .grad, as in
+    # engine.py (and PyTorch): g_old + (a + b), not (g_old + a) + b, so that registering a
+    # hook anywhere does not change the gradients' rounding.
+    leaves: dict[int, tuple] = {}
     now = clock[0]
     if root._ctx.epoch != now:
         check_saved(root._ctx, root)
@@ -258,7 +262,12 @@ def run_backward(root: Tensor, grad=None, retain_graph: bool | None = None,
                 raise_shape_mismatch(op, gi.shape, t.data.shape)
             ctx = t._ctx
             if ctx is None:
-                _accumulate_leaf(t, gi, copy=gi is g or not gi.flags.owndata)
+                previous = leaves.get(id(t))
+                if previous is not None:
+                    leaves[id(t)] = (t, previous[1] + gi)
+                else:  # copied now: a later backward may be handed the same array
+                    shared = gi is g or not gi.flags.owndata
+                    leaves[id(t)] = (t, np.array(gi, copy=True) if shared else gi)
             else:
                 key = id(ctx)
                 if ctx.epoch != now:
@@ -268,6 +277,8 @@ def run_backward(root: Tensor, grad=None, retain_graph: bool | None = None,
         if not retain_graph:
             op.saved = _released
             op.parents = None
+    for t, gi in leaves.values():
+        _accumulate_leaf(t, gi, copy=False)
 
 
 def root_gradient(root: Tensor, grad) -> np.ndarray:

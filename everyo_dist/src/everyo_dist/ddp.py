@@ -23,6 +23,7 @@ import threading
 
 import numpy as np
 
+from everyo import is_grad_enabled
 from everyo_dist.errors import DistributedError
 
 
@@ -156,6 +157,8 @@ class DistributedDataParallel:
         """Run the module; the backward that follows averages its gradients (unless inside
         :meth:`no_sync`)."""
         output = self.module(*args, **kwargs)
+        if not is_grad_enabled():  # evaluation: no backward follows, nothing to average
+            return output
         if not self._sync:
             self._accumulating = True
             return output
@@ -210,8 +213,10 @@ class DistributedDataParallel:
                 bucket.done.clear()
         for bucket in self._buckets:
             bucket.pending = {id(p) for p in bucket.params if id(p) in self._expected}
-        self._launch_ready()
+        # NOTE: no bucket is launched before backward starts: another forward through the
+        # wrapper may still use a parameter that this one does not reach.
         if not self._expected:  # backward will run no hook: finish here
+            self._launch_ready()
             self._finish()
 
     def _on_grad_ready(self, param) -> None:
@@ -225,8 +230,7 @@ class DistributedDataParallel:
         bucket = self._bucket_of[id(param)]
         bucket.pending.discard(id(param))
         self._expected.discard(id(param))
-        if not bucket.pending:
-            self._launch_ready()
+        self._launch_ready()  # this bucket, or buckets of unused parameters before it
         if not self._expected:
             self._finish()
 

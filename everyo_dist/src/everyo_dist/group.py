@@ -20,6 +20,8 @@ from everyo_dist.recycling import ResultBuffers
 
 DEFAULT_TIMEOUT = 300.0
 """Seconds a collective waits for its peers by default: generous, but never forever."""
+MAX_TIMEOUT = 365 * 24 * 3600.0
+"""The longest timeout accepted (a year): socket and futex waits cannot express infinity."""
 
 _REDUCIBLE_KINDS = "fiu"  # float, signed and unsigned integer
 
@@ -81,7 +83,8 @@ class ProcessGroup:
 
         Args:
             array: a NumPy array, ``eo.Tensor`` (its ``.data``) or number; floating or integer.
-                Integers are summed in float64, exactly while the sums stay below 2**53.
+                Integers are summed exactly (in int64), wrapping like NumPy's own sums
+                when the result overflows the dtype.
             out: optional C-contiguous array of the same shape and dtype to write the result
                 into (may be ``array`` itself: an in-place reduction).
         Returns:
@@ -220,9 +223,13 @@ def check_membership(rank, world_size, timeout) -> tuple[int, int, float]:
     if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) \
             or not 0 <= rank < world_size:
         raise DistributedError(f"rank must be an integer in [0, {world_size}), got {rank!r}")
-    timeout = DEFAULT_TIMEOUT if timeout is None else float(timeout)
-    if not timeout > 0:
-        raise DistributedError(f"timeout must be a positive number of seconds, got {timeout}")
+    try:
+        timeout = DEFAULT_TIMEOUT if timeout is None else float(timeout)
+    except (TypeError, ValueError):
+        raise DistributedError(f"timeout must be a number of seconds, got {timeout!r}") from None
+    if not 0 < timeout <= MAX_TIMEOUT:
+        raise DistributedError(f"timeout must be a positive number of seconds, at most "
+                               f"{MAX_TIMEOUT:g} (a year), got {timeout}")
     return int(rank), int(world_size), timeout
 
 

@@ -97,9 +97,20 @@ def _read_token(path: str) -> str:
     return token
 
 
+def _option_environment(options: dict) -> dict[str, str]:
+    """The ``EVERYO_*`` variables through which ``init()`` reads a backend's prepared options
+    (e.g. the shm backend's control segment)."""
+    from everyo_dist.initialize import ENVIRONMENT_OPTIONS
+
+    return {ENVIRONMENT_OPTIONS[name][0]: str(value) for name, value in options.items()
+            if name in ENVIRONMENT_OPTIONS}
+
+
 def _rank_environment(args, rank: int, local_rank: int, world_size: int, host: str,
-                      port: int, token: str, attempt: int = 0) -> dict[str, str]:
+                      port: int, token: str, attempt: int = 0,
+                      prepared: dict | None = None) -> dict[str, str]:
     env = worker_environment()  # one BLAS thread per rank unless the user chose otherwise
+    env.update(_option_environment(prepared or {}))
     env.update(EVERYO_BACKEND=args.backend, EVERYO_RANK=str(rank),
                EVERYO_WORLD_SIZE=str(world_size), EVERYO_LOCAL_RANK=str(local_rank),
                EVERYO_MASTER_ADDR=host, EVERYO_MASTER_PORT=str(port), EVERYO_TOKEN=token,
@@ -208,17 +219,21 @@ def _run_once(args: argparse.Namespace, attempt: int) -> int:
         token = _read_token(args.token_file) if args.token_file else ""
         host, port = args.master_host, args.master_port
     with contextlib.ExitStack() as job:
+        backend = registered_backend(args.backend, "everyo-run")
         if args.node_rank == 0:
             # NOTE: a backend whose ranks meet at a server (tcp) hosts it here, for the whole
             # job; the others have nothing to host.
-            backend = registered_backend(args.backend, "everyo-run")
             port = job.enter_context(backend.host_rendezvous(
                 host, port, world_size, token or None, _server_tls_context()))
-        return _start_and_supervise(args, attempt, world_size, host, port, token)
+        # What the backend prepares for each job, as spawn has it do (the shm backend: its
+        # control segment); left after the ranks are stopped, so its segments go with them.
+        prepared = job.enter_context(backend.prepare_job(
+            world_size, {"master_addr": host, "master_port": port}))
+        return _start_and_supervise(args, attempt, world_size, host, port, token, prepared)
 
 
 def _start_and_supervise(args: argparse.Namespace, attempt: int, world_size: int, host: str,
-                         port: int, token: str) -> int:
+                         port: int, token: str, prepared: dict) -> int:
     ranks: dict[int, subprocess.Popen] = {}
     lock = threading.Lock()
     readers = []
@@ -230,7 +245,7 @@ def _start_and_supervise(args: argparse.Namespace, attempt: int, world_size: int
             ranks[rank] = subprocess.Popen(
                 [sys.executable, args.script, *args.script_args],
                 env=_rank_environment(args, rank, local_rank, world_size, host, port, token,
-                                      attempt),
+                                      attempt, prepared),
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                 start_new_session=True, preexec_fn=kill_me_when_parent_dies)
             reader = threading.Thread(target=_stream,

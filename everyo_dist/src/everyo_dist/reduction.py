@@ -1,5 +1,5 @@
-"""The one reduction every backend performs: rows added in rank order in float64, divided by a
-count for a mean, rounded once to the result's dtype.
+"""The one reduction every backend performs: rows added in rank order in float64 (integers in
+int64, exactly), divided by a count for a mean, rounded once to the result's dtype.
 
 Every backend calls :func:`reduce_rows` (or :func:`reduce_rows_f64`, its allocating form), so
 ``shm``, ``tcp`` and ``mpi`` runs agree bit for bit: the same additions in the same order,
@@ -29,16 +29,31 @@ def scale(block: np.ndarray, divisor: int) -> None:
         np.divide(block, divisor, out=block)
 
 
+def accumulator_dtype(dtype) -> np.dtype:
+    """What sums of ``dtype`` are added in: float64 for floats, int64 for integers.
+
+    int64 keeps every integer sum exact (float64 would round sums above 2**53) and wraps
+    exactly as NumPy's own integer sums do when the result's dtype overflows; uint64 values
+    travel through int64 bit for bit (two's complement), so their sums wrap the same way.
+
+    Example:
+        >>> accumulator_dtype(np.int32), accumulator_dtype(np.float16)
+        (dtype('int64'), dtype('float64'))
+    """
+    return np.dtype(np.int64) if np.dtype(dtype).kind in "iu" else np.dtype(np.float64)
+
+
 def reduce_rows(rows, out: np.ndarray, divisor: int = 1,
                 scratch: np.ndarray | None = None) -> np.ndarray:
-    """``out = cast((rows[0] + rows[1] + ...) / divisor)``, added in float64 in row order.
+    """``out = cast((rows[0] + rows[1] + ...) / divisor)``, added in row order in float64
+    (integer results: exactly, in int64; see :func:`accumulator_dtype`).
 
     Args:
         rows: equally long 1-D arrays (any numeric dtypes), in rank order.
         out: the destination, as long as a row; its dtype is the result's.
         divisor: what the float64 sum is divided by (``len(rows)`` for a mean, else 1).
-        scratch: optional float64 work array of at least ``2 * REDUCE_BLOCK`` elements, reused
-            across calls to save allocations.
+        scratch: optional work array of the accumulator dtype and at least
+            ``2 * REDUCE_BLOCK`` elements, reused across calls to save allocations.
     Returns:
         ``out``.
 
@@ -49,15 +64,16 @@ def reduce_rows(rows, out: np.ndarray, divisor: int = 1,
     """
     length = len(out)
     block = min(REDUCE_BLOCK, max(length, 1))
-    if scratch is None or len(scratch) < 2 * block:
-        scratch = np.empty(2 * block, np.float64)
+    accumulator = accumulator_dtype(out.dtype)
+    if scratch is None or len(scratch) < 2 * block or scratch.dtype != accumulator:
+        scratch = np.empty(2 * block, accumulator)
     for start in range(0, length, block):
         stop = min(start + block, length)
         acc, widened = scratch[:stop - start], scratch[block:block + stop - start]
         np.copyto(acc, rows[0][start:stop], casting="unsafe")
         for row in rows[1:]:
             part = row[start:stop]
-            if part.dtype != np.float64:  # widening first, then a plain float64 add, is faster
+            if part.dtype != accumulator:  # widening first, then a plain same-type add, is faster
                 np.copyto(widened, part, casting="unsafe")  # than NumPy's mixed-type add
                 part = widened
             np.add(acc, part, out=acc)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+import threading
 
 from everyo import EveryOSerializationError, Module, no_grad, registry
 from everyo_onnx.arguments import (
@@ -31,6 +32,11 @@ from everyo_onnx.runtime import import_onnx
 # (ONNX Runtime >= 1.13, TensorRT, OpenVINO); GELU uses the native op from opset 20 on.
 DEFAULT_OPSET = 17
 MIN_OPSET = 17
+
+# One export at a time per process: a trace swaps every sub-module's ``forward`` and the
+# model's train/eval modes, so two threads exporting one model would trace each other's
+# wrappers (spurious refusals) and leave a wrapper behind.
+_exporting = threading.RLock()
 
 
 def export_onnx(model, path, input_shape, input_name: str = "input", output_name: str = "output",
@@ -81,7 +87,7 @@ def export_onnx(model, path, input_shape, input_name: str = "input", output_name
     from everyo_onnx.trace_passes import trace_model  # imports onnx: only now that we export
 
     converters = registry("onnx_converters").items
-    with eval_mode(model), no_grad():
+    with _exporting, eval_mode(model), no_grad():
         traced = trace_model(model, converters, opset, specs)
         names = _output_names(traced.outputs, output_name, output_names,
                               [s.name for s in specs])
@@ -134,21 +140,28 @@ def eval_mode(model: Module):
 def write_atomically(path, data: bytes) -> None:
     """Write ``data`` to a temporary file beside ``path`` and rename it over ``path``."""
     path = os.fspath(path)
+    if not path or os.path.isdir(path):
+        raise EveryOSerializationError(f"export_onnx: path {path!r} must name a file, not a "
+                                       f"directory")
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
         raise EveryOSerializationError(f"export_onnx: directory {directory!r} does not exist")
-    fd, temporary = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.",
-                                     suffix=".tmp")
+    temporary = None
     try:
+        fd, temporary = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.",
+                                         suffix=".tmp")
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         os.chmod(temporary, 0o644)  # mkstemp creates 0600; an exported model is meant to be read
         os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
+    except BaseException as exc:
+        if temporary is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+        if isinstance(exc, OSError):  # unwritable directory, full disk, ...: name the file
+            raise EveryOSerializationError(f"export_onnx: cannot write {path!r}: {exc}") from exc
         raise
 
 

@@ -199,7 +199,12 @@ class GraphContext:
             out = self.node("Shape", [value], start=axis, end=axis + 1)
         else:
             operation, left, right = expr
-            out = self.node(ONNX_ARITHMETIC[operation], [self._dim(left), self._dim(right)])
+            left, right = self._dim(left), self._dim(right)
+            if operation == "floordiv":
+                # Python's // floors, ONNX's integer Div truncates: (a - a mod b) / b is exact
+                # either way (Mod with fmod=0 takes the divisor's sign, as Python's % does)
+                left = self.node("Sub", [left, self.node("Mod", [left, right], fmod=0)])
+            out = self.node(ONNX_ARITHMETIC[operation], [left, right])
         self._dims[expr] = out
         return out
 

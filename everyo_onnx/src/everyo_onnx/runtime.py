@@ -99,7 +99,12 @@ def feeds_for(graph_inputs, batch) -> dict:
         arrays = [batch]
     feeds = {}
     for (name, expected), value in zip(graph_inputs, arrays):
-        array = np.asarray(value.data if isinstance(value, Tensor) else value, dtype=np.float32)
+        try:
+            array = np.asarray(value.data if isinstance(value, Tensor) else value,
+                               dtype=np.float32)
+        except (TypeError, ValueError) as exc:
+            raise EveryOError(f"run_onnx: the batch for input {name!r} is not numeric: "
+                              f"{exc}") from exc
         fits = len(expected) == array.ndim and all(
             not isinstance(dim, int) or dim == size for dim, size in zip(expected, array.shape))
         if not fits:
@@ -132,7 +137,8 @@ def run_onnx(path, batch):
 
     Raises:
         MissingOnnxPackageError (an ``ImportError``): onnxruntime is not installed.
-        EveryOError: the file is missing or the batch does not fit the model's input.
+        EveryOError: the file is missing or not a valid model, or the batch does not fit
+            the model's input.
 
     Example:
         >>> import everyo as eo, numpy as np, tempfile, os
@@ -144,4 +150,9 @@ def run_onnx(path, batch):
     import_onnxruntime()  # the install hint comes first, whatever else is wrong
     if not os.path.isfile(os.fspath(path)):
         raise EveryOError(f"run_onnx: no ONNX file at {os.fspath(path)!r}")
-    return run_session(inference_session(os.fspath(path)), batch)
+    try:
+        session = inference_session(os.fspath(path))
+    except Exception as exc:  # onnxruntime's own types (InvalidProtobuf, Fail, ...)
+        raise EveryOError(f"run_onnx: ONNX Runtime cannot load {os.fspath(path)!r} (not a "
+                          f"valid ONNX model?): {type(exc).__name__}: {exc}") from exc
+    return run_session(session, batch)

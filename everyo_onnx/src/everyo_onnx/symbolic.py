@@ -53,7 +53,7 @@ def _symbolic(name: str, reflected: bool = False):
             return compute(other, int(self)) if reflected else compute(int(self), other)
         left, right = (other, self) if reflected else (self, other)
         # NOTE: // rounds toward -inf in Python and toward zero in ONNX's integer Div; the
-        # two agree on the non-negative sizes this is meant for.
+        # graph floors explicitly (GraphContext._dim), so ``-t // 2`` exports right.
         value = compute(int(left), int(right))
         return SymInt(value, (name, expression(left), expression(right)))
 

@@ -68,6 +68,15 @@ def _compare(consumer: str, position: int, actual, expected, shapes) -> float:
         raise EveryOSerializationError(
             f"export_onnx(verify=True): {consumer} returned shape {actual.shape} for {where}, "
             f"the model {expected.shape}. Nothing was written.")
+    if expected.dtype.kind in "fc":  # inf and nan must match exactly, where and what
+        finite = np.isfinite(expected)
+        if not (np.array_equal(np.isfinite(actual), finite) and np.array_equal(
+                actual[~finite], expected[~finite], equal_nan=True)):
+            raise EveryOSerializationError(
+                f"export_onnx(verify=True): {consumer} disagrees with the model on {where}: "
+                f"their inf/nan values differ. Nothing was written.")
+        # NOTE: one inf would make the tolerance below infinite; scale by the finite values
+        actual, expected = actual[finite], expected[finite]
     if not actual.size:
         return 0.0
     difference = float(np.abs(actual.astype(np.float64) - expected).max())

@@ -283,3 +283,33 @@ def check_abort_document(document: dict, world_size: int) -> dict:
         raise ProtocolError(f"ABORT field 'missing_ranks' must list ranks in "
                             f"0..{world_size - 1}")
     return document
+
+
+def check_peer_table(document: dict, world_size: int) -> list[tuple[str, int]]:
+    """A PEERS frame's table, checked: one ``[host, port]`` pair per rank, each a non-empty
+    host string and a port in 1..65535.
+
+    Raises:
+        ProtocolError: naming what is wrong with the table.
+
+    Example:
+        >>> check_peer_table({"peers": [["127.0.0.1", 5000], ["127.0.0.1", 5001]]}, 2)
+        [('127.0.0.1', 5000), ('127.0.0.1', 5001)]
+        >>> try:
+        ...     check_peer_table({"peers": [["127.0.0.1", 5000]]}, 2)
+        ... except ProtocolError as error:
+        ...     print(error)
+        the peer table must list 2 [host, port] pairs, got [['127.0.0.1', 5000]]
+    """
+    peers = document.get("peers")
+
+    def is_pair(entry) -> bool:
+        return isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str) \
+            and bool(entry[0]) and isinstance(entry[1], int) \
+            and not isinstance(entry[1], bool) and 0 < entry[1] < 65536
+
+    if not isinstance(peers, list) or len(peers) != world_size \
+            or not all(is_pair(entry) for entry in peers):
+        raise ProtocolError(f"the peer table must list {world_size} [host, port] pairs, got "
+                            f"{peers!r:.200}")
+    return [(host, port) for host, port in peers]

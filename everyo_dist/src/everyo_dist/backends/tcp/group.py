@@ -18,7 +18,13 @@ from everyo_dist.backends.tcp.auth import (
     token_key,
 )
 from everyo_dist.backends.tcp.compression import compresses, wire_dtype_of
-from everyo_dist.backends.tcp.frames import FrameKind, control_frame, read_control
+from everyo_dist.backends.tcp.frames import (
+    FrameKind,
+    ProtocolError,
+    check_peer_table,
+    control_frame,
+    read_control,
+)
 from everyo_dist.backends.tcp.ring import Ring
 from everyo_dist.backends.tcp.sockets import dial, listen, require_token_off_loopback, wrap_tls
 from everyo_dist.backends.tcp.tls import tls_contexts_from_environment
@@ -145,11 +151,16 @@ def init_tcp_process_group(host: str, port: int, *, rank: int, world_size: int,
             "rank": int(rank), "world_size": int(world_size),
             "port": listener.getsockname()[1]}))
         try:
-            peers = read_control(server, deadline, FrameKind.PEERS)["peers"]
+            peers = check_peer_table(read_control(server, deadline, FrameKind.PEERS),
+                                     world_size)
         except TimeoutError:
             listener.close()
             raise DistributedError(f"rank {rank}: the group did not form within {timeout:g}s "
                                    f"(not all {world_size} ranks registered with {where})") from None
+        except ProtocolError as exc:
+            listener.close()
+            raise DistributedError(f"rank {rank}: {where} answered with an invalid "
+                                   f"frame: {exc}") from None
         except DistributedError as exc:
             listener.close()
             raise DistributedError(f"rank {rank}: {where} refused the registration: {exc}") from None

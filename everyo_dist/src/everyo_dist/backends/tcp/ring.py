@@ -56,7 +56,7 @@ from everyo_dist.errors import (
     PeerLostError,
 )
 from everyo_dist.fingerprint import Fingerprint
-from everyo_dist.reduction import reduce_rows
+from everyo_dist.reduction import accumulator_dtype, reduce_rows
 
 _WOULD_BLOCK = (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
 _EMPTY = np.empty(0, dtype=np.uint8)
@@ -107,7 +107,8 @@ class _Finisher:
     def __init__(self, partial, own, divisor, out):
         self.partial, self.own, self.divisor, self.out = partial, own, divisor, out
         self.done, self.item = 0, partial.itemsize
-        self.scratch = np.empty(2 * min(_BLOCK, max(out.size, 1)), dtype=np.float64)
+        self.scratch = np.empty(2 * min(_BLOCK, max(out.size, 1)),
+                                dtype=accumulator_dtype(out.dtype))
 
     def work(self, received) -> bool:
         arrived = min(received[0] // self.item, self.out.size)
@@ -162,15 +163,17 @@ class Ring:
 
         Chunk ``c`` starts on rank ``c`` and collects one addend per hop, so it is summed
         exactly once, on its owner ``c - 1``, and copied everywhere else: bit-identical on all
-        ranks. The first hop carries the caller's dtype, later hops float64 partial sums.
+        ranks. The first hop carries the caller's dtype, later hops float64 partial sums
+        (int64 for integers, exact).
         ``out`` must not overlap ``flat``.
         """
         bounds = chunk_bounds(flat.size, self.size)
         widest = max(b - a for a, b in zip(bounds, bounds[1:]))
         incoming_raw = self._scratch("raw", flat.dtype, widest)
+        wide = accumulator_dtype(flat.dtype)  # partial sums: float64, or int64 for integers
         if self.size > 2:
-            acc = self._scratch("acc", np.float64, widest)
-            incoming_f64 = self._scratch("f64", np.float64, widest)
+            acc = self._scratch("acc", wide, widest)
+            incoming_f64 = self._scratch("f64", wide, widest)
 
         def chunk(array, index):
             return array[bounds[index]:bounds[index + 1]]
@@ -182,7 +185,8 @@ class Ring:
                 acc[:bounds[send_index + 1] - bounds[send_index]]
             incoming = (incoming_raw if step == 0 else incoming_f64)[:length]
             self.transfer(step, outgoing, incoming)
-            np.add(incoming, chunk(flat, recv_index), out=acc[:length], dtype=np.float64)
+            np.add(incoming, chunk(flat, recv_index), out=acc[:length], dtype=wide,
+                   casting="unsafe")  # uint64 -> int64 keeps the bits
         # Last reduce-scatter step and first all-gather step at once: the owned chunk is
         # finished block by block as prev's partial sums arrive and sent on as it is finished.
         step = self.size - 2

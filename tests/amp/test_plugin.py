@@ -49,3 +49,38 @@ def test_registering_the_plugin_explicitly_provides_the_names():
     result = run_without_autoload(code)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "float16"
+
+
+def test_the_declared_policy_sees_an_op_registered_while_it_reads_the_registry(monkeypatch):
+    """A registration between reading the declarations and caching them (another thread) must
+    not leave the policy's cache marked up to date without that op."""
+    from everyo_amp import DeclaredPolicy
+
+    class LowerOp(eo.Op):
+        __slots__ = ()
+        precision = "lower"
+
+        def forward(self, x):
+            return x
+
+    class Plugin:
+        @eo.hookimpl
+        def everyo_register_ops(self, register):
+            register("lower_test_op", LowerOp)
+
+    ops = eo.registry("ops")
+    read = ops.declared
+
+    def read_then_register(attribute):
+        found = read(attribute)
+        monkeypatch.setattr(ops, "declared", read)
+        eo.register_plugin(Plugin(), name="amp-policy-race-test")
+        return found
+
+    policy = DeclaredPolicy()
+    monkeypatch.setattr(ops, "declared", read_then_register)
+    try:
+        assert "lower_test_op" not in policy.ops  # read before the registration landed
+        assert "lower_test_op" in policy.ops
+    finally:
+        eo.unregister_plugin("amp-policy-race-test")

@@ -137,3 +137,19 @@ def test_float32_norms_within_3e6_of_float64(rng):
     rms = eo.RMSNorm(4096, eps=1e-5)(eo.tensor(wide)).data
     w64 = wide.astype(np.float64)
     assert np.abs(rms - w64 / np.sqrt((w64 ** 2).mean(-1, keepdims=True) + 1e-5)).max() < 3e-6
+
+
+def test_group_norm_takes_an_empty_batch():
+    """As PyTorch: an empty batch gives an empty output and zero parameter gradients."""
+    norm = eo.GroupNorm(2, 4)
+    x = eo.zeros(0, 3, 4, requires_grad=True)
+    out = norm(x)
+    assert out.shape == (0, 3, 4)
+    out.sum().backward()
+    assert x.grad.shape == x.shape and not np.any(norm.weight.grad)
+
+
+@pytest.mark.parametrize("shape", [-4, 0, (), (3, -1), None, 2.5j])
+def test_rms_norm_refuses_a_shape_that_is_no_positive_sizes(shape):
+    with pytest.raises(eo.EveryOError, match="RMSNorm: normalized_shape must be a positive"):
+        eo.RMSNorm(shape)

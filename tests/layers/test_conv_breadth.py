@@ -171,3 +171,32 @@ def test_float16_input_computes_in_float32_and_rounds_once(rng):
         single = layer(eo.tensor(x.astype(np.float32))).data
         assert half.dtype == np.float16
         np.testing.assert_array_equal(half, single.astype(np.float16))
+
+
+@pytest.mark.parametrize("layer", [eo.Conv2D(4, 6, 3, groups=2, seed=0),
+                                   eo.Conv2D(4, 8, 3, groups=4, seed=0)],
+                         ids=["grouped", "depthwise"])
+def test_grouped_conv2d_takes_an_empty_batch(layer):
+    """As PyTorch: an empty batch gives an empty output and zero parameter gradients."""
+    x = eo.zeros(0, 5, 5, 4, requires_grad=True)
+    out = layer(x)
+    assert out.shape == (0, 3, 3, layer.out_channels)
+    out.sum().backward()
+    assert x.grad.shape == x.shape
+    assert layer.weight.grad.shape == layer.weight.shape and not np.any(layer.weight.grad)
+
+
+def test_grouped_conv1d_takes_an_empty_batch():
+    assert eo.Conv1D(4, 6, 3, groups=2, seed=0)(eo.zeros(0, 7, 4)).shape == (0, 5, 6)
+
+
+def test_conv2d_transpose_refuses_an_input_without_pixels():
+    """PyTorch refuses it too; the output size formula would otherwise invent pixels."""
+    with pytest.raises(eo.EveryOError, match=r"Conv2DTranspose\(3→4\).*at least one pixel"):
+        eo.Conv2DTranspose(3, 4, 3)(eo.ones(1, 0, 5, 3))
+
+
+@pytest.mark.parametrize("padding", [1.5, None, (1, 2, 3)])
+def test_conv1d_refuses_a_padding_it_cannot_read(padding):
+    with pytest.raises(eo.EveryOError, match="padding must be"):
+        eo.Conv1D(3, 4, 3, padding=padding)

@@ -54,3 +54,11 @@ def test_pad_errors():
         eo.pad(x, 1, mode="wrap")
     with pytest.raises(eo.EveryOError, match="crop axis 1 of length 3 to nothing"):
         eo.pad(x, ((0, 0), (-2, -2)))
+
+
+@pytest.mark.parametrize("mode", ["constant", "reflect"])
+@pytest.mark.parametrize("widths", [((0, 0), (1.5, 1)), None, "a"])
+def test_widths_that_are_not_integers_are_refused(mode, widths):
+    """As np.pad: a width of 1.5 is an error, never silently a width of 1."""
+    with pytest.raises(eo.EveryOError, match="pad: pad_width .* must be an int"):
+        eo.pad(eo.ones(2, 3), widths, mode=mode)

@@ -72,3 +72,13 @@ def test_resample_gradcheck_and_errors(rng):
         eo.AdaptiveAvgPool2D(2)(eo.zeros(3, 4, 4))
     with pytest.raises(eo.EveryOError, match=r"GlobalMaxPool2D: expected NHWC input"):
         eo.GlobalMaxPool2D()(eo.zeros(3, 4))
+
+
+@pytest.mark.parametrize("layer", [eo.UpSampling2D(2, "bilinear"), eo.UpSampling2D(2),
+                                   eo.AdaptiveAvgPool2D(2), eo.GlobalAvgPool2D(),
+                                   eo.GlobalMaxPool2D()], ids=lambda layer: type(layer).__name__)
+def test_resizing_and_global_pools_refuse_an_input_without_pixels(layer):
+    """As PyTorch: no pixel means no mean, maximum or interpolation (not NaN, not a NumPy
+    error)."""
+    with pytest.raises(eo.EveryOError, match=r"at least one pixel, got shape \(1, 0, 4, 3\)"):
+        layer(eo.ones(1, 0, 4, 3))

@@ -119,3 +119,21 @@ def test_bad_lengths_and_state_name_the_layer():
         layer(x, (eo.zeros(1, 2, 4), eo.zeros(1, 2, 4)))
     with pytest.raises(eo.EveryOError, match=r"GRU: dropout must be in \[0, 1\)"):
         eo.GRU(3, 4, dropout=1.0)
+
+
+def test_malformed_lengths_and_state_name_the_layer():
+    """Not NumPy's or Python's own errors: a ragged lengths list, an LSTM state that is no pair."""
+    x = eo.zeros(2, 5, 3)
+    with pytest.raises(eo.EveryOError, match=r"GRU\(3→4\): lengths must be 2 integers"):
+        eo.GRU(3, 4)(x, lengths=[2, [3]])
+    with pytest.raises(eo.EveryOError, match=r"LSTM\(3→4\): the initial state is a pair"):
+        eo.LSTM(3, 4)(x, 5)
+
+
+@pytest.mark.parametrize("kind", [eo.LSTM, eo.GRU, eo.RNN])
+def test_an_empty_batch_with_lengths_gives_empty_outputs(kind):
+    """As without lengths: nothing to run (NumPy's or Python's errors were leaking)."""
+    layer = kind(3, 2, bidirectional=True, return_state=True)
+    out, state = layer(eo.zeros(0, 4, 3), lengths=np.array([], dtype=np.int64))
+    assert out.shape == (0, 4, 4)
+    assert (state[0] if isinstance(state, tuple) else state).shape == (2, 0, 2)

@@ -27,18 +27,9 @@ def imported_modules(path: Path) -> set[str]:
     return found
 
 
-# Known debt, listed so that it cannot grow unseen: everyo-onnx's op converters are keyed by the
-# core's op classes, imported from everyo.ops.* (they could be looked up by name through
-# eo.registry("ops") instead), and its tracer uses the engine's private operand conversion.
-# The test fails when an entry is no longer needed, so this list only shrinks.
-KNOWN_PRIVATE_IMPORTS = {
-    "everyo_onnx/src/everyo_onnx/trace.py: everyo.autograd",
-    "everyo_onnx/src/everyo_onnx/converters/ops_shape.py: everyo.ops",
-    "everyo_onnx/src/everyo_onnx/converters/ops_math.py: everyo.ops",
-    "everyo_onnx/src/everyo_onnx/converters/ops_layout.py: everyo.ops.einsum",
-    "everyo_onnx/src/everyo_onnx/converters/ops_layout.py: everyo.ops.gather",
-    "everyo_onnx/src/everyo_onnx/converters/ops_layout.py: everyo.ops.layout",
-}
+# Known debt, listed so that it cannot grow unseen. The test fails when an entry is no longer
+# needed, so this list only shrinks.
+KNOWN_PRIVATE_IMPORTS: set[str] = set()
 
 
 @pytest.mark.parametrize("package", PLUGIN_PACKAGES)

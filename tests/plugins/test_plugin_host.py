@@ -231,6 +231,29 @@ def test_autoload_off_spelled_on_loads_no_entry_point(site):
     assert result.returncode == 0 and result.stdout.strip() == "True", result.stderr
 
 
+def test_a_disabled_name_that_is_no_entry_point_is_reported():
+    """A distribution name (everyo-onnx) or a typo would otherwise silently disable nothing."""
+    program = "import everyo as eo; print(eo.registry('api').owners['export_onnx'])"
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                            timeout=120, env={**os.environ, "EVERYO_DISABLE_PLUGINS": "everyo-onnx"})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "everyo_onnx"
+    assert "EVERYO_DISABLE_PLUGINS names no installed plugin: everyo-onnx; the entry-point " \
+           "names are everyo_layers, everyo_amp, everyo_onnx, everyo_dist" in result.stderr
+
+
+def test_import_everyo_with_autoload_off_imports_no_plugin_module():
+    """Building the package must not compute install hints (which import every first-party
+    plugin, and would be cached while no op is registered yet)."""
+    program = ("import sys, everyo\n"
+               "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+               "('everyo_layers', 'everyo_amp', 'everyo_onnx', 'everyo_dist')))")
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                            timeout=120, env={**os.environ, "EVERYO_DISABLE_PLUGIN_AUTOLOAD": "1"})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
 # -- install hints agree with what the first-party plugins register ---------------------------
 
 def public_names(plugin_module: str) -> list[str]:

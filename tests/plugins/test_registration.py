@@ -94,6 +94,23 @@ def test_an_override_wins_whichever_plugin_loads_first():
     assert eo.other_test() == "kept"
 
 
+def test_an_op_kept_under_an_earlier_override_comes_back_with_its_name():
+    class Square(eo.Op):
+        __slots__ = ()
+
+        def forward(self, x):
+            return x * x
+
+    overrider, owner = next(_names), next(_names)
+    eo.register_plugin(plugin_with("everyo_register_ops", ("power_test", Cube), override=True),
+                       overrider)
+    eo.register_plugin(plugin_with("everyo_register_ops", ("power_test", Square)), owner)
+    eo.unregister_plugin(overrider)
+    assert eo.registry("ops")["power_test"] is Square
+    assert Square.name == "power_test"  # what errors about the op name it by
+    assert eo.power_test(eo.tensor([3.0])).item() == 9.0
+
+
 def test_unregistering_gives_back_what_an_override_replaced():
     owner, overrider = next(_names), next(_names)
     eo.register_plugin(plugin_with("everyo_register_api", ("swap_test", lambda: "mine")), owner)
@@ -196,3 +213,12 @@ def test_a_misspelled_hook_is_refused_naming_the_right_one():
     with pytest.raises(eo.PluginError, match="did you mean 'everyo_register_layers'"):
         eo.register_plugin(Misspelled(), next(_names))
     assert "Never" not in eo.registry("layers")
+
+
+def test_registering_one_plugin_twice_under_two_names_is_a_plugin_error():
+    plugin = plugin_with("everyo_register_api", ("twice_test", lambda: 1))
+    first = next(_names)
+    eo.register_plugin(plugin, first)
+    with pytest.raises(eo.PluginError, match=f"already registered, as '{first}'"):
+        eo.register_plugin(plugin, next(_names))
+    assert eo.twice_test() == 1

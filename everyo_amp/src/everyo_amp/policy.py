@@ -100,9 +100,12 @@ class DeclaredPolicy:
 
     def _classes(self) -> tuple:
         ops = registry("ops")
-        if self._cache[0] != ops.version:
+        version = ops.version
+        if self._cache[0] != version:
+            # NOTE: the version read *before* reading the declarations: a registration meanwhile
+            # (another thread) then leaves the cache out of date, never marked up to date.
             declared = ops.declared("precision")
-            self._cache = (ops.version,
+            self._cache = (version,
                            frozenset(n for n, p in declared.items() if p == "lower"),
                            frozenset(n for n, p in declared.items() if p == "float32"))
         return self._cache

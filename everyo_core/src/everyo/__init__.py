@@ -163,7 +163,10 @@ def __dir__():
 
 
 def _load_plugins() -> None:
-    from everyo import core_plugin
+    # NOTE: not `from everyo import core_plugin`: that first asks the half-built package for
+    # the attribute, and our __getattr__ would then import every first-party plugin to build
+    # a "not installed" hint (and cache it before any op is registered).
+    import everyo.core_plugin as core_plugin
     from everyo.plugins import host
 
     host.register_plugin(core_plugin, name="everyo", distribution="everyo-core",

@@ -137,9 +137,16 @@ def pad(x, pad_width, value=0.0, mode="constant"):
         >>> eo.pad(eo.tensor([1.0, 2.0, 3.0, 4.0]), (2, -1), mode="reflect").data
         array([3., 2., 1., 2., 3.], dtype=float32)
     """
-    if mode == "constant" and np.all(np.asarray(pad_width) >= 0):
+    if mode == "constant" and _all_non_negative(pad_width):
         return dispatch("pad", x, pad_width=pad_width, value=value)
     return dispatch("pad_mode", x, pad_width=pad_width, mode=mode, value=value)
+
+
+def _all_non_negative(pad_width) -> bool:
+    try:
+        return bool(np.all(np.asarray(pad_width) >= 0))
+    except (TypeError, ValueError):  # not widths at all: the op's validation names the problem
+        return False
 
 
 def softmax(x, axis=-1):

@@ -5,7 +5,8 @@ sharing between ops, with the dtype care that is easy to get wrong: float16/bflo
 through float32 BLAS, exact gradient selection, overflow-free sigmoid and log-softmax, the
 16-bit conversions, and "is this dtype floating?" (NumPy reports bfloat16 as ``kind == "V"``).
 The Tensor-level twins an op's ``backward_graph`` needs (``unbroadcast_tensor``,
-``broadcast_tensor``, ``expand_reduced``, ``swap_last``) are here too. They are public and
+``broadcast_tensor``, ``expand_reduced``, ``swap_last``) are here too, with ``as_tensors`` (operands
+converted to Tensors exactly as dispatch converts them) and ``parse_einsum_equation``. They are public and
 stable: a plugin imports them from here, never from ``everyo.ops.*``, ``everyo.dtypes`` or
 ``everyo.half_precision`` (the core's private layout, which may move).
 
@@ -22,13 +23,15 @@ Example:
 
 from __future__ import annotations
 
+from everyo.autograd import _as_tensors as as_tensors
 from everyo.dtypes import HALF_DTYPES, is_floating, resolve_dtype
 from everyo.half_precision import narrow, widen
+from everyo.ops.einsum import parse_equation as parse_einsum_equation
 from everyo.ops.graph_math import broadcast_tensor, expand_reduced, swap_last, unbroadcast_tensor
 from everyo.ops.linalg import blas_matmul
 from everyo.ops.reduction import log_softmax_array
 from everyo.ops.unary import keep_where, stable_sigmoid
 
-__all__ = ["HALF_DTYPES", "blas_matmul", "broadcast_tensor", "expand_reduced", "is_floating",
-           "keep_where", "log_softmax_array", "narrow", "resolve_dtype", "stable_sigmoid",
-           "swap_last", "unbroadcast_tensor", "widen"]
+__all__ = ["HALF_DTYPES", "as_tensors", "blas_matmul", "broadcast_tensor", "expand_reduced",
+           "is_floating", "keep_where", "log_softmax_array", "narrow", "parse_einsum_equation",
+           "resolve_dtype", "stable_sigmoid", "swap_last", "unbroadcast_tensor", "widen"]

@@ -90,6 +90,9 @@ class PluginHost:
             owner = self.info(name)
             where = f" (distribution {owner.distribution})" if owner else ""
             raise PluginError(f"a plugin named {name!r} is already registered{where}")
+        registered_as = self.manager.get_name(plugin)
+        if registered_as is not None:
+            raise PluginError(f"plugin {name!r} is already registered, as {registered_as!r}")
         self.manager.register(plugin, name=name)
         try:
             self._check_hooks(plugin, name)
@@ -177,12 +180,12 @@ class PluginHost:
         self._check_public_names(staged, owner)
         for kind, items in staged.items():
             for key, thing, override in items:
+                if kind == "ops":  # also when kept underneath: it may come back
+                    thing.name = key
                 if (kind, key) in yielded:
                     # kept underneath the override, so it comes back if the overrider leaves
                     self.registries[kind].shadowed.setdefault(key, []).insert(0, (thing, owner))
                     continue
-                if kind == "ops":
-                    thing.name = key
                 self.registries[kind].add(key, thing, owner=owner, override=override)
 
     def _check_public_names(self, staged: dict, owner: str) -> None:
@@ -244,7 +247,14 @@ class PluginHost:
     def load_entry_points(self) -> None:
         """Load the ``everyo`` entry points: first-party ones first, then the rest by name."""
         disabled = disabled_plugin_names()
-        for ep in ordered_entry_points(metadata.entry_points(group=ENTRY_POINT_GROUP)):
+        entry_points = ordered_entry_points(metadata.entry_points(group=ENTRY_POINT_GROUP))
+        unknown = disabled - {ep.name for ep in entry_points}
+        if unknown:  # a misspelt (or distribution) name would otherwise disable nothing
+            warnings.warn(f"{DISABLE_PLUGINS_ENV} names no installed plugin: "
+                          f"{', '.join(sorted(unknown))}; the entry-point names are "
+                          f"{', '.join(ep.name for ep in entry_points)}", RuntimeWarning,
+                          stacklevel=2)
+        for ep in entry_points:
             dist = ep.dist.name if ep.dist is not None else "(unknown)"
             version = ep.dist.version if ep.dist is not None else ""
             if ep.name in disabled:

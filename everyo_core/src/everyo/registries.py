@@ -85,7 +85,7 @@ class Registry:
             'lower'
         """
         found = {}
-        for key, thing in self.items.items():
+        for key, thing in list(self.items.items()):  # a snapshot: plugins may register meanwhile
             value = getattr(thing, attribute, None)
             if value is not None:
                 found[key] = value

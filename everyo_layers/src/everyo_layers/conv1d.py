@@ -80,7 +80,11 @@ class Conv1D(Module):
                                    (1, self.stride), (1, self.dilation))
         if isinstance(padding, (int, np.integer)):
             padding = (int(padding), int(padding))
-        return resolve_padding(((0, 0), tuple(padding)), (1, length), (1, self.kernel_size))
+        try:
+            return resolve_padding(((0, 0), tuple(padding)), (1, length), (1, self.kernel_size))
+        except (EveryOError, TypeError):
+            raise EveryOError(f"Conv1D: padding must be 'valid', 'same', 'causal', an int or "
+                              f"(left, right) ints >= 0, got {padding!r}") from None
 
     @property
     def label(self) -> str:

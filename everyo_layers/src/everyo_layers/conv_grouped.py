@@ -95,7 +95,10 @@ class GroupedConv2DOp(Op):
         view = window_view(xp, (kh, kw), self.stride, self.dilation, self.out_hw)
         m = view.shape[0] * view.shape[1] * view.shape[2]
         view = view.reshape(m, kh * kw, self.groups, cin_g)
-        return np.ascontiguousarray(view.transpose(2, 0, 1, 3)).reshape(self.groups, m, -1)
+        # NOTE: explicit sizes, never -1: NumPy cannot infer an axis when another one is 0
+        # (an empty batch).
+        return np.ascontiguousarray(view.transpose(2, 0, 1, 3)).reshape(self.groups, m,
+                                                                         kh * kw * cin_g)
 
     def _grouped_weight(self, w):
         """``(groups, kh*kw*cin_g, cout_g)``."""
@@ -106,7 +109,7 @@ class GroupedConv2DOp(Op):
     def _matmul(self, xp, w):
         n = xp.shape[0]
         out = np.matmul(self._columns(xp), self._grouped_weight(w))  # (G, M, cout_g)
-        return out.transpose(1, 0, 2).reshape(n, self.out_hw[0], self.out_hw[1], -1)
+        return out.transpose(1, 0, 2).reshape(n, self.out_hw[0], self.out_hw[1], self.w_shape[3])
 
     def backward(self, g):
         xp, w = self.saved
@@ -159,7 +162,8 @@ class GroupedConv2DOp(Op):
             # per group: (M, cout_g) @ (cout_g, kh*kw*cin_g) -> every position's input gradient
             wt = self._grouped_weight(w).transpose(0, 2, 1)
             blocks = np.matmul(gg, wt).reshape(groups, n, ho, wo, kh, kw, cin_g)
-            blocks = blocks.transpose(4, 5, 1, 2, 3, 0, 6).reshape(kh, kw, n, ho, wo, -1)
+            blocks = blocks.transpose(4, 5, 1, 2, 3, 0, 6).reshape(kh, kw, n, ho, wo,
+                                                                   groups * cin_g)
             gx = np.zeros(xp.shape, xp.dtype)
             for i, j in self._positions():
                 gx[window_slices((i, j), self.stride, self.dilation, self.out_hw)] += blocks[i, j]

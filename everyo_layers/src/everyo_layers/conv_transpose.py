@@ -228,9 +228,9 @@ class Conv2DTranspose(Module):
 
     def forward(self, x):
         data = check_float(self.label, x)
-        if data.ndim != 4 or data.shape[-1] != self.in_channels:
+        if data.ndim != 4 or data.shape[-1] != self.in_channels or 0 in data.shape[1:3]:
             raise EveryOError(f"{self.label}: expected NHWC input with {self.in_channels} "
-                              f"channels, got shape {data.shape}")
+                              f"channels and at least one pixel, got shape {data.shape}")
         sizes = [transpose_output_size(n, k, s, self.padding) for n, k, s in
                  zip(data.shape[1:3], self.kernel_size, self.stride)]
         operands = (x, self.weight) if self.bias is None else (x, self.weight, self.bias)

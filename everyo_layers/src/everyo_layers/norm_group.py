@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from everyo import EveryOError, Module, Op, Parameter, dispatch
@@ -21,12 +23,12 @@ class GroupNormOp(Op):
     saves_output = False
 
     def forward(self, x, weight=None, bias=None, groups=1, eps=1e-5):
-        n, c = x.shape[0], x.shape[-1]
+        c = x.shape[-1] if x.ndim else 0
         if x.ndim < 2 or c % groups:
             raise EveryOError(f"group_norm: {groups} groups do not divide the {c} channels of "
                               f"input {x.shape}")
         self.groups, self.eps, self.shape = groups, eps, x.shape
-        xc = x.astype(accumulation_dtype(x.dtype), copy=False).reshape(n, -1, groups, c // groups)
+        xc = x.astype(accumulation_dtype(x.dtype), copy=False).reshape(self._grouped())
         _, centered, var = moments(xc, (1, 3))
         inv_std = (1.0 / np.sqrt(var + eps)).astype(xc.dtype)
         xhat = (centered * inv_std).reshape(x.shape)
@@ -44,8 +46,7 @@ class GroupNormOp(Op):
         gx = gw = gb = None
         if needs[0]:
             gxhat = gy * weight if weight is not None else gy
-            n, c = self.shape[0], self.shape[-1]
-            grouped = (n, -1, self.groups, c // self.groups)
+            grouped = self._grouped()
             gxhat, xh = gxhat.reshape(grouped), xhat.reshape(grouped)
             mean_g = gxhat.mean(axis=(1, 3), keepdims=True)
             mean_gx = (gxhat * xh).mean(axis=(1, 3), keepdims=True)
@@ -57,9 +58,14 @@ class GroupNormOp(Op):
             gb = gy.sum(axis=lead).astype(g.dtype, copy=False)
         return gx, gw, gb
 
-    def composite(self, x, weight=None, bias=None):
+    def _grouped(self) -> tuple:
+        """``(N, positions, groups, C / groups)``; explicit sizes, as NumPy cannot infer an
+        axis (-1) when the batch is empty."""
         n, c = self.shape[0], self.shape[-1]
-        xg = dispatch("reshape", x, shape=(n, -1, self.groups, c // self.groups))
+        return n, math.prod(self.shape[1:-1]), self.groups, c // self.groups
+
+    def composite(self, x, weight=None, bias=None):
+        xg = dispatch("reshape", x, shape=self._grouped())
         centered = xg - dispatch("mean", xg, axis=(1, 3), keepdims=True)
         var = dispatch("mean", centered * centered, axis=(1, 3), keepdims=True)
         out = dispatch("reshape", centered / dispatch("sqrt", var + self.eps), shape=self.shape)
@@ -171,7 +177,13 @@ class RMSNorm(Module):
         super().__init__()
         if isinstance(normalized_shape, (int, np.integer)):
             normalized_shape = (int(normalized_shape),)
-        self.normalized_shape = tuple(int(n) for n in normalized_shape)
+        try:
+            self.normalized_shape = tuple(int(n) for n in normalized_shape)
+        except (TypeError, ValueError):
+            self.normalized_shape = ()
+        if not self.normalized_shape or min(self.normalized_shape) <= 0:
+            raise EveryOError(f"RMSNorm: normalized_shape must be a positive int or a non-empty "
+                              f"tuple of positive ints, got {normalized_shape!r}")
         self.eps = None if eps is None else float(eps)
         self.weight = (Parameter(np.ones(self.normalized_shape, np.float32))
                        if elementwise_affine else None)

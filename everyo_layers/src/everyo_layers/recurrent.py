@@ -89,6 +89,9 @@ class _Recurrent(Module):
         if state is None:
             zeros = np.zeros(expected, dtype)
             return [zeros] * (2 if self.has_cell else 1)
+        if self.has_cell and not isinstance(state, (tuple, list)):
+            raise EveryOError(f"{self.label}: the initial state is a pair (h0, c0), got "
+                              f"{type(state).__name__}")
         parts = list(state) if self.has_cell else [state]
         if self.has_cell and len(parts) != 2:
             raise EveryOError(f"{self.label}: the initial state is a pair (h0, c0)")

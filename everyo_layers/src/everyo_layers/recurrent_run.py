@@ -21,7 +21,10 @@ from everyo import EveryOError, concatenate, dispatch, zeros
 
 def check_lengths(label: str, lengths, batch: int, steps: int) -> np.ndarray:
     """``lengths`` as an int array of one entry in ``[1, steps]`` per sample, or an error."""
-    data = np.asarray(lengths.data if hasattr(lengths, "data") else lengths)
+    try:
+        data = np.asarray(lengths.data if hasattr(lengths, "data") else lengths)
+    except (TypeError, ValueError):  # ragged nesting and the like
+        data = np.asarray(None)
     if data.dtype.kind not in "iu" or data.shape != (batch,):
         raise EveryOError(f"{label}: lengths must be {batch} integers (one per sample), got "
                           f"{data.dtype.name} array of shape {data.shape}")
@@ -63,7 +66,7 @@ def run_direction(op: str, x, states: list, params: tuple, attrs: dict, has_cell
         ``(outputs (B, T, H), final states)``; with ``lengths``, outputs are zero past each
         sample's length and the final states are taken at each sample's last real step.
     """
-    if lengths is None:
+    if lengths is None or not len(lengths):  # an empty batch has nothing to cut by length
         return _call(op, x, states, params, attrs, has_cell)
     batch, steps = x.shape[:2]
     order = np.argsort(-lengths, kind="stable")

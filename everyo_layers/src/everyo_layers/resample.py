@@ -85,6 +85,9 @@ def _check_nhwc(label: str, x) -> np.ndarray:
     data = check_float(label, x)
     if data.ndim != 4:
         raise EveryOError(f"{label}: expected NHWC input (4 axes), got shape {data.shape}")
+    if 0 in data.shape[1:3]:  # no pixel to interpolate, average or take the maximum of
+        raise EveryOError(f"{label}: expected NHWC input with at least one pixel, got shape "
+                          f"{data.shape}")
     return data
 
 

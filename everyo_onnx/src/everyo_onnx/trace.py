@@ -22,9 +22,9 @@ import functools
 
 import numpy as np
 
-from everyo import EveryOSerializationError, Module, Tensor
-from everyo.autograd import Op, _as_tensors
+from everyo import EveryOSerializationError, Module, Op, Tensor
 from everyo.dispatch import OPS, intercepting
+from everyo.kernels import as_tensors
 from everyo_onnx.constant_views import slice_of_base
 from everyo_onnx.graph import ConversionRefused, GraphContext, onnx_dtype
 from everyo_onnx.refusals import module_label, refusal_reason
@@ -110,7 +110,7 @@ class Tracer:
             return self._decompose(op_class, name, operands, attrs)
         with self._suspend():
             result = proceed(operands, attrs)
-        tensors = _as_tensors(operands)
+        tensors = as_tensors(operands)
         dynamic = self._event(name, result, [t.data.shape for t in tensors])
         if converter is None:
             self._refuse(f"{self._label()}: op {name!r} has no ONNX converter")
@@ -135,7 +135,7 @@ class Tracer:
         if self._suspended or not any(id(o) in self._names for o in (a, b)):
             return result
         dynamic = self._event(name, result)
-        tensors = _as_tensors((a, b))
+        tensors = as_tensors((a, b))
         common = np.result_type(*[t.data for t in tensors])
         if common.kind == "b" and name not in ("eq", "ne"):
             common = np.dtype(np.int64)  # ONNX orders numbers only
@@ -147,7 +147,7 @@ class Tracer:
 
     def _decompose(self, op_class, name, operands, attrs):
         """Trace the op's ``composite`` (its forward written with other ops) instead."""
-        tensors = _as_tensors(operands)
+        tensors = as_tensors(operands)
         op = object.__new__(op_class)
         op.needs_input_grad = tuple(False for _ in tensors)
         op.saved, op.parents = None, tensors
@@ -169,7 +169,7 @@ class Tracer:
             if axis in axes and (source is None or step != 1):
                 return self._value(operand, tensor)  # baked in; the graph comparison tells
             ends.append(start + source if source is not None else start + size * step)
-        whole = self._value(base, _as_tensors((base,))[0])
+        whole = self._value(base, as_tensors((base,))[0])
         ctx = self.ctx
         return ctx.node("Slice", [whole, ctx.ints(starts, "starts"), ctx.ints(ends, "ends"),
                                   ctx.ints(range(len(starts)), "axes"), ctx.ints(steps, "steps")])
@@ -203,7 +203,7 @@ class Tracer:
 
     def value_of(self, obj) -> str:
         """``ctx.value``: the name of a traced tensor, or a constant made from ``obj``."""
-        return self._value(obj, obj if isinstance(obj, Tensor) else _as_tensors((obj,))[0])
+        return self._value(obj, obj if isinstance(obj, Tensor) else as_tensors((obj,))[0])
 
     def _value(self, operand, tensor: Tensor) -> str:
         """The graph name of an operand: a traced value, or a constant made from it."""

@@ -20,8 +20,12 @@ def pad_widths(pad_width, ndim: int) -> tuple:
     """``pad_width`` in ``np.pad``'s forms (int, one pair, one pair per axis) as one
     ``(before, after)`` int pair per axis, or an error."""
     try:
-        widths = np.broadcast_to(np.asarray(pad_width, dtype=np.int64), (ndim, 2))
-    except ValueError:
+        raw = np.asarray(pad_width)
+        # NOTE: as np.pad, only integers: converting 1.5 to int would pad by 1 silently.
+        if raw.dtype.kind not in "iu":
+            raise TypeError(raw.dtype)
+        widths = np.broadcast_to(raw.astype(np.int64), (ndim, 2))
+    except (TypeError, ValueError):
         raise EveryOError(f"pad: pad_width {pad_width!r} must be an int, a (before, after) "
                           f"pair or one pair per axis of the {ndim}-axis input") from None
     return tuple((int(b), int(a)) for b, a in widths)

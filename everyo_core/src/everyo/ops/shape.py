@@ -8,6 +8,7 @@ import numpy as np
 from everyo.autograd import Op
 from everyo.dispatch import dispatch
 from everyo.errors import EveryOError, EveryOIndexError
+from everyo.ops.padding import pad_widths
 
 
 def _checked_axis(op: str, axis, ndim: int, shape: tuple) -> int:
@@ -190,11 +191,7 @@ class Pad(Op):
     saves_output = False
 
     def forward(self, x, pad_width, value=0.0):
-        try:
-            widths = np.broadcast_to(np.asarray(pad_width, int), (x.ndim, 2))
-        except (ValueError, TypeError):
-            raise EveryOError(f"pad: pad_width {pad_width!r} does not give (before, after) "
-                              f"widths for the {x.ndim} axes of shape {x.shape}") from None
+        widths = np.array(pad_widths(pad_width, x.ndim))
         if (widths < 0).any():
             raise EveryOError(f"pad: pad_width {pad_width!r} has a negative width; widths "
                               f"must be >= 0 (slice the tensor to remove elements)")

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from everyo.ops.einsum import Einsum, parse_equation
-from everyo.ops.gather import Gather, ScatterAdd
-from everyo.ops.layout import CumSum, Expand, Tril, Triu
+from everyo.kernels import parse_einsum_equation
+from everyo_onnx.converters.op_classes import by_op_name
 from everyo_onnx.converters.ops_shape import symbolic_sizes
 from everyo_onnx.symbolic import SymInt
 
@@ -54,17 +53,17 @@ def convert_scatter_add(ctx, src, axis, index, shape):
 
 
 def convert_einsum(ctx, *xs, equation):
-    terms, output = parse_equation(equation, [ctx.shape(x) for x in xs])
+    terms, output = parse_einsum_equation(equation, [ctx.shape(x) for x in xs])
     parts = [ctx.cast(x, ctx.result.dtype) for x in xs]
     return ctx.node("Einsum", parts, equation=",".join(terms) + "->" + output)
 
 
-CONVERTERS = {
-    Expand: convert_expand,
-    Tril: triangle_converter(0),
-    Triu: triangle_converter(1),
-    CumSum: convert_cumsum,
-    Gather: convert_gather,
-    ScatterAdd: convert_scatter_add,
-    Einsum: convert_einsum,
-}
+CONVERTERS = by_op_name({
+    "expand": convert_expand,
+    "tril": triangle_converter(0),
+    "triu": triangle_converter(1),
+    "cumsum": convert_cumsum,
+    "gather": convert_gather,
+    "scatter_add": convert_scatter_add,
+    "einsum": convert_einsum,
+})

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from everyo.ops import arithmetic, linalg, reduction, unary
+from everyo_onnx.converters.op_classes import by_op_name
 
 FIRST_OPSET_WITH_AXES_INPUTS = 18  # ReduceMean/Max/Min take their axes as an input from 18 on
 
@@ -101,31 +101,31 @@ def softmax_converter(onnx_op: str):
     return convert
 
 
-CONVERTERS = {
-    arithmetic.Add: elementwise("Add"),
-    arithmetic.Sub: elementwise("Sub"),
-    arithmetic.Mul: elementwise("Mul"),
-    arithmetic.Div: elementwise("Div"),
-    arithmetic.Pow: elementwise("Pow"),
-    arithmetic.Maximum: elementwise("Max"),
-    arithmetic.Minimum: elementwise("Min"),
-    arithmetic.Where: convert_where,
-    arithmetic.Clip: convert_clip,
-    unary.Neg: elementwise("Neg"),
-    unary.Abs: elementwise("Abs"),
-    unary.Exp: elementwise("Exp"),
-    unary.Log: elementwise("Log"),
-    unary.Sqrt: elementwise("Sqrt"),
-    unary.Tanh: elementwise("Tanh"),
-    unary.Sigmoid: elementwise("Sigmoid"),
-    unary.ReLU: elementwise("Relu"),
-    unary.Cast: convert_cast,
-    reduction.Sum: reduction_converter("ReduceSum"),
-    reduction.Mean: reduction_converter("ReduceMean"),
-    reduction.Max: reduction_converter("ReduceMax"),
-    reduction.Min: reduction_converter("ReduceMin"),
-    reduction.Var: convert_var,
-    reduction.Softmax: softmax_converter("Softmax"),
-    reduction.LogSoftmax: softmax_converter("LogSoftmax"),
-    linalg.MatMul: convert_matmul,
-}
+CONVERTERS = by_op_name({
+    "add": elementwise("Add"),
+    "sub": elementwise("Sub"),
+    "mul": elementwise("Mul"),
+    "div": elementwise("Div"),
+    "pow": elementwise("Pow"),
+    "maximum": elementwise("Max"),
+    "minimum": elementwise("Min"),
+    "where": convert_where,
+    "clip": convert_clip,
+    "neg": elementwise("Neg"),
+    "abs": elementwise("Abs"),
+    "exp": elementwise("Exp"),
+    "log": elementwise("Log"),
+    "sqrt": elementwise("Sqrt"),
+    "tanh": elementwise("Tanh"),
+    "sigmoid": elementwise("Sigmoid"),
+    "relu": elementwise("Relu"),
+    "cast": convert_cast,
+    "sum": reduction_converter("ReduceSum"),
+    "mean": reduction_converter("ReduceMean"),
+    "max": reduction_converter("ReduceMax"),
+    "min": reduction_converter("ReduceMin"),
+    "var": convert_var,
+    "softmax": softmax_converter("Softmax"),
+    "log_softmax": softmax_converter("LogSoftmax"),
+    "matmul": convert_matmul,
+})

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from everyo.ops import shape as shape_ops
+from everyo_onnx.converters.op_classes import by_op_name
 from everyo_onnx.symbolic import SymInt
 
 INT64_MIN, INT64_MAX = np.iinfo(np.int64).min, np.iinfo(np.int64).max  # open slice ends
@@ -134,11 +134,11 @@ def convert_pad(ctx, x, pad_width, value=0.0):
     return ctx.node("Pad", [x, ctx.ints(pads, "pads"), fill], mode="constant")
 
 
-CONVERTERS = {
-    shape_ops.Reshape: convert_reshape,
-    shape_ops.Transpose: convert_transpose,
-    shape_ops.GetItem: convert_getitem,
-    shape_ops.Concatenate: convert_concatenate,
-    shape_ops.Stack: convert_stack,
-    shape_ops.Pad: convert_pad,
-}
+CONVERTERS = by_op_name({
+    "reshape": convert_reshape,
+    "transpose": convert_transpose,
+    "getitem": convert_getitem,
+    "concatenate": convert_concatenate,
+    "stack": convert_stack,
+    "pad": convert_pad,
+})

@@ -32,6 +32,5 @@ def prepare_tcp_job(world_size: int, options: dict):
         yield options
         return
     token = options.get("token") or secrets.token_hex(32)
-    with TCPRendezvousServer("127.0.0.1", 0, world_size=world_size, token=token) as server:
-        yield {**options, "token": token, "master_addr": "127.0.0.1",
-               "master_port": server.port}
+    with host_launch_rendezvous("127.0.0.1", 0, world_size, token, None) as port:
+        yield {**options, "token": token, "master_addr": "127.0.0.1", "master_port": port}

@@ -79,3 +79,19 @@ def test_gather_refuses_negative_indices_as_pytorch_does():
     # NumPy indexing wrapped -1 around to the last element: a silent value PyTorch refuses
     with pytest.raises(eo.EveryOError, match=r"index values must be in \[0, 4\)"):
         eo.gather(eo.zeros(3, 4), 1, np.array([[-1], [0], [0]]))
+
+
+@pytest.mark.parametrize("call", [
+    lambda x: eo.split(x, 1.5),
+    lambda x: eo.split(x, 2.0),
+    lambda x: eo.split(x, True),
+    lambda x: eo.split(x, [1.5, 2.5]),
+    lambda x: eo.chunk(x, 1.5),
+])
+def test_split_and_chunk_refuse_a_non_integer_size(call):
+    with pytest.raises(eo.EveryOError, match=r"(split|chunk): .* must be an int, got"):
+        call(eo.zeros(4, 2))
+
+
+def test_split_accepts_numpy_integers():
+    assert [p.shape for p in eo.split(eo.zeros(5, 2), np.int64(2))] == [(2, 2), (2, 2), (1, 2)]

@@ -28,6 +28,14 @@ def _axis(axis: int, ndim: int, op: str) -> int:
     return axis % ndim
 
 
+def _whole(value, what: str, op: str) -> int:
+    """``value`` as an int, refusing floats and bools rather than truncating them."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise EveryOError(f"{op}: {what} must be an int, got {value!r} "
+                          f"({type(value).__name__})")
+    return int(value)
+
+
 def _pieces(x: Tensor, sizes: list, axis: int) -> tuple:
     out, start = [], 0
     lead = (slice(None),) * axis
@@ -49,12 +57,12 @@ def split(x, split_size_or_sections, axis: int = 0) -> tuple:
     axis = _axis(axis, x.ndim, "split")
     n = x.shape[axis]
     if isinstance(split_size_or_sections, (list, tuple)):
-        sizes = [int(s) for s in split_size_or_sections]
+        sizes = [_whole(s, "each size", "split") for s in split_size_or_sections]
         if sum(sizes) != n or min(sizes, default=0) < 0:
             raise EveryOError(f"split: sizes {sizes} do not add up to {n}, the length of axis "
                               f"{axis} (shape {x.shape})")
     else:
-        size = int(split_size_or_sections)
+        size = _whole(split_size_or_sections, "the piece size", "split")
         if size <= 0:
             raise EveryOError(f"split: the piece size must be positive, got {size}")
         sizes = [min(size, n - start) for start in range(0, n, size)] or [0]
@@ -70,12 +78,13 @@ def chunk(x, chunks: int, axis: int = 0) -> tuple:
         >>> [p.shape for p in eo.chunk(eo.zeros(6, 2), 4)]
         [(2, 2), (2, 2), (2, 2)]
     """
-    if int(chunks) <= 0:
+    chunks = _whole(chunks, "chunks", "chunk")
+    if chunks <= 0:
         raise EveryOError(f"chunk: chunks must be positive, got {chunks}")
     n = x.shape[_axis(axis, x.ndim, "chunk")]
     if n == 0:  # PyTorch: an empty axis gives `chunks` empty pieces
-        return split(x, [0] * int(chunks), axis)
-    return split(x, -(-n // int(chunks)), axis)
+        return split(x, [0] * chunks, axis)
+    return split(x, -(-n // chunks), axis)
 
 
 def view(x, *shape) -> Tensor:

@@ -92,8 +92,35 @@ def view(x, *shape) -> Tensor:
     return dispatch("reshape", x, shape=_shape_args(shape))
 
 
+def _fill_value(value, dtype: np.dtype):
+    """``value`` in the tensor's ``dtype``, as PyTorch's ``masked_fill`` casts it (a float
+    into an int tensor truncates toward zero), refusing what does not fit the dtype."""
+    if isinstance(value, Tensor):
+        return value if value.data.dtype == dtype else value.astype(dtype)
+    array = np.asarray(value)
+    if array.dtype.kind not in "biuf":
+        raise EveryOError(f"masked_fill: value must be a number or a Tensor, got {value!r}")
+    if dtype.kind in "iu":
+        if not np.all(np.isfinite(array)):
+            raise EveryOError(f"masked_fill: value {value!r} cannot be stored in a "
+                              f"{dtype.name} tensor")
+        info = np.iinfo(dtype)
+        whole = np.trunc(array) if array.dtype.kind == "f" else array
+        if np.any(whole < info.min) or np.any(whole > info.max):
+            raise EveryOError(f"masked_fill: value {value!r} is outside the range of "
+                              f"{dtype.name} ({info.min}..{info.max})")
+    with np.errstate(over="ignore"):
+        cast = array.astype(dtype)
+    if dtype.kind == "f" and np.any(np.isfinite(array) & ~np.isfinite(cast)):
+        raise EveryOError(f"masked_fill: value {value!r} overflows {dtype.name}")
+    return cast
+
+
 def masked_fill(x, mask, value) -> Tensor:
     """``x`` with ``value`` wherever ``mask`` (broadcast against ``x``) is True.
+
+    The result keeps ``x``'s dtype, as in PyTorch: ``value`` is cast to it (a float into an
+    int tensor truncates toward zero); a value the dtype cannot hold raises ``EveryOError``.
 
     Example:
         >>> import everyo as eo, numpy as np
@@ -112,7 +139,8 @@ def masked_fill(x, mask, value) -> Tensor:
                           f"tensor's {x.data.shape}")
     # NOTE: a Tensor mask goes to the op as itself, so a tracer (ONNX export) sees where it
     # came from (e.g. a comparison of traced tensors).
-    return dispatch("where", mask if isinstance(mask, Tensor) else array, value, x)
+    return dispatch("where", mask if isinstance(mask, Tensor) else array,
+                    _fill_value(value, x.data.dtype), x)
 
 
 def tril(x, k: int = 0) -> Tensor:

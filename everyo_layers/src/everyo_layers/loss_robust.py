@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from everyo import EveryOError, dispatch
+from everyo_layers.checks import argument
 from everyo_layers.loss import _elementwise, _ElementwiseLossOp, _Loss
 
 
@@ -174,7 +175,7 @@ class SmoothL1Loss(_Loss):
 
     def __init__(self, reduction: str = "mean", beta: float = 1.0):
         super().__init__(reduction)
-        self.beta = float(beta)
+        self.beta = argument("SmoothL1Loss", "beta", beta, "non-negative float")
 
     def forward(self, input, target):
         return smooth_l1_loss(input, target, self.reduction, self.beta)
@@ -185,7 +186,7 @@ class HuberLoss(_Loss):
 
     def __init__(self, reduction: str = "mean", delta: float = 1.0):
         super().__init__(reduction)
-        self.delta = float(delta)
+        self.delta = argument("HuberLoss", "delta", delta, "positive float")
 
     def forward(self, input, target):
         return huber_loss(input, target, self.reduction, self.delta)

@@ -21,6 +21,7 @@ import itertools
 import logging
 import socket
 import threading
+import time
 from collections import OrderedDict
 
 log = logging.getLogger("everyo.distributed_tcp")
@@ -59,6 +60,7 @@ class PendingHandshakes:
         # id -> a duplicate of the connection's descriptor: shutting it down reaches the
         # connection even after the thread has wrapped its own socket in TLS
         self._pending: OrderedDict[int, socket.socket] = OrderedDict()
+        self._threads: set[threading.Thread] = set()
         self._ids = itertools.count()
 
     def __len__(self) -> int:
@@ -101,12 +103,22 @@ class PendingHandshakes:
                 serve(sock, address, finished)
             finally:
                 finished()  # a failed handshake frees its place too
+                with self._lock:
+                    self._threads.discard(thread)
 
-        threading.Thread(target=run, daemon=True, name=f"{self.name}-{key}").start()
+        thread = threading.Thread(target=run, daemon=True, name=f"{self.name}-{key}")
+        with self._lock:
+            self._threads.add(thread)
+        thread.start()
 
-    def close(self) -> None:
-        """Cut off every pending handshake (the listener is shutting down)."""
+    def close(self, timeout: float = 2.0) -> None:
+        """Cut off every pending handshake (the listener is shutting down) and wait up to
+        ``timeout`` seconds for their threads to end."""
         with self._lock:
             pending, self._pending = list(self._pending.values()), OrderedDict()
+            threads = list(self._threads)
         for guard in pending:
             _cut_off(guard)
+        deadline = time.monotonic() + timeout
+        for thread in threads:
+            thread.join(max(deadline - time.monotonic(), 0))

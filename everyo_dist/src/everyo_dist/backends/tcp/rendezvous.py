@@ -17,6 +17,7 @@ import select
 import socket
 import threading
 import time
+from collections import deque
 
 from everyo_dist.backends.tcp.auth import DEFAULT_HANDSHAKE_TIMEOUT, accept_handshake, token_key
 from everyo_dist.backends.tcp.frames import FrameKind, control_frame, read_control
@@ -25,6 +26,9 @@ from everyo_dist.backends.tcp.sockets import listen, require_token_off_loopback,
 from everyo_dist.errors import DistributedError
 
 log = logging.getLogger("everyo.distributed_tcp")
+
+#: The most recent refusals kept in ``TCPRendezvousServer.refusals`` (a flood must not grow it).
+KEPT_REFUSALS = 256
 
 
 def _hung_up(sock: socket.socket) -> bool:
@@ -70,7 +74,8 @@ class TCPRendezvousServer:
         require_token_off_loopback(host, token, "the rendezvous server")
         self.host, self.world_size = host, int(world_size)
         self.handshake_timeout = float(handshake_timeout)
-        self.refusals: list[tuple[str, str]] = []  # (peer address, reason), for diagnostics
+        # (peer address, reason) of the latest refusals, for diagnostics
+        self.refusals: deque[tuple[str, str]] = deque(maxlen=KEPT_REFUSALS)
         self._key = token_key(token)
         self._ssl_context = ssl_context
         self._lock = threading.Lock()
@@ -140,6 +145,9 @@ class TCPRendezvousServer:
             accept_handshake(sock, self._key, self.handshake_timeout)
             registration = read_control(sock, deadline, FrameKind.REGISTER)
         except Exception as exc:  # wrong token, garbage, timeout: drop it, keep serving
+            if self._closed.is_set():  # cut off by close(): not a refusal worth reporting
+                sock.close()
+                return
             self._refuse(sock, peer, f"{type(exc).__name__}: {exc}", tell=False)
             return
         if not finished():  # cut off by a flood of newer connections meanwhile

@@ -17,6 +17,10 @@ BACKENDS = (
     Backend("tcp", "everyo_dist.backends.tcp.group:create_tcp_group",
             prepare_job="everyo_dist.backends.tcp.job:prepare_tcp_job",
             host_rendezvous="everyo_dist.backends.tcp.job:host_launch_rendezvous"),
+    Backend("tcp_hierarchical",
+            "everyo_dist.backends.hierarchical.group:create_hierarchical_group",
+            prepare_job="everyo_dist.backends.tcp.job:prepare_tcp_job",
+            host_rendezvous="everyo_dist.backends.tcp.job:host_launch_rendezvous"),
     Backend("mpi", "everyo_dist.backends.mpi.group:create_mpi_group"),
 )
 

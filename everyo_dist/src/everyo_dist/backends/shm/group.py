@@ -134,6 +134,7 @@ class ShmTransport:
         self._spin = SHARED_CORE_SPIN_SECONDS
         self._capacity = 0
         self._generation = 0
+        self._published = 0  # the epoch of the last publish()
         self._data: Segment | None = None
         self._scratch = np.empty(2 * REDUCE_BLOCK, np.float64)
         self._control = self._open_control(segment, joining)
@@ -172,7 +173,7 @@ class ShmTransport:
                 if control.size == size:
                     return control
                 control.close()
-            except FileNotFoundError:
+            except (FileNotFoundError, ValueError):  # ValueError: created, not yet sized
                 pass
             if joining.remaining() <= 0:
                 raise joining.timeout_error([0], f"shared segment {name} never appeared")
@@ -180,12 +181,20 @@ class ShmTransport:
 
     # -- synchronisation ---------------------------------------------------------------------
     def _arrive_and_wait(self, call: Collective, waiting_for: str) -> None:
+        self._wait_for_peers(call, self._arrive(), waiting_for)
+
+    def _arrive(self) -> int:
+        """Store this rank's next epoch (waking peers that sleep on it); returns the epoch."""
         self._epoch += 1
-        epoch = self._epoch
-        words = self._words
-        words[self._my_word] = epoch
+        self._words[self._my_word] = self._epoch
         if self._address:
             futex_wake(self._address + 8 * self._my_word)
+        return self._epoch
+
+    def _wait_for_peers(self, call: Collective, epoch: int, waiting_for: str) -> None:
+        """Return once every peer has reached ``epoch``; bounded by the deadline, and a peer
+        found dead is named at once."""
+        words = self._words
         pending = [i for i in self._peer_words if words[i] < epoch]
         if not pending:
             return
@@ -286,6 +295,39 @@ class ShmTransport:
         self._arrive_and_wait(call, "every rank to reduce its chunk")
         out[:low] = result[:low]
         out[high:] = result[high:]
+
+    # -- pieces for a transport built on this one (tcp_hierarchical) ----------------------
+    def publish(self, call: Collective, flat: np.ndarray, share_own: bool = True,
+                wait: bool = True) -> list[np.ndarray]:
+        """Write ``flat`` into this rank's slot (unless ``share_own`` is False: no peer reads
+        it) and return every rank's vector in rank order (views of the slots, no copy), valid
+        until this group's next collective. Also sizes the result slot.
+
+        With ``wait=False`` it returns at once, before the peers' slots may be read: call
+        :meth:`wait_for_publish` first (meanwhile this rank can use its own vector).
+        """
+        self._ensure_capacity(call, flat.nbytes)
+        slots = [self._slot(r, flat.dtype, flat.size) for r in range(self.world_size)]
+        if share_own:
+            np.copyto(slots[self.rank], flat)
+        else:
+            slots[self.rank] = flat
+        self._published = self._arrive()
+        if wait:
+            self.wait_for_publish(call)
+        return slots
+
+    def wait_for_publish(self, call: Collective) -> None:
+        """Wait until every rank has published (see :meth:`publish`)."""
+        self._wait_for_peers(call, self._published, "every rank to write its vector")
+
+    def result_slot(self, dtype, count: int) -> np.ndarray:
+        """The result slot as ``count`` ``dtype``s (sized by the last :meth:`publish`)."""
+        return self._slot(self.world_size, dtype, count)
+
+    def wait_for(self, call: Collective, what: str) -> None:
+        """A barrier of this group; ``what`` names what the waiting ranks wait for."""
+        self._arrive_and_wait(call, what)
 
     def broadcast(self, call: Collective, flat: np.ndarray, src: int) -> np.ndarray:
         if self.world_size == 1:

@@ -93,6 +93,10 @@ class TCPTransport:
             self._ring.abort(exc)  # peers learn now instead of at their timeout
             raise
 
+    def local_host(self) -> str:
+        """The address this rank's ring connections use (its host as its peers see it)."""
+        return self._ring.to_next.getsockname()[0]
+
     def close(self) -> None:
         self._ring.close()
 

@@ -1,0 +1,143 @@
+"""The ``tcp_hierarchical`` backend: every all-reduce equals the canonical reduction (float64,
+rank order: what shm and the reference compute) bit for bit, for sums and means, float32 and
+float64, odd lengths and uneven machines; a killed rank fails the job quickly and leaves no
+shared memory; ``everyo-run`` drives it across two "nodes" on loopback."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+
+import numpy as np
+import pytest
+from hier_harness import CASES, TOKEN, rank_data, start_ranks
+from tcp_harness import launcher_environment, make_test_certificates
+from test_launcher import EVERYO_RUN
+
+from everyo_dist.backends.hierarchical.layout import (
+    flat_ring_bytes,
+    hierarchical_bytes,
+    hierarchy_pays,
+    machines_of,
+)
+from everyo_dist.errors import DistributedError
+from everyo_dist.reduction import reduce_rows_f64
+
+
+def _run(mode, local_ranks, outdir, hierarchy="always", timeout=90):
+    from everyo.distributed_tcp import TCPRendezvousServer
+
+    with TCPRendezvousServer(world_size=len(local_ranks), token=TOKEN) as server:
+        procs = start_ranks(mode, local_ranks, server.port, 0, outdir, hierarchy)
+        started = time.monotonic()
+        outputs = [proc.communicate(timeout=timeout)[0] for proc in procs]
+    return procs, outputs, time.monotonic() - started
+
+
+# M=2 k=2; one machine of 3 (shared memory only); uneven machines; a machine of one rank
+@pytest.mark.parametrize("local_ranks,hierarchy", [
+    ([0, 1, 0, 1], "always"), ([0, 1, 2], "auto"), ([0, 1, 2, 0, 1], "always"),
+    ([0, 1, 0, 0], "always")])
+def test_all_reduce_is_the_canonical_reduction_bit_for_bit(tmp_path, clean_shm, local_ranks,
+                                                           hierarchy):
+    procs, outputs, _ = _run("reduce", local_ranks, tmp_path, hierarchy)
+    assert [proc.returncode for proc in procs] == [0] * len(procs), outputs
+    world = len(local_ranks)
+    results = [np.load(tmp_path / f"rank{rank}.npz") for rank in range(world)]
+    for dtype, length, mean in CASES:
+        key = f"hier_{dtype}_{length}_{'mean' if mean else 'sum'}"
+        expected = reduce_rows_f64([rank_data(r, dtype, length) for r in range(world)], mean,
+                                   dtype)
+        for rank, result in enumerate(results):
+            assert result[key].dtype == expected.dtype
+            assert result[key].tobytes() == expected.tobytes(), (key, rank)
+
+
+def test_a_killed_rank_fails_every_rank_quickly_and_leaves_no_shared_memory(tmp_path,
+                                                                           clean_shm):
+    procs, outputs, seconds = _run("kill", [0, 1, 0, 1], tmp_path, timeout=60)
+    assert procs[3].returncode == -signal.SIGKILL
+    assert [proc.returncode for proc in procs[:3]] == [1, 1, 1], outputs
+    assert seconds < 20, f"the survivors took {seconds:.1f}s to fail (timeout is 60s)"
+    errors = [(tmp_path / f"rank{rank}.err").read_text() for rank in range(3)]
+    assert "rank 3 was lost" in errors[2], errors[2]  # its machine's leader names it
+    assert all("PeerLostError" in error for error in errors), errors
+
+
+@pytest.mark.parametrize("tls", [False, True])
+def test_two_nodes_of_two_ranks_under_everyo_run(tmp_path, clean_shm, tls):
+    env = launcher_environment()
+    if tls:  # the leaders' ring is wrapped like every other connection
+        files = make_test_certificates(tmp_path)
+        env.update(EVERYO_TLS_CERT=files["node.pem"], EVERYO_TLS_KEY=files["node.key"],
+                   EVERYO_TLS_CA=files["ca.pem"])
+    script = tmp_path / "reduce.py"
+    script.write_text(
+        "import sys, numpy as np, everyo.distributed as dist\n"
+        "sys.path.insert(0, sys.argv[2])\n"
+        "from hier_harness import rank_data\n"
+        "group = dist.init()\n"
+        "assert group.backend == 'tcp_hierarchical' and group.ranks_on_this_machine == 2\n"
+        "import os, ssl\n"
+        "leaders = group.transport._leaders  # the leaders' ring, on local rank 0\n"
+        "if leaders is not None:\n"
+        "    assert isinstance(leaders.to_next, ssl.SSLSocket) == bool(\n"
+        "        os.environ.get('EVERYO_TLS_CERT'))\n"
+        "out = group.all_reduce_mean(rank_data(group.rank, 'float32', 100003))\n"
+        "np.save(f'{sys.argv[1]}/rank{group.rank}.npy', out)\n")
+    token_file = tmp_path / "job.token"
+    token_file.write_text("0123456789abcdef0123456789abcdef\n")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    common = ["--nnodes", 2, "--master", f"127.0.0.1:{port}", "--token-file", token_file,
+              "--nproc-per-node", 2, "--backend", "tcp_hierarchical"]
+    here = os.path.dirname(__file__)
+    nodes = [subprocess.Popen([EVERYO_RUN, *map(str, common), "--node-rank", str(k), script,
+                               tmp_path, here], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for k in (1, 0)]
+    outputs = [node.communicate(timeout=90) for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], outputs
+    expected = reduce_rows_f64([rank_data(r, "float32", 100003) for r in range(4)], True,
+                               "float32")
+    for rank in range(4):
+        assert np.load(tmp_path / f"rank{rank}.npy").tobytes() == expected.tobytes()
+
+
+def test_machines_must_be_contiguous_blocks_of_local_ranks():
+    assert machines_of([0, 1, 2, 0, 1]) == [range(0, 3), range(3, 5)]
+    with pytest.raises(DistributedError, match="contiguous.*rank 3 has local rank 1 but rank 2 has 2"):
+        machines_of([0, 1, 2, 1])
+    with pytest.raises(DistributedError, match="rank 0 has local rank 1"):
+        machines_of([1, 0])
+
+
+def test_the_hierarchy_is_chosen_only_where_it_sends_fewer_bytes():
+    count = 10 ** 7
+    # two machines of two float32 ranks: 6 bytes per element on the busiest link against 8
+    assert hierarchical_bytes(count, [2, 2], 4) == 6 * count
+    assert flat_ring_bytes(count, 4, 4) == 8 * count
+    assert hierarchy_pays(count, [2, 2], 4) and hierarchy_pays(count, [3], 8)
+    assert not hierarchy_pays(count, [4, 4], 4)  # raw rows outweigh float64 partial sums
+    assert not hierarchy_pays(count, [2, 2, 2], 4)  # rows travel several hops round the ring
+    assert not hierarchy_pays(count, [2, 2], 8)  # float64 rows cost what partial sums cost
+
+
+def test_an_unknown_hierarchy_choice_is_refused():
+    import everyo.distributed as dist
+
+    with pytest.raises(DistributedError, match="hierarchy must be one of"):
+        dist.init(backend="tcp_hierarchical", rank=0, world_size=1, master_addr="127.0.0.1",
+                  master_port=1, hierarchy="sometimes")
+
+
+def test_wire_compression_is_refused_rather_than_ignored():
+    import everyo.distributed as dist
+
+    with pytest.raises(DistributedError, match="no wire compression"):
+        dist.init(backend="tcp_hierarchical", rank=0, world_size=1, master_addr="127.0.0.1",
+                  master_port=1, wire_dtype="float16")

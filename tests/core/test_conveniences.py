@@ -79,3 +79,60 @@ def test_gather_refuses_negative_indices_as_pytorch_does():
     # NumPy indexing wrapped -1 around to the last element: a silent value PyTorch refuses
     with pytest.raises(eo.EveryOError, match=r"index values must be in \[0, 4\)"):
         eo.gather(eo.zeros(3, 4), 1, np.array([[-1], [0], [0]]))
+
+
+@pytest.mark.parametrize("call", [
+    lambda x: eo.split(x, 1.5),
+    lambda x: eo.split(x, 2.0),
+    lambda x: eo.split(x, True),
+    lambda x: eo.split(x, [1.5, 2.5]),
+    lambda x: eo.chunk(x, 1.5),
+])
+def test_split_and_chunk_refuse_a_non_integer_size(call):
+    with pytest.raises(eo.EveryOError, match=r"(split|chunk): .* must be an int, got"):
+        call(eo.zeros(4, 2))
+
+
+def test_split_accepts_numpy_integers():
+    assert [p.shape for p in eo.split(eo.zeros(5, 2), np.int64(2))] == [(2, 2), (2, 2), (1, 2)]
+
+
+@pytest.mark.parametrize("dtype, value", [
+    ("int32", 1.5), ("int32", -2.7), ("int32", 7), ("int64", 2.5), ("int32", np.float64(2.5)),
+    ("int32", True), ("float32", 3), ("float16", 2.0), ("float32", -np.inf), ("bool", 1),
+])
+@pytest.mark.parametrize("tensor_mask", [False, True])
+def test_masked_fill_keeps_the_tensors_dtype_as_pytorch_does(torch, dtype, value, tensor_mask):
+    data, mask = np.array([[1, 2, 3], [4, 5, 6]]).astype(dtype), np.array([True, False, True])
+    ours = eo.masked_fill(eo.tensor(data), eo.tensor(mask) if tensor_mask else mask, value)
+    ref = torch.tensor(data).masked_fill(torch.tensor(mask), value.item()
+                                         if isinstance(value, np.generic) else value)
+    assert ours.dtype == str(ref.dtype).removeprefix("torch.")
+    np.testing.assert_array_equal(ours.data, ref.numpy())
+
+
+def test_masked_fill_with_a_tensor_mask_keeps_int32():
+    x = eo.tensor(np.arange(4, dtype=np.int32))
+    out = x.masked_fill(x > 1, 9)
+    assert out.dtype == "int32" and out.data.tolist() == [0, 1, 9, 9]
+
+
+@pytest.mark.parametrize("dtype, value, problem", [
+    ("int32", np.inf, "cannot be stored in a int32"),
+    ("int8", 200, r"outside the range of int8 \(-128..127\)"),
+    ("uint8", -1, r"outside the range of uint8 \(0..255\)"),
+    ("float16", 1e6, "overflows float16"),
+    ("float32", "a", "value must be a number or a Tensor"),
+])
+def test_masked_fill_refuses_a_value_the_dtype_cannot_hold(dtype, value, problem):
+    with pytest.raises(eo.EveryOError, match=problem):
+        eo.masked_fill(eo.tensor(np.zeros(3, dtype)), np.array([True, False, True]), value)
+
+
+def test_masked_fill_with_a_tensor_value_is_cast_and_stays_differentiable():
+    x = eo.tensor(np.zeros(3, np.float32), requires_grad=True)
+    value = eo.tensor(np.float64(2.0), requires_grad=True)
+    out = x.masked_fill(np.array([True, False, True]), value)
+    assert out.dtype == "float32"
+    out.sum().backward()
+    assert value.grad.dtype == np.float64 and float(value.grad) == 2.0

@@ -194,3 +194,39 @@ def test_a_malformed_peer_table_is_a_distributed_error_naming_it(document):
     error = _rank_0_told(document)
     assert isinstance(error, DistributedError), repr(error)
     assert "peer table" in str(error), str(error)
+
+
+def test_a_flood_of_silent_connections_is_capped_and_the_group_still_forms():
+    """300 loopback connections that never speak: the server runs at most
+    MAX_PENDING_HANDSHAKES handshake threads (cutting off the oldest silent ones), and two
+    real ranks arriving after the flood still form their group long before the silent
+    connections' own handshake timeout (20 s here) would have freed anything."""
+    from everyo_dist.backends.tcp.handshakes import MAX_PENDING_HANDSHAKES
+    from everyo_dist.backends.tcp.rendezvous import KEPT_REFUSALS
+
+    flood_size = 300
+    threads_before = threading.active_count()
+    flood = []
+    with TCPRendezvousServer(world_size=2, token=TOKEN, handshake_timeout=20) as server:
+        try:
+            for _ in range(flood_size):
+                flood.append(socket.create_connection(("127.0.0.1", server.port), timeout=5))
+            deadline = time.monotonic() + 10
+            while (server.handshakes.evicted + len(server.handshakes) < flood_size
+                   and time.monotonic() < deadline):
+                time.sleep(0.01)  # the accept loop catches up with the flood
+            assert server.handshakes.evicted + len(server.handshakes) == flood_size
+            assert len(server.handshakes) <= MAX_PENDING_HANDSHAKES
+            time.sleep(0.2)  # let the cut-off threads notice and exit
+            extra_threads = threading.active_count() - threads_before
+            assert extra_threads <= MAX_PENDING_HANDSHAKES + 2, extra_threads
+            started = time.monotonic()
+            means = mean_over_threads(server.port, token=TOKEN, handshake_timeout=20)
+            elapsed = time.monotonic() - started
+        finally:
+            for sock in flood:
+                sock.close()
+    for mean in means:
+        np.testing.assert_array_equal(mean, np.full(3, 0.5, np.float32))
+    assert elapsed < 8, f"the flood held the group up for {elapsed:.1f}s"
+    assert len(server.refusals) <= KEPT_REFUSALS < flood_size  # the log of refusals is bounded

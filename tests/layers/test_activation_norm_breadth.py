@@ -47,7 +47,7 @@ def test_activation_gradcheck_and_composite(rng, name):
 
 
 def test_softplus_and_activation_errors():
-    with pytest.raises(eo.EveryOError, match="Softplus: beta must be positive"):
+    with pytest.raises(eo.EveryOError, match="Softplus: beta must be a positive number"):
         eo.Softplus(beta=0)
     with pytest.raises(eo.EveryOError, match="SiLU: expected floating-point input"):
         eo.SiLU()(eo.tensor(np.arange(3)))

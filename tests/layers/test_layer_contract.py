@@ -76,7 +76,7 @@ def test_linear_bad_inputs():
     with pytest.raises(eo.EveryOError, match=r"Linear\(4→3\): expected floating-point input, "
                                              r"got int64"):
         layer(eo.tensor(np.zeros((2, 4), np.int64)))
-    with pytest.raises(eo.EveryOError, match="must be positive"):
+    with pytest.raises(eo.EveryOError, match="Linear: in_features must be a positive int"):
         eo.Linear(0, 3)
 
 

@@ -85,6 +85,19 @@ def test_robust_losses_match_torch(torch, rng, dtype, reduction, name):
     compare_with_torch(torch, ours(reduction), ref(torch, reduction), [x, y], dtype=dtype)
 
 
+@pytest.mark.filterwarnings("error")  # np.where used to evaluate d / 1e-300 everywhere
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("beta", [0.0, 0.5])
+def test_smooth_l1_computes_without_numpy_warnings(torch, rng, dtype, beta):
+    x, y = rng.standard_normal((5, 3)) * 2, rng.standard_normal((5, 3))
+    x[0, 0] = y[0, 0]  # a zero difference: the kink of the beta = 0 (plain L1) case
+    x[1, 1] = 1e9  # d * d / 1e-300 overflows even float64
+    layer = eo.SmoothL1Loss("sum", beta=beta)
+    compare_with_torch(torch, layer, torch.nn.SmoothL1Loss(reduction="sum", beta=beta),
+                       [x, y], dtype=dtype)
+    assert_composite_matches(layer(eo.tensor(x, requires_grad=True), eo.tensor(y)))
+
+
 @pytest.mark.filterwarnings("ignore:reduction. 'mean' divides")
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("reduction", REDUCTIONS + ["batchmean"])

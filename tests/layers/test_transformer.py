@@ -217,5 +217,5 @@ def test_bad_input_names_the_layer():
         dec(eo.zeros(2, 5, 8), eo.zeros(3, 4, 8))
     with pytest.raises(eo.EveryOError, match="activation must be"):
         eo.TransformerEncoderLayer(8, 2, activation="swish")
-    with pytest.raises(eo.EveryOError, match="num_layers >= 1"):
+    with pytest.raises(eo.EveryOError, match="TransformerEncoder: num_layers must be a positive int"):
         eo.TransformerEncoder(enc, 0)

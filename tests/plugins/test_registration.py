@@ -222,3 +222,13 @@ def test_registering_one_plugin_twice_under_two_names_is_a_plugin_error():
     with pytest.raises(eo.PluginError, match=f"already registered, as '{first}'"):
         eo.register_plugin(plugin, next(_names))
     assert eo.twice_test() == 1
+
+
+def test_the_core_plugin_cannot_be_unregistered():
+    core_ops = eo.registry("ops").owned_by("everyo")
+    assert "add" in core_ops
+    with pytest.raises(eo.PluginError, match="core plugin 'everyo' cannot be unregistered"):
+        eo.unregister_plugin("everyo")
+    assert eo.registry("ops").owned_by("everyo") == core_ops
+    assert eo.plugins.host.info("everyo") is not None
+    assert eo.add(eo.tensor([1.0]), eo.tensor([2.0])).item() == 3.0

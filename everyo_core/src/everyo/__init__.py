@@ -167,9 +167,9 @@ def _load_plugins() -> None:
     # the attribute, and our __getattr__ would then import every first-party plugin to build
     # a "not installed" hint (and cache it before any op is registered).
     import everyo.core_plugin as core_plugin
-    from everyo.plugins import host
+    from everyo.plugins import CORE_PLUGIN_NAME, host
 
-    host.register_plugin(core_plugin, name="everyo", distribution="everyo-core",
+    host.register_plugin(core_plugin, name=CORE_PLUGIN_NAME, distribution="everyo-core",
                          version=__version__)
     if host.autoload_enabled():
         host.load_entry_points()

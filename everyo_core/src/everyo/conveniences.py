@@ -28,6 +28,14 @@ def _axis(axis: int, ndim: int, op: str) -> int:
     return axis % ndim
 
 
+def _whole(value, what: str, op: str) -> int:
+    """``value`` as an int, refusing floats and bools rather than truncating them."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise EveryOError(f"{op}: {what} must be an int, got {value!r} "
+                          f"({type(value).__name__})")
+    return int(value)
+
+
 def _pieces(x: Tensor, sizes: list, axis: int) -> tuple:
     out, start = [], 0
     lead = (slice(None),) * axis
@@ -49,12 +57,12 @@ def split(x, split_size_or_sections, axis: int = 0) -> tuple:
     axis = _axis(axis, x.ndim, "split")
     n = x.shape[axis]
     if isinstance(split_size_or_sections, (list, tuple)):
-        sizes = [int(s) for s in split_size_or_sections]
+        sizes = [_whole(s, "each size", "split") for s in split_size_or_sections]
         if sum(sizes) != n or min(sizes, default=0) < 0:
             raise EveryOError(f"split: sizes {sizes} do not add up to {n}, the length of axis "
                               f"{axis} (shape {x.shape})")
     else:
-        size = int(split_size_or_sections)
+        size = _whole(split_size_or_sections, "the piece size", "split")
         if size <= 0:
             raise EveryOError(f"split: the piece size must be positive, got {size}")
         sizes = [min(size, n - start) for start in range(0, n, size)] or [0]
@@ -70,12 +78,13 @@ def chunk(x, chunks: int, axis: int = 0) -> tuple:
         >>> [p.shape for p in eo.chunk(eo.zeros(6, 2), 4)]
         [(2, 2), (2, 2), (2, 2)]
     """
-    if int(chunks) <= 0:
+    chunks = _whole(chunks, "chunks", "chunk")
+    if chunks <= 0:
         raise EveryOError(f"chunk: chunks must be positive, got {chunks}")
     n = x.shape[_axis(axis, x.ndim, "chunk")]
     if n == 0:  # PyTorch: an empty axis gives `chunks` empty pieces
-        return split(x, [0] * int(chunks), axis)
-    return split(x, -(-n // int(chunks)), axis)
+        return split(x, [0] * chunks, axis)
+    return split(x, -(-n // chunks), axis)
 
 
 def view(x, *shape) -> Tensor:
@@ -83,8 +92,35 @@ def view(x, *shape) -> Tensor:
     return dispatch("reshape", x, shape=_shape_args(shape))
 
 
+def _fill_value(value, dtype: np.dtype):
+    """``value`` in the tensor's ``dtype``, as PyTorch's ``masked_fill`` casts it (a float
+    into an int tensor truncates toward zero), refusing what does not fit the dtype."""
+    if isinstance(value, Tensor):
+        return value if value.data.dtype == dtype else value.astype(dtype)
+    array = np.asarray(value)
+    if array.dtype.kind not in "biuf":
+        raise EveryOError(f"masked_fill: value must be a number or a Tensor, got {value!r}")
+    if dtype.kind in "iu":
+        if not np.all(np.isfinite(array)):
+            raise EveryOError(f"masked_fill: value {value!r} cannot be stored in a "
+                              f"{dtype.name} tensor")
+        info = np.iinfo(dtype)
+        whole = np.trunc(array) if array.dtype.kind == "f" else array
+        if np.any(whole < info.min) or np.any(whole > info.max):
+            raise EveryOError(f"masked_fill: value {value!r} is outside the range of "
+                              f"{dtype.name} ({info.min}..{info.max})")
+    with np.errstate(over="ignore"):
+        cast = array.astype(dtype)
+    if dtype.kind == "f" and np.any(np.isfinite(array) & ~np.isfinite(cast)):
+        raise EveryOError(f"masked_fill: value {value!r} overflows {dtype.name}")
+    return cast
+
+
 def masked_fill(x, mask, value) -> Tensor:
     """``x`` with ``value`` wherever ``mask`` (broadcast against ``x``) is True.
+
+    The result keeps ``x``'s dtype, as in PyTorch: ``value`` is cast to it (a float into an
+    int tensor truncates toward zero); a value the dtype cannot hold raises ``EveryOError``.
 
     Example:
         >>> import everyo as eo, numpy as np
@@ -103,7 +139,8 @@ def masked_fill(x, mask, value) -> Tensor:
                           f"tensor's {x.data.shape}")
     # NOTE: a Tensor mask goes to the op as itself, so a tracer (ONNX export) sees where it
     # came from (e.g. a comparison of traced tensors).
-    return dispatch("where", mask if isinstance(mask, Tensor) else array, value, x)
+    return dispatch("where", mask if isinstance(mask, Tensor) else array,
+                    _fill_value(value, x.data.dtype), x)
 
 
 def tril(x, k: int = 0) -> Tensor:

@@ -37,6 +37,8 @@ from everyo.errors import PluginError
 from everyo.registries import Registry, key_name, validate
 
 ENTRY_POINT_GROUP = "everyo"
+#: The name the core registers its own plugin under (its ops, Tensor API, modules).
+CORE_PLUGIN_NAME = "everyo"
 DISABLE_AUTOLOAD_ENV = "EVERYO_DISABLE_PLUGIN_AUTOLOAD"
 DISABLE_PLUGINS_ENV = "EVERYO_DISABLE_PLUGINS"
 _TRUTHY = ("1", "true", "yes", "on")
@@ -108,7 +110,13 @@ class PluginHost:
         return info
 
     def unregister_plugin(self, name: str) -> None:
-        """Remove plugin ``name`` and everything it registered (what it overrode comes back)."""
+        """Remove plugin ``name`` and everything it registered (what it overrode comes back).
+
+        The core's own plugin is refused: removing it would take every core op with it.
+        """
+        if name == CORE_PLUGIN_NAME:
+            raise PluginError(f"the core plugin {name!r} cannot be unregistered: it owns "
+                              f"every core op; unregister the plugin that overrode an op instead")
         if not self.manager.has_plugin(name):
             raise PluginError(f"no plugin named {name!r} is registered")
         self.manager.unregister(name=name)

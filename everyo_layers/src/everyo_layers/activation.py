@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from everyo import EveryOError, Module, Op, dispatch
-from everyo_layers.checks import check_float
+from everyo_layers.checks import argument, check_float
 
 _erf_implementation = None
 
@@ -139,7 +139,7 @@ class Softmax(_Activation):
 
     def __init__(self, axis: int = -1):
         super().__init__()
-        self.axis = int(axis)
+        self.axis = argument(type(self).__name__, "axis", axis, "int")
 
     def apply(self, x):
         return dispatch("softmax", x, axis=self.axis)
@@ -182,7 +182,7 @@ class LeakyReLU(_Activation):
 
     def __init__(self, negative_slope: float = 0.01):
         super().__init__()
-        self.negative_slope = float(negative_slope)
+        self.negative_slope = argument("LeakyReLU", "negative_slope", negative_slope, "float")
 
     def apply(self, x):
         return dispatch("leaky_relu", x, negative_slope=self.negative_slope)

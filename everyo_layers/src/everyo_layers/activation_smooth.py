@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from everyo import EveryOError, Op, dispatch
+from everyo import Op, dispatch
 from everyo.kernels import stable_sigmoid
 from everyo_layers.activation import _Activation
+from everyo_layers.checks import argument
 
 
 def _compute(x: np.ndarray) -> np.ndarray:
@@ -153,9 +154,8 @@ class Softplus(_Activation):
 
     def __init__(self, beta: float = 1.0, threshold: float = 20.0):
         super().__init__()
-        if beta <= 0:
-            raise EveryOError(f"Softplus: beta must be positive, got {beta}")
-        self.beta, self.threshold = float(beta), float(threshold)
+        self.beta = argument("Softplus", "beta", beta, "positive float")
+        self.threshold = argument("Softplus", "threshold", threshold, "float")
 
     def apply(self, x):
         return dispatch("softplus", x, beta=self.beta, threshold=self.threshold)
@@ -175,7 +175,7 @@ class ELU(_Activation):
 
     def __init__(self, alpha: float = 1.0):
         super().__init__()
-        self.alpha = float(alpha)
+        self.alpha = argument("ELU", "alpha", alpha, "float")
 
     def apply(self, x):
         return dispatch("elu", x, alpha=self.alpha)

@@ -13,7 +13,7 @@ import numpy as np
 
 from everyo import EveryOError, Module, Op, Tensor, dispatch, matmul
 from everyo.kernels import is_floating
-from everyo_layers.checks import check_float
+from everyo_layers.checks import argument, check_float
 from everyo_layers.dropout import Dropout
 from everyo_layers.initializers import layer_generator
 from everyo_layers.linear import Linear
@@ -112,10 +112,13 @@ class MultiHeadAttention(Module):
 
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, seed=None):
         super().__init__()
-        if embed_dim <= 0 or num_heads <= 0 or embed_dim % num_heads:
+        embed_dim = argument("MultiHeadAttention", "embed_dim", embed_dim, "positive int")
+        num_heads = argument("MultiHeadAttention", "num_heads", num_heads, "positive int")
+        argument("MultiHeadAttention", "dropout", dropout, "probability")
+        if embed_dim % num_heads:
             raise EveryOError(f"MultiHeadAttention: embed_dim ({embed_dim}) must be a positive "
                               f"multiple of num_heads ({num_heads})")
-        self.embed_dim, self.num_heads = int(embed_dim), int(num_heads)
+        self.embed_dim, self.num_heads = embed_dim, num_heads
         self.head_dim = self.embed_dim // self.num_heads
         seeds = layer_generator(seed).integers(2**32, size=5)
         self.q_proj, self.k_proj, self.v_proj, self.out_proj = (

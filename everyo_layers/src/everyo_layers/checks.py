@@ -1,4 +1,5 @@
-"""Input validation shared by the layers: clear errors naming the layer and both shapes."""
+"""Validation shared by the layers: constructor arguments (:func:`argument`) and inputs,
+with clear errors naming the layer, the argument and, for inputs, both shapes."""
 
 from __future__ import annotations
 
@@ -32,22 +33,92 @@ def check_last_axis(layer: str, x, size: int, what: str = "features",
     return data
 
 
+class LayerArgumentError(EveryOError, TypeError):
+    """A layer was constructed with an argument of the wrong type or outside its range.
+
+    Also a ``TypeError``, the exception PyTorch raises for such arguments, so code written
+    for either catches it.
+    """
+
+
+def _is_int(value) -> bool:
+    # NOTE: bool is an int subclass, but True as a channel count is a mistake, not a 1
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _is_real(value) -> bool:
+    return (_is_int(value) or isinstance(value, (float, np.floating))) and bool(np.isfinite(value))
+
+
+#: kind -> (type test, range test, what the error says is expected)
+_ARGUMENT_KINDS = {
+    "int": (_is_int, lambda v: True, "an int"),
+    "positive int": (_is_int, lambda v: v > 0, "a positive int"),
+    "non-negative int": (_is_int, lambda v: v >= 0, "a non-negative int"),
+    "float": (_is_real, lambda v: True, "a finite number"),
+    "positive float": (_is_real, lambda v: v > 0, "a positive number"),
+    "non-negative float": (_is_real, lambda v: v >= 0, "a non-negative number"),
+    "probability": (_is_real, lambda v: 0 <= v <= 1, "a number in [0, 1]"),
+}
+
+
+def argument(layer: str, name: str, value, kind: str):
+    """``value`` of constructor argument ``name`` of ``layer``, checked against ``kind``.
+
+    Args:
+        layer: the layer class name the error names.
+        name: the argument's name.
+        value: what the caller passed.
+        kind: one of ``"int"``, ``"positive int"``, ``"non-negative int"``, ``"float"``,
+            ``"positive float"``, ``"non-negative float"``, ``"probability"``.
+
+    Returns:
+        ``value`` as a Python ``int`` (the int kinds) or ``float`` (the others). Floats are
+        never truncated to ints and bools are never numbers: both raise
+        :class:`LayerArgumentError` naming ``layer`` and ``name``.
+
+    Example:
+        >>> argument("Linear", "in_features", 3, "positive int")
+        3
+        >>> argument("Dropout", "p", 1, "probability")
+        1.0
+    """
+    is_type, in_range, expected = _ARGUMENT_KINDS[kind]
+    if not (is_type(value) and in_range(value)):
+        raise LayerArgumentError(f"{layer}: {name} must be {expected}, got {value!r} "
+                                 f"({type(value).__name__})")
+    return int(value) if kind.endswith("int") else float(value)
+
+
+def optional_argument(layer: str, name: str, value, kind: str):
+    """:func:`argument`, letting ``None`` (the argument's "not given") through."""
+    return None if value is None else argument(layer, name, value, kind)
+
+
+def normalized_shape_argument(layer: str, value) -> tuple:
+    """A norm layer's ``normalized_shape``: a positive int or a non-empty sequence of them."""
+    dims = (value,) if _is_int(value) else value
+    if (not isinstance(dims, (tuple, list)) or not dims
+            or not all(_is_int(n) and n > 0 for n in dims)):
+        raise LayerArgumentError(f"{layer}: normalized_shape must be a positive int or a "
+                                 f"non-empty tuple of positive ints, got {value!r}")
+    return tuple(int(n) for n in dims)
+
+
 def pair(value, name: str) -> tuple:
-    """``3`` -> ``(3, 3)``; ``(2, 3)`` stays; anything else is an error naming ``name``."""
-    if isinstance(value, (int, np.integer)):
+    """``3`` -> ``(3, 3)``; ``(2, 3)`` stays; anything else (floats included) is a
+    :class:`LayerArgumentError` naming ``name``."""
+    if _is_int(value):
         return int(value), int(value)
-    try:
-        a, b = value
-        return int(a), int(b)
-    except (TypeError, ValueError):
-        raise EveryOError(f"{name} must be an int or a pair of ints, got {value!r}") from None
+    if isinstance(value, (tuple, list)) and len(value) == 2 and all(map(_is_int, value)):
+        return int(value[0]), int(value[1])
+    raise LayerArgumentError(f"{name} must be an int or a pair of ints, got {value!r}")
 
 
 def check_groups(layer: str, groups, in_channels: int, out_channels: int) -> int:
     """``groups`` as a positive int dividing both channel counts, or an error naming ``layer``."""
-    if not isinstance(groups, (int, np.integer)) or groups <= 0:
-        raise EveryOError(f"{layer}: groups must be a positive int, got {groups!r}")
+    groups = argument(layer, "groups", groups, "positive int")
     if in_channels % groups or out_channels % groups:
         raise EveryOError(f"{layer}: groups={groups} must divide both in_channels "
                           f"({in_channels}) and out_channels ({out_channels})")
-    return int(groups)
+    return groups

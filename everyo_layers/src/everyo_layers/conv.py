@@ -6,7 +6,7 @@ import numpy as np
 
 from everyo import EveryOError, Module, Op, dispatch
 from everyo.kernels import HALF_DTYPES, blas_matmul, narrow, widen
-from everyo_layers.checks import check_float, check_groups
+from everyo_layers.checks import argument, check_float, check_groups
 from everyo_layers.initializers import fan_in_bound, layer_generator, uniform_parameter
 from everyo_layers.padding import output_size, resolve_padding
 from everyo_layers.precision import accumulation_dtype
@@ -170,10 +170,8 @@ class Conv2D(Module):
     def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1,
                  padding="valid", dilation=1, groups: int = 1, bias: bool = True, seed=None):
         super().__init__()
-        if in_channels <= 0 or out_channels <= 0:
-            raise EveryOError(f"Conv2D: channels must be positive, got {in_channels} and "
-                              f"{out_channels}")
-        self.in_channels, self.out_channels = int(in_channels), int(out_channels)
+        self.in_channels = argument("Conv2D", "in_channels", in_channels, "positive int")
+        self.out_channels = argument("Conv2D", "out_channels", out_channels, "positive int")
         self.kernel_size, self.stride, self.dilation = check_geometry(
             "Conv2D", kernel_size, stride, dilation)
         self.groups = check_groups("Conv2D", groups, self.in_channels, self.out_channels)

@@ -5,18 +5,16 @@ from __future__ import annotations
 import numpy as np
 
 from everyo import EveryOError, Module, dispatch
-from everyo_layers.checks import check_float, check_groups
+from everyo_layers.checks import argument, check_float, check_groups
 from everyo_layers.initializers import fan_in_bound, layer_generator, uniform_parameter
 from everyo_layers.padding import effective_kernel, resolve_padding
 from everyo_layers.windows import check_geometry
 
 
 def _single(value, what: str) -> int:
-    if isinstance(value, (int, np.integer)):
-        return int(value)
     if isinstance(value, (tuple, list)) and len(value) == 1:
-        return int(value[0])
-    raise EveryOError(f"Conv1D: {what} must be an int, got {value!r}")
+        (value,) = value
+    return argument("Conv1D", what, value, "positive int")
 
 
 class Conv1D(Module):
@@ -46,10 +44,8 @@ class Conv1D(Module):
                  padding="valid", dilation: int = 1, groups: int = 1, bias: bool = True,
                  seed=None):
         super().__init__()
-        if in_channels <= 0 or out_channels <= 0:
-            raise EveryOError(f"Conv1D: channels must be positive, got {in_channels} and "
-                              f"{out_channels}")
-        self.in_channels, self.out_channels = int(in_channels), int(out_channels)
+        self.in_channels = argument("Conv1D", "in_channels", in_channels, "positive int")
+        self.out_channels = argument("Conv1D", "out_channels", out_channels, "positive int")
         (_, k), (_, s), (_, d) = check_geometry(
             "Conv1D", (1, _single(kernel_size, "kernel_size")), (1, _single(stride, "stride")),
             (1, _single(dilation, "dilation")))

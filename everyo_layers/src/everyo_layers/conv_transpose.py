@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from everyo import EveryOError, Module, Op, dispatch
-from everyo_layers.checks import check_float
+from everyo_layers.checks import argument, check_float
 from everyo_layers.initializers import fan_in_bound, layer_generator, uniform_parameter
 from everyo_layers.precision import accumulation_dtype
 from everyo_layers.windows import check_geometry, pad_hw, window_view
@@ -206,13 +206,13 @@ class Conv2DTranspose(Module):
     def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1,
                  padding: str = "valid", bias: bool = True, seed=None):
         super().__init__()
-        if in_channels <= 0 or out_channels <= 0:
-            raise EveryOError(f"Conv2DTranspose: channels must be positive, got {in_channels} "
-                              f"and {out_channels}")
         if padding not in ("valid", "same"):
             raise EveryOError(f"Conv2DTranspose: padding must be 'valid' or 'same', got "
                               f"{padding!r}")
-        self.in_channels, self.out_channels = int(in_channels), int(out_channels)
+        self.in_channels = argument("Conv2DTranspose", "in_channels", in_channels,
+                                    "positive int")
+        self.out_channels = argument("Conv2DTranspose", "out_channels", out_channels,
+                                     "positive int")
         self.kernel_size, self.stride, _ = check_geometry("Conv2DTranspose", kernel_size, stride)
         self.padding = padding
         rng = layer_generator(seed)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from everyo import EveryOError, Module, Op, default_generator, dispatch
-from everyo_layers.checks import check_float
+from everyo_layers.checks import argument, check_float
 
 
 class DropoutOp(Op):
@@ -49,7 +49,7 @@ class Dropout(Module):
 
     def __init__(self, p: float = 0.5, seed=None):
         super().__init__()
-        if not 0.0 <= p < 1.0:
+        if argument("Dropout", "p", p, "probability") == 1.0:
             raise EveryOError(f"Dropout: p must be in [0, 1), got {p}")
         self.p = float(p)
         self.rng = None if seed is None else np.random.default_rng(seed)

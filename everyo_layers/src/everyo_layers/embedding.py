@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from everyo import EveryOError, Module, Op, Parameter, Tensor, dispatch
+from everyo_layers.checks import argument, optional_argument
 from everyo_layers.initializers import layer_generator
 
 
@@ -94,10 +95,10 @@ class Embedding(Module):
 
     def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx=None, seed=None):
         super().__init__()
-        if num_embeddings <= 0 or embedding_dim <= 0:
-            raise EveryOError(f"Embedding: num_embeddings and embedding_dim must be positive, "
-                              f"got {num_embeddings} and {embedding_dim}")
-        self.num_embeddings, self.embedding_dim = int(num_embeddings), int(embedding_dim)
+        num_embeddings = argument("Embedding", "num_embeddings", num_embeddings, "positive int")
+        embedding_dim = argument("Embedding", "embedding_dim", embedding_dim, "positive int")
+        self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
+        padding_idx = optional_argument("Embedding", "padding_idx", padding_idx, "int")
         if padding_idx is not None and not 0 <= padding_idx < num_embeddings:
             raise EveryOError(f"Embedding: padding_idx {padding_idx} is not in "
                               f"[0, {num_embeddings})")

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from everyo import EveryOError, Module, dispatch
-from everyo_layers.checks import check_last_axis
+from everyo import Module, dispatch
+from everyo_layers.checks import argument, check_last_axis
 from everyo_layers.initializers import fan_in_bound, layer_generator, uniform_parameter
 
 
@@ -29,10 +29,8 @@ class Linear(Module):
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, seed=None):
         super().__init__()
-        if in_features <= 0 or out_features <= 0:
-            raise EveryOError(f"Linear: in_features and out_features must be positive, got "
-                              f"{in_features} and {out_features}")
-        self.in_features, self.out_features = int(in_features), int(out_features)
+        self.in_features = argument("Linear", "in_features", in_features, "positive int")
+        self.out_features = argument("Linear", "out_features", out_features, "positive int")
         rng = layer_generator(seed)
         bound = fan_in_bound(self.in_features)
         self.weight = uniform_parameter(rng, (self.in_features, self.out_features), bound)

@@ -11,7 +11,7 @@ import numpy as np
 
 from everyo import EveryOError, Module, Op, dispatch
 from everyo.kernels import is_floating, log_softmax_array, stable_sigmoid
-from everyo_layers.checks import array_of, check_float
+from everyo_layers.checks import argument, array_of, check_float
 from everyo_layers.loss_weights import class_weights, weighted_class_loss, weighted_elementwise_loss
 from everyo_layers.precision import accumulation_dtype
 
@@ -448,8 +448,9 @@ class CrossEntropyLoss(_Loss):
     def __init__(self, reduction: str = "mean", label_smoothing: float = 0.0,
                  ignore_index: int = -100, weight=None):
         super().__init__(reduction)
-        self.label_smoothing = float(label_smoothing)
-        self.ignore_index = int(ignore_index)
+        self.label_smoothing = argument("CrossEntropyLoss", "label_smoothing", label_smoothing,
+                                        "probability")
+        self.ignore_index = argument("CrossEntropyLoss", "ignore_index", ignore_index, "int")
         self.weight = None if weight is None else np.asarray(array_of(weight))
 
     def forward(self, input, target):
@@ -462,7 +463,7 @@ class NLLLoss(_Loss):
 
     def __init__(self, reduction: str = "mean", ignore_index: int = -100, weight=None):
         super().__init__(reduction)
-        self.ignore_index = int(ignore_index)
+        self.ignore_index = argument("NLLLoss", "ignore_index", ignore_index, "int")
         self.weight = None if weight is None else np.asarray(array_of(weight))
 
     def forward(self, input, target):

@@ -6,7 +6,19 @@ from __future__ import annotations
 import numpy as np
 
 from everyo import EveryOError, dispatch
+from everyo_layers.checks import argument
 from everyo_layers.loss import _elementwise, _ElementwiseLossOp, _Loss
+
+
+def _piecewise(d: np.ndarray, inside: np.ndarray, near, far) -> np.ndarray:
+    """``np.where(inside, near(d), far(d))`` evaluating each branch only on the elements it
+    is chosen for, so a branch that would overflow or divide by zero elsewhere never warns."""
+    d = np.asarray(d)
+    out = np.empty_like(d)
+    out[inside] = near(d[inside])
+    outside = ~inside
+    out[outside] = far(d[outside])
+    return out
 
 
 def _reduce_tensor(per, reduction: str):
@@ -28,18 +40,22 @@ class SmoothL1LossOp(_ElementwiseLossOp):
         self.beta = beta
         d = x - y
         self.saved = d
-        small = np.abs(d) < beta
-        return np.where(small, 0.5 * d * d / max(beta, 1e-300), np.abs(d) - 0.5 * beta)
+        scale = max(beta, 1e-300)
+        return _piecewise(d, np.abs(d) < beta, lambda near: 0.5 * near * near / scale,
+                          lambda far: np.abs(far) - 0.5 * beta)
 
     def partials(self):
         d = self.saved
-        gx = np.where(np.abs(d) < self.beta, d / max(self.beta, 1e-300), np.sign(d))
+        scale = max(self.beta, 1e-300)
+        gx = _piecewise(d, np.abs(d) < self.beta, lambda near: near / scale, np.sign)
         return gx, -gx
 
     def composite(self, x, y):
         d = x - y
         small = np.abs(d.data) < self.beta
-        per = dispatch("where", small, 0.5 * d * d / max(self.beta, 1e-300),
+        # beta == 0 selects no quadratic element: divide by 1 there rather than by ~0
+        scale = max(self.beta, 1e-300) if self.beta > 0 else 1.0
+        per = dispatch("where", small, 0.5 * d * d / scale,
                        dispatch("abs", d) - 0.5 * self.beta)
         return _reduce_tensor(per, self.reduction)
 
@@ -159,7 +175,7 @@ class SmoothL1Loss(_Loss):
 
     def __init__(self, reduction: str = "mean", beta: float = 1.0):
         super().__init__(reduction)
-        self.beta = float(beta)
+        self.beta = argument("SmoothL1Loss", "beta", beta, "non-negative float")
 
     def forward(self, input, target):
         return smooth_l1_loss(input, target, self.reduction, self.beta)
@@ -170,7 +186,7 @@ class HuberLoss(_Loss):
 
     def __init__(self, reduction: str = "mean", delta: float = 1.0):
         super().__init__(reduction)
-        self.delta = float(delta)
+        self.delta = argument("HuberLoss", "delta", delta, "positive float")
 
     def forward(self, input, target):
         return huber_loss(input, target, self.reduction, self.delta)

@@ -7,7 +7,12 @@ from __future__ import annotations
 import numpy as np
 
 from everyo import EveryOError, Module, Op, Parameter, dispatch
-from everyo_layers.checks import check_float
+from everyo_layers.checks import (
+    argument,
+    check_float,
+    normalized_shape_argument,
+    optional_argument,
+)
 from everyo_layers.norm_stats import moments
 from everyo_layers.precision import accumulation_dtype
 
@@ -157,10 +162,8 @@ class LayerNorm(Module):
     def __init__(self, normalized_shape, eps: float = 1e-5, elementwise_affine: bool = True,
                  bias: bool = True):
         super().__init__()
-        if isinstance(normalized_shape, (int, np.integer)):
-            normalized_shape = (int(normalized_shape),)
-        self.normalized_shape = tuple(int(n) for n in normalized_shape)
-        self.eps = float(eps)
+        self.normalized_shape = normalized_shape_argument("LayerNorm", normalized_shape)
+        self.eps = argument("LayerNorm", "eps", eps, "non-negative float")
         self.elementwise_affine = bool(elementwise_affine)
         if elementwise_affine:
             self.weight = Parameter(np.ones(self.normalized_shape, np.float32))
@@ -190,9 +193,10 @@ class _BatchNorm(Module):
     def __init__(self, num_features: int, eps: float = 1e-5, momentum=0.1, affine: bool = True,
                  track_running_stats: bool = True):
         super().__init__()
-        self.num_features = int(num_features)
-        self.eps = float(eps)
-        self.momentum = momentum
+        name = type(self).__name__
+        self.num_features = argument(name, "num_features", num_features, "positive int")
+        self.eps = argument(name, "eps", eps, "non-negative float")
+        self.momentum = optional_argument(name, "momentum", momentum, "probability")
         self.affine = bool(affine)
         self.track_running_stats = bool(track_running_stats)
         c = self.num_features

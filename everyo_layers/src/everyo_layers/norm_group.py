@@ -9,7 +9,12 @@ import math
 import numpy as np
 
 from everyo import EveryOError, Module, Op, Parameter, dispatch
-from everyo_layers.checks import check_float
+from everyo_layers.checks import (
+    argument,
+    check_float,
+    normalized_shape_argument,
+    optional_argument,
+)
 from everyo_layers.norm_stats import moments
 from everyo_layers.precision import accumulation_dtype
 
@@ -133,11 +138,14 @@ class GroupNorm(Module):
     def __init__(self, num_groups: int, num_channels: int, eps: float = 1e-5,
                  affine: bool = True):
         super().__init__()
-        if num_groups <= 0 or num_channels <= 0 or num_channels % num_groups:
+        num_groups = argument("GroupNorm", "num_groups", num_groups, "positive int")
+        num_channels = argument("GroupNorm", "num_channels", num_channels, "positive int")
+        if num_channels % num_groups:
             raise EveryOError(f"GroupNorm: num_groups ({num_groups}) must be positive and "
                               f"divide num_channels ({num_channels})")
-        self.num_groups, self.num_channels = int(num_groups), int(num_channels)
-        self.eps, self.affine = float(eps), bool(affine)
+        self.num_groups, self.num_channels = num_groups, num_channels
+        self.eps = argument("GroupNorm", "eps", eps, "non-negative float")
+        self.affine = bool(affine)
         self.weight = Parameter(np.ones(num_channels, np.float32)) if affine else None
         self.bias = Parameter(np.zeros(num_channels, np.float32)) if affine else None
 
@@ -175,16 +183,8 @@ class RMSNorm(Module):
 
     def __init__(self, normalized_shape, eps=None, elementwise_affine: bool = True):
         super().__init__()
-        if isinstance(normalized_shape, (int, np.integer)):
-            normalized_shape = (int(normalized_shape),)
-        try:
-            self.normalized_shape = tuple(int(n) for n in normalized_shape)
-        except (TypeError, ValueError):
-            self.normalized_shape = ()
-        if not self.normalized_shape or min(self.normalized_shape) <= 0:
-            raise EveryOError(f"RMSNorm: normalized_shape must be a positive int or a non-empty "
-                              f"tuple of positive ints, got {normalized_shape!r}")
-        self.eps = None if eps is None else float(eps)
+        self.normalized_shape = normalized_shape_argument("RMSNorm", normalized_shape)
+        self.eps = optional_argument("RMSNorm", "eps", eps, "non-negative float")
         self.weight = (Parameter(np.ones(self.normalized_shape, np.float32))
                        if elementwise_affine else None)
 

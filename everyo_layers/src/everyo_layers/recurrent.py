@@ -13,7 +13,7 @@ import math
 import numpy as np
 
 from everyo import EveryOError, Module, Parameter, Tensor, concatenate, dispatch, stack
-from everyo_layers.checks import check_float
+from everyo_layers.checks import argument, check_float
 from everyo_layers.initializers import layer_generator
 from everyo_layers.recurrent_ops import OPS as _RECURRENT_OPS
 from everyo_layers.recurrent_run import check_lengths, reverse_steps, run_direction
@@ -31,13 +31,11 @@ class _Recurrent(Module):
                  bidirectional: bool = False, dropout: float = 0.0):
         super().__init__()
         name = type(self).__name__
-        if min(input_size, hidden_size, num_layers) <= 0:
-            raise EveryOError(f"{name}: input_size, hidden_size and num_layers "
-                              f"must be positive, got {input_size}, {hidden_size}, {num_layers}")
-        if not 0.0 <= dropout < 1.0:
+        self.input_size = argument(name, "input_size", input_size, "positive int")
+        self.hidden_size = argument(name, "hidden_size", hidden_size, "positive int")
+        self.num_layers = argument(name, "num_layers", num_layers, "positive int")
+        if argument(name, "dropout", dropout, "probability") == 1.0:
             raise EveryOError(f"{name}: dropout must be in [0, 1), got {dropout}")
-        self.input_size, self.hidden_size = int(input_size), int(hidden_size)
-        self.num_layers = int(num_layers)
         self.batch_first, self.return_state = bool(batch_first), bool(return_state)
         self.bidirectional, self.dropout = bool(bidirectional), float(dropout)
         self.rng = layer_generator(seed)

@@ -14,7 +14,7 @@ import numpy as np
 
 from everyo import EveryOError, Module, Sequential, dispatch, relu
 from everyo_layers.attention import MultiHeadAttention
-from everyo_layers.checks import check_float
+from everyo_layers.checks import LayerArgumentError, argument, check_float
 from everyo_layers.dropout import Dropout
 from everyo_layers.initializers import layer_generator
 from everyo_layers.linear import Linear
@@ -64,10 +64,8 @@ class PositionalEncoding(Module):
 
     def __init__(self, d_model: int, max_len: int = 5000):
         super().__init__()
-        if d_model <= 0 or max_len <= 0:
-            raise EveryOError(f"PositionalEncoding: d_model and max_len must be positive, got "
-                              f"{d_model} and {max_len}")
-        self.d_model, self.max_len = int(d_model), int(max_len)
+        self.d_model = argument("PositionalEncoding", "d_model", d_model, "positive int")
+        self.max_len = argument("PositionalEncoding", "max_len", max_len, "positive int")
         self._table = sinusoidal_table(self.max_len, self.d_model)
         self._cast: dict = {}  # dtype -> table in that dtype, built on first use
 
@@ -103,8 +101,13 @@ class _TransformerLayer(Module):
     def __init__(self, d_model, num_heads, dim_feedforward, dropout, norm_first, activation,
                  layer_norm_eps, seed, attention_blocks: int):
         super().__init__()
-        self.d_model, self.num_heads = int(d_model), int(num_heads)
-        self.dim_feedforward, self.norm_first = int(dim_feedforward), bool(norm_first)
+        name = type(self).__name__  # the layer the user built, not the sublayer that would fail
+        self.d_model = argument(name, "d_model", d_model, "positive int")
+        self.num_heads = argument(name, "num_heads", num_heads, "positive int")
+        self.dim_feedforward = argument(name, "dim_feedforward", dim_feedforward, "positive int")
+        argument(name, "dropout", dropout, "probability")
+        argument(name, "layer_norm_eps", layer_norm_eps, "non-negative float")
+        self.norm_first = bool(norm_first)
         self.activation_name = activation if isinstance(activation, str) else "custom"
         self.activation = _activation(activation)
         seeds = iter(layer_generator(seed).integers(2**32, size=4 + 2 * attention_blocks))
@@ -241,10 +244,10 @@ class TransformerEncoder(Module):
 
     def __init__(self, encoder_layer: Module, num_layers: int, norm: Module | None = None):
         super().__init__()
-        if not isinstance(encoder_layer, Module) or num_layers <= 0:
-            raise EveryOError(f"TransformerEncoder takes a layer Module and num_layers >= 1, "
-                              f"got {type(encoder_layer).__name__} and {num_layers}")
-        self.num_layers = int(num_layers)
+        if not isinstance(encoder_layer, Module):
+            raise LayerArgumentError(f"TransformerEncoder: encoder_layer must be a Module, got "
+                                     f"{type(encoder_layer).__name__}")
+        self.num_layers = argument("TransformerEncoder", "num_layers", num_layers, "positive int")
         self.layers = Sequential(*(_independent_copy(encoder_layer, i)
                                    for i in range(self.num_layers)))
         self.norm = norm

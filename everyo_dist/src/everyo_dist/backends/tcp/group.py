@@ -25,6 +25,7 @@ from everyo_dist.backends.tcp.frames import (
     control_frame,
     read_control,
 )
+from everyo_dist.backends.tcp.handshakes import PendingHandshakes
 from everyo_dist.backends.tcp.ring import Ring
 from everyo_dist.backends.tcp.sockets import dial, listen, require_token_off_loopback, wrap_tls
 from everyo_dist.backends.tcp.tls import tls_contexts_from_environment
@@ -215,13 +216,15 @@ class _PeerAcceptor:
     """Accepts connections on this rank's peer listener until rank ``expected`` has
     authenticated. Each connection's handshake runs in a thread of its own, so a silent or
     slow stranger (the listener's port is in the peer table every rank receives) is dropped
-    at its handshake timeout without delaying the real peer."""
+    at its handshake timeout without delaying the real peer; ``PendingHandshakes`` caps how
+    many such threads a flood can start."""
 
     def __init__(self, listener, expected: int, key, deadline, handshake_timeout, ssl_context):
         self.expected, self.deadline = expected, deadline
         self._listener, self._key = listener, key
         self._handshake_timeout, self._ssl_context = handshake_timeout, ssl_context
         self._found = queue.Queue(maxsize=1)
+        self._handshakes = PendingHandshakes(name=f"everyo-accept-rank-{expected}-handshake")
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._accept_loop, daemon=True,
                                         name=f"everyo-accept-rank-{expected}")
@@ -238,6 +241,7 @@ class _PeerAcceptor:
     def stop(self) -> None:
         self._stopped.set()
         self._thread.join(timeout=1.0)
+        self._handshakes.close()
 
     def _accept_loop(self) -> None:
         self._listener.settimeout(0.1)
@@ -248,9 +252,9 @@ class _PeerAcceptor:
                 continue
             except OSError:
                 return  # the listener was closed
-            threading.Thread(target=self._handshake, args=(sock, address), daemon=True).start()
+            self._handshakes.start(sock, address, self._handshake)
 
-    def _handshake(self, sock, address) -> None:
+    def _handshake(self, sock, address, finished) -> None:
         peer = f"{address[0]}:{address[1]}"
         try:
             sock.setblocking(True)
@@ -260,6 +264,9 @@ class _PeerAcceptor:
                                FrameKind.IDENTIFY)
         except (AuthenticationError, OSError, DistributedError) as exc:
             log.warning("peer listener refused %s: %s: %s", peer, type(exc).__name__, exc)
+            sock.close()
+            return
+        if not finished():  # cut off by a flood of newer connections meanwhile
             sock.close()
             return
         if who.get("rank") != self.expected:

@@ -5,7 +5,9 @@ own peer listener. Once all ``world_size`` ranks of a round have registered, the
 every one of them the table of peer addresses and starts a new round; the workers then connect
 to each other directly and the server carries no collective traffic. Anything that fails the
 handshake or sends a malformed frame is logged, disconnected and forgotten: the server keeps
-serving the legitimate ranks.
+serving the legitimate ranks. At most ``MAX_PENDING_HANDSHAKES`` connections are
+authenticated at once (``handshakes.py``), so a flood of silent connections cannot exhaust the
+server's threads or lock the real ranks out.
 """
 
 from __future__ import annotations
@@ -15,13 +17,18 @@ import select
 import socket
 import threading
 import time
+from collections import deque
 
 from everyo_dist.backends.tcp.auth import DEFAULT_HANDSHAKE_TIMEOUT, accept_handshake, token_key
 from everyo_dist.backends.tcp.frames import FrameKind, control_frame, read_control
+from everyo_dist.backends.tcp.handshakes import MAX_PENDING_HANDSHAKES, PendingHandshakes
 from everyo_dist.backends.tcp.sockets import listen, require_token_off_loopback, tune, wrap_tls
 from everyo_dist.errors import DistributedError
 
 log = logging.getLogger("everyo.distributed_tcp")
+
+#: The most recent refusals kept in ``TCPRendezvousServer.refusals`` (a flood must not grow it).
+KEPT_REFUSALS = 256
 
 
 def _hung_up(sock: socket.socket) -> bool:
@@ -49,6 +56,8 @@ class TCPRendezvousServer:
         ssl_context: optional server-side ``ssl.SSLContext``; connections are then TLS first.
         handshake_timeout: seconds a connection may take to authenticate and register before
             it is dropped.
+        max_pending_handshakes: connections authenticated at the same time; beyond it the
+            oldest pending one is cut off.
 
     Example:
         >>> with TCPRendezvousServer(world_size=1, token="s3cret") as server:
@@ -58,13 +67,15 @@ class TCPRendezvousServer:
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, *, world_size: int,
                  token: str | bytes | None = None, ssl_context=None,
-                 handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT):
+                 handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
+                 max_pending_handshakes: int = MAX_PENDING_HANDSHAKES):
         if int(world_size) < 1:
             raise DistributedError(f"world_size must be at least 1, got {world_size}")
         require_token_off_loopback(host, token, "the rendezvous server")
         self.host, self.world_size = host, int(world_size)
         self.handshake_timeout = float(handshake_timeout)
-        self.refusals: list[tuple[str, str]] = []  # (peer address, reason), for diagnostics
+        # (peer address, reason) of the latest refusals, for diagnostics
+        self.refusals: deque[tuple[str, str]] = deque(maxlen=KEPT_REFUSALS)
         self._key = token_key(token)
         self._ssl_context = ssl_context
         self._lock = threading.Lock()
@@ -72,6 +83,8 @@ class TCPRendezvousServer:
         self._closed = threading.Event()
         self._listener = listen(host, port)
         self.port = self._listener.getsockname()[1]
+        self.handshakes = PendingHandshakes(max_pending_handshakes,
+                                            name=f"everyo-rendezvous-{self.port}-handshake")
         self._thread = threading.Thread(target=self._accept_loop, daemon=True,
                                         name=f"everyo-rendezvous-{self.port}")
         self._thread.start()
@@ -88,6 +101,7 @@ class TCPRendezvousServer:
             pass
         self._listener.close()
         self._thread.join(timeout=5)
+        self.handshakes.close()
         with self._lock:
             for sock, _, _ in self._round.values():
                 sock.close()
@@ -109,7 +123,7 @@ class TCPRendezvousServer:
                 sock, address = self._listener.accept()
             except OSError:
                 return  # closed
-            threading.Thread(target=self._serve, args=(sock, address), daemon=True).start()
+            self.handshakes.start(sock, address, self._serve)
 
     def _refuse(self, sock: socket.socket, peer: str, reason: str, tell: bool) -> None:
         log.warning("rendezvous %s:%d refused %s: %s", self.host, self.port, peer, reason)
@@ -122,7 +136,7 @@ class TCPRendezvousServer:
                 pass
         sock.close()
 
-    def _serve(self, sock: socket.socket, address) -> None:
+    def _serve(self, sock: socket.socket, address, finished) -> None:
         peer = f"{address[0]}:{address[1]}"
         deadline = time.monotonic() + self.handshake_timeout
         try:
@@ -131,7 +145,13 @@ class TCPRendezvousServer:
             accept_handshake(sock, self._key, self.handshake_timeout)
             registration = read_control(sock, deadline, FrameKind.REGISTER)
         except Exception as exc:  # wrong token, garbage, timeout: drop it, keep serving
+            if self._closed.is_set():  # cut off by close(): not a refusal worth reporting
+                sock.close()
+                return
             self._refuse(sock, peer, f"{type(exc).__name__}: {exc}", tell=False)
+            return
+        if not finished():  # cut off by a flood of newer connections meanwhile
+            sock.close()
             return
         rank, world_size, port = (registration.get(k) for k in ("rank", "world_size", "port"))
         if not all(isinstance(v, int) and not isinstance(v, bool) for v in (rank, world_size, port)):

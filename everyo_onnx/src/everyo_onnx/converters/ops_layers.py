@@ -27,7 +27,7 @@ def convert_layer_norm_op(ctx, x, weight=None, bias=None, ndims=1, eps=1e-5):
     trailing = ctx.shape(x)[-ndims:]
     if weight is None:
         weight = ctx.constant(np.ones(trailing, np.float32), "weight")
-    return layer_norm_nodes(ctx, x, weight, bias, ndims, int(np.prod(trailing)), eps)
+    return layer_norm_nodes(ctx, x, weight, bias, ndims, eps)
 
 
 def _pads(pads) -> list[int]:

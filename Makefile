@@ -37,7 +37,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/run_all.py
 
 lint: $(STAMP)
-	$(BIN)/python -m pip install --quiet ruff
+	$(BIN)/python -m pip install --quiet ruff==0.17.6  # pinned: a new release may add checks
 	$(BIN)/ruff check .
 
 typecheck: $(STAMP)

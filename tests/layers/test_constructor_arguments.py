@@ -133,6 +133,8 @@ def test_numpy_integers_and_floats_are_accepted():
     (lambda: eo.Linear(0, 3), "Linear: in_features must be a positive int, got 0"),
     (lambda: eo.LayerNorm(4, eps=-1.0), "LayerNorm: eps must be a non-negative number"),
     (lambda: eo.ELU(float("nan")), "ELU: alpha must be a finite number"),
+    (lambda: eo.ELU(10 ** 400), "ELU: alpha must be a finite number"),  # no float holds it
+    (lambda: eo.Softplus(threshold=np.float64("inf")), "Softplus: threshold must be a finite"),
     (lambda: eo.CrossEntropyLoss(label_smoothing=1.5),
      r"CrossEntropyLoss: label_smoothing must be a number in \[0, 1\]"),
     (lambda: eo.Dropout(1.0), r"Dropout: p must be in \[0, 1\)"),

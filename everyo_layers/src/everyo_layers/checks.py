@@ -3,6 +3,8 @@ with clear errors naming the layer, the argument and, for inputs, both shapes.""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from everyo import EveryOError, Tensor
@@ -47,7 +49,12 @@ def _is_int(value) -> bool:
 
 
 def _is_real(value) -> bool:
-    return (_is_int(value) or isinstance(value, (float, np.floating))) and bool(np.isfinite(value))
+    if not (_is_int(value) or isinstance(value, (float, np.floating))):
+        return False
+    try:  # NOTE: np.isfinite has no loop for Python ints beyond int64 (raw TypeError)
+        return math.isfinite(float(value))
+    except OverflowError:  # an int too large for a float is no finite float either
+        return False
 
 
 #: kind -> (type test, range test, what the error says is expected)

@@ -182,3 +182,34 @@ def test_function_defined_below_the_first_spawn_gets_a_hint(tmp_path, clean_shm)
                           timeout=120)
     assert done.returncode != 0
     assert "define worker functions above it" in done.stderr
+
+
+def test_a_failed_resize_of_shared_memory_leaves_no_segment(clean_shm):
+    """Rank 0 creates the larger data segment, then times out waiting for rank 1 to map it:
+    the new segment's name must not stay in /dev/shm while rank 0's process lives on."""
+    import threading
+
+    from everyo_dist.backends.shm.group import ShmTransport
+    from everyo_dist.contract import Collective
+    from everyo_dist.errors import CollectiveTimeoutError
+
+    job = segments.new_job_id()
+    name = segments.segment_name(job, "ctl")
+    transports = [None, None]
+
+    def join(rank):
+        transports[rank] = ShmTransport(rank, 2, name, Collective.starting(rank, 2, 10.0))
+
+    threads = [threading.Thread(target=join, args=(rank,)) for rank in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(15)
+    try:
+        with pytest.raises(CollectiveTimeoutError):  # rank 1 never comes to the resize
+            transports[0]._ensure_capacity(Collective.starting(0, 2, 0.3), 1 << 20)
+        assert segments.our_segments(job) == []
+    finally:
+        for transport in transports:
+            if transport is not None:
+                transport.close()

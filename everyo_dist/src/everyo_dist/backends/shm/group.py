@@ -252,10 +252,17 @@ class ShmTransport:
         name = segment_name(self._job, f"d{self._generation}", owner_pid=self._pids[0])
         size = (self.world_size + 1) * capacity
         data = Segment(name, size, create=True) if self.rank == 0 else None
-        self._arrive_and_wait(call, "rank 0 to allocate shared memory")
-        if data is None:
-            data = Segment(name, size, create=False)
-        self._arrive_and_wait(call, "every rank to map the new shared memory")
+        try:
+            self._arrive_and_wait(call, "rank 0 to allocate shared memory")
+            if data is None:
+                data = Segment(name, size, create=False)
+            self._arrive_and_wait(call, "every rank to map the new shared memory")
+        except BaseException:  # a peer died or timed out: its name must not outlive rank 0
+            if self.rank == 0:
+                unlink(name)
+            if data is not None:
+                data.close()
+            raise
         if self.rank == 0:
             unlink(name)
         if self._data is not None:

@@ -141,3 +141,17 @@ def test_wire_compression_is_refused_rather_than_ignored():
     with pytest.raises(DistributedError, match="no wire compression"):
         dist.init(backend="tcp_hierarchical", rank=0, world_size=1, master_addr="127.0.0.1",
                   master_port=1, wire_dtype="float16")
+
+
+def test_a_leaders_address_from_the_start_up_exchange_is_checked():
+    from everyo_dist.backends.hierarchical.group import _leader_address
+
+    def padded(host: bytes):
+        return np.frombuffer(host.ljust(64, b"\0"), np.uint8)
+
+    assert _leader_address(2, np.int64([0, 4242, 7, 99]), padded(b"10.0.0.2")) == \
+        ("10.0.0.2", 4242)
+    for record, host in [([0, 70000, 7, 99], b"10.0.0.2"), ([0, 0, 7, 99], b"10.0.0.2"),
+                         ([0, 4242, 7, 99], b"\xff\xfe"), ([0, 4242, 7, 99], b"")]:
+        with pytest.raises(DistributedError, match="leader rank 2 sent an invalid address"):
+            _leader_address(2, np.int64(record), padded(host))

@@ -246,6 +246,17 @@ class HierarchicalTransport:
                 part.close()
 
 
+def _leader_address(rank: int, record, address) -> tuple[str, int]:
+    """Leader ``rank``'s ``(host, port)`` from its start-up record, checked: a peer's bytes
+    never reach ``connect`` (or a decoder) unvalidated."""
+    host = bytes(address).rstrip(b"\0")
+    port = int(record[1])
+    if not 0 < port < 65536 or not host or not host.isascii() or b"\0" in host:
+        raise DistributedError(f"tcp_hierarchical: leader rank {rank} sent an invalid "
+                               f"address {host!r}:{port} in the start-up exchange")
+    return host.decode("ascii"), port
+
+
 def create_hierarchical_group(rank: int, world_size: int, local_rank: int | None = None,
                               master_addr: str | None = None, master_port: int | None = None,
                               token: str | None = None, timeout: float | None = None,
@@ -322,8 +333,8 @@ def create_hierarchical_group(rank: int, world_size: int, local_rank: int | None
         machine = next(m for m in machines if rank in m)
         joining = Collective.starting(rank, world_size, timeout)
         if leads and len(machines) > 1:
-            peers = [(bytes(addresses[m.start]).rstrip(b"\0").decode("ascii"),
-                      int(records[m.start][1])) for m in machines]
+            peers = [_leader_address(m.start, records[m.start], addresses[m.start])
+                     for m in machines]
             to_next, from_prev = _connect_ring(
                 machines.index(machine), len(machines), peers, listener, token_key(token),
                 joining.deadline, handshake_timeout, client_context, server_context)

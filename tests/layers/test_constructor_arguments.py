@@ -142,3 +142,10 @@ def test_numpy_integers_and_floats_are_accepted():
 def test_values_out_of_range_are_refused_too(build, problem):
     with pytest.raises(eo.EveryOError, match=problem):
         build()
+
+
+def test_a_numpy_pair_is_a_pair():
+    # PyTorch takes kernel_size=np.array([3, 3]); a NumPy pair of floats is still refused.
+    assert eo.Conv2D(1, 2, np.array([3, 3]), seed=0).kernel_size == (3, 3)
+    with pytest.raises(eo.EveryOError, match="kernel_size"):
+        eo.Conv2D(1, 2, np.array([3.5, 3.0]))

@@ -117,6 +117,8 @@ def pair(value, name: str) -> tuple:
     :class:`LayerArgumentError` naming ``name``."""
     if _is_int(value):
         return int(value), int(value)
+    if isinstance(value, np.ndarray) and value.ndim == 1:
+        value = tuple(value.tolist())  # a NumPy pair, as PyTorch accepts
     if isinstance(value, (tuple, list)) and len(value) == 2 and all(map(_is_int, value)):
         return int(value[0]), int(value[1])
     raise LayerArgumentError(f"{name} must be an int or a pair of ints, got {value!r}")

@@ -86,15 +86,20 @@ class Einsum(Op):
             raise EveryOError(f"einsum {equation!r} on shapes {self.shapes}: {exc}") from None
         return narrow(out, result_dtype(*xs)) if half else out
 
+    def _plans(self):
+        """``(i, plan)`` for each operand, ``plan`` None where no gradient is wanted."""
+        for i, needed in enumerate(self.needs_input_grad):
+            yield i, (operand_grad_plan(i, self.terms, self.output, self.shapes)
+                      if needed else None)
+
     def backward(self, g):
         xs = self.saved
         grads = []
-        for i, needed in enumerate(self.needs_input_grad):
-            if not needed:
+        for i, plan in self._plans():
+            if plan is None:
                 grads.append(None)
                 continue
-            equation, produced, missing, unique = operand_grad_plan(
-                i, self.terms, self.output, self.shapes)
+            equation, produced, missing, unique = plan
             others = [widen(x) for j, x in enumerate(xs) if j != i]
             # (a 16-bit gradient comes back in float32; the engine rounds it to the operand's)
             grad = np.einsum(equation, widen(g), *others, optimize=len(others) > 1)
@@ -109,12 +114,11 @@ class Einsum(Op):
 
     def backward_graph(self, g, out):
         grads = []
-        for i, needed in enumerate(self.needs_input_grad):
-            if not needed:
+        for i, plan in self._plans():
+            if plan is None:
                 grads.append(None)
                 continue
-            equation, produced, missing, unique = operand_grad_plan(
-                i, self.terms, self.output, self.shapes)
+            equation, produced, missing, unique = plan
             others = [x for j, x in enumerate(self.parents) if j != i]
             grad = dispatch("einsum", g, *others, equation=equation)
             own = dict(zip(self.terms[i], self.shapes[i]))

@@ -69,6 +69,12 @@ class Op:
     backward_graph = None
     #: ``composite(self, *inputs) -> Tensor``: forward written with differentiable EveryO ops.
     composite = None
+    #: ``backward_parts(self, g)``: a generator yielding ``(operand index, gradient)`` one
+    #: operand at a time, parameters' gradients first. With hooks registered the engine
+    #: finalises a leaf (accumulates it, runs its post-accumulate hooks) as soon as its part
+    #: arrives, before the op computes the rest. ``backward`` must return the same arrays:
+    #: write it as ``return gradients_from_parts(self, g)``.
+    backward_parts = None
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -103,6 +109,26 @@ class Op:
             op.attrs = attrs
             return Tensor._make(out, True, op)
         return Tensor._make(out, False, None)
+
+
+def gradients_from_parts(op: Op, g: np.ndarray) -> tuple:
+    """``op.backward(g)`` assembled from ``op.backward_parts(g)``: one gradient (or None) per
+    operand, so the two cannot disagree.
+
+    Example:
+        >>> class Add(Op):
+        ...     __slots__ = ()
+        ...     def forward(self, a, b): return a + b
+        ...     def backward_parts(self, g): yield 1, g; yield 0, g
+        ...     def backward(self, g): return gradients_from_parts(self, g)
+        >>> op = object.__new__(Add); op.needs_input_grad = (True, True)
+        >>> [float(x) for x in op.backward(np.float32(2))]
+        [2.0, 2.0]
+    """
+    grads: list = [None] * len(op.needs_input_grad)
+    for index, gradient in op.backward_parts(g):
+        grads[index] = gradient
+    return tuple(grads)
 
 
 def _no_common_dtype(name: str, tensors: tuple) -> str:
@@ -266,8 +292,7 @@ def run_backward(root: Tensor, grad=None, retain_graph: bool | None = None,
                 if previous is not None:
                     leaves[id(t)] = (t, previous[1] + gi)
                 else:  # copied now: a later backward may be handed the same array
-                    shared = gi is g or not gi.flags.owndata
-                    leaves[id(t)] = (t, np.array(gi, copy=True) if shared else gi)
+                    leaves[id(t)] = (t, np.array(gi, copy=True) if shared(gi, g) else gi)
             else:
                 key = id(ctx)
                 if ctx.epoch != now:
@@ -279,6 +304,13 @@ def run_backward(root: Tensor, grad=None, retain_graph: bool | None = None,
             op.parents = None
     for t, gi in leaves.values():
         _accumulate_leaf(t, gi, copy=False)
+
+
+def shared(gi: np.ndarray, g: np.ndarray) -> bool:
+    """True when an op's gradient ``gi`` may alias other memory: ``g`` passed through, or a
+    view. A leaf's ``.grad`` must then be a copy, so that an in-place update of one ``.grad``
+    never changes another array."""
+    return gi is g or not gi.flags.owndata
 
 
 def root_gradient(root: Tensor, grad) -> np.ndarray:

@@ -24,6 +24,7 @@ Example:
 from __future__ import annotations
 
 from everyo.autograd import _as_tensors as as_tensors
+from everyo.autograd import gradients_from_parts
 from everyo.dtypes import HALF_DTYPES, is_floating, resolve_dtype
 from everyo.half_precision import narrow, widen
 from everyo.ops.einsum import parse_equation as parse_einsum_equation
@@ -33,5 +34,6 @@ from everyo.ops.reduction import log_softmax_array
 from everyo.ops.unary import keep_where, stable_sigmoid
 
 __all__ = ["HALF_DTYPES", "as_tensors", "blas_matmul", "broadcast_tensor", "expand_reduced",
-           "is_floating", "keep_where", "log_softmax_array", "narrow", "parse_einsum_equation",
-           "resolve_dtype", "stable_sigmoid", "swap_last", "unbroadcast_tensor", "widen"]
+           "gradients_from_parts", "is_floating", "keep_where", "log_softmax_array", "narrow",
+           "parse_einsum_equation", "resolve_dtype", "stable_sigmoid", "swap_last",
+           "unbroadcast_tensor", "widen"]

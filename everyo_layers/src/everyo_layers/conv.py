@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from everyo import EveryOError, Module, Op, dispatch
-from everyo.kernels import HALF_DTYPES, blas_matmul, narrow, widen
+from everyo.kernels import HALF_DTYPES, blas_matmul, gradients_from_parts, narrow, widen
 from everyo_layers.checks import argument, check_float, check_groups
 from everyo_layers.initializers import fan_in_bound, layer_generator, uniform_parameter
 from everyo_layers.padding import output_size, resolve_padding
@@ -79,21 +79,24 @@ class Conv2DOp(Op):
         return views.reshape(-1, kh * kw * cin)
 
     def backward(self, g):
+        return gradients_from_parts(self, g)
+
+    def backward_parts(self, g):
+        # NOTE: the weight and bias first: with hooks registered (data-parallel training) the
+        # engine finalises them before the costlier input gradient is computed.
         cols, w2 = self.saved
         needs = self.needs_input_grad
         g2 = g.reshape(-1, g.shape[-1])
-        gx = gw = gb = None
         if needs[1]:
             if g.dtype in HALF_DTYPES:  # cols holds the 16-bit input: regather it in float32
-                gw = narrow(np.matmul(self._columns(widen(cols)).T, widen(g2)),
-                            g.dtype).reshape(self.w_shape)
+                yield 1, narrow(np.matmul(self._columns(widen(cols)).T, widen(g2)),
+                                g.dtype).reshape(self.w_shape)
             else:
-                gw = blas_matmul(cols.T, g2).reshape(self.w_shape)
+                yield 1, blas_matmul(cols.T, g2).reshape(self.w_shape)
         if len(needs) > 2 and needs[2]:
-            gb = _sum_rows(g2)
+            yield 2, _sum_rows(g2)
         if needs[0]:
-            gx = self._input_grad(g2, w2)
-        return gx, gw, gb
+            yield 0, self._input_grad(g2, w2)
 
     def _input_grad(self, g2: np.ndarray, w2: np.ndarray) -> np.ndarray:
         """The input's gradient: one batched matmul gives, per kernel position, the gradient

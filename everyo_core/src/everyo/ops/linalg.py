@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from everyo.autograd import Op, unbroadcast
+from everyo.autograd import Op, gradients_from_parts, unbroadcast
 from everyo.dispatch import dispatch
 from everyo.dtypes import HALF_DTYPES, result_dtype
 from everyo.errors import EveryOError
@@ -68,9 +68,15 @@ class MatMul(Op):
         return out if bias is None else out + bias
 
     def backward(self, g):
+        return gradients_from_parts(self, g)
+
+    def backward_parts(self, g):
+        # NOTE: the bias, then b (a Linear layer's weight), then a: a weight's gradient is
+        # final, and can be sent by data-parallel training, before the input's is computed.
         a, b = self.saved
-        na, nb = self.needs_input_grad[:2]
-        ga = gb = gbias = None
+        needs = self.needs_input_grad
+        if len(needs) > 2 and needs[2]:
+            yield 2, unbroadcast(g, self.bias_shape)
         a2 = a[None, :] if a.ndim == 1 else a
         b2 = b[:, None] if b.ndim == 1 else b
         g2 = g
@@ -78,12 +84,7 @@ class MatMul(Op):
             g2 = g2[..., None]
         if a.ndim == 1:
             g2 = np.expand_dims(g2, -2)
-        if na:
-            ga = blas_matmul(g2, np.swapaxes(b2, -1, -2))
-            ga = unbroadcast(ga, a2.shape)
-            if ga.shape != a.shape:
-                ga = ga.reshape(a.shape)
-        if nb:
+        if needs[1]:
             if b2.ndim == 2 and a2.ndim > 2:
                 # NOTE: one big GEMM over the flattened batch instead of a batched product.
                 # (explicit row counts: reshape(-1, 0) is ambiguous when the inner size is 0)
@@ -93,9 +94,13 @@ class MatMul(Op):
                 gb = unbroadcast(blas_matmul(np.swapaxes(a2, -1, -2), g2), b2.shape)
             if gb.shape != b.shape:  # NOTE: a same-shape reshape is a view, which the engine
                 gb = gb.reshape(b.shape)  # would copy again before storing it in a leaf's .grad
-        if len(self.needs_input_grad) > 2 and self.needs_input_grad[2]:
-            gbias = unbroadcast(g, self.bias_shape)
-        return ga, gb, gbias
+            yield 1, gb
+        if needs[0]:
+            ga = blas_matmul(g2, np.swapaxes(b2, -1, -2))
+            ga = unbroadcast(ga, a2.shape)
+            if ga.shape != a.shape:
+                ga = ga.reshape(a.shape)
+            yield 0, ga
 
     def backward_graph(self, g, out):
         a, b = self.parents[:2]

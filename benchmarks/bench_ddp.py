@@ -10,7 +10,7 @@ veth pair, each end shaped to 1 Gbit/s by a token-bucket qdisc), one rank each, 
   one intra-op thread (the reference; benchmark-only dependency).
 
 Needs root and iproute2 (``ip netns``, ``tc``); prints why and stops otherwise. Run:
-``python benchmarks/bench_ddp.py [--steps 5] [--only mlp_large]``.
+``python benchmarks/bench_ddp.py [--steps 5] [--only mlp_large] [--bucket-cap-mb 25,4]``.
 """
 
 from __future__ import annotations
@@ -47,6 +47,14 @@ class TwoHosts:
     def __enter__(self):
         for name in self.names:
             _ip("netns", "add", name)
+            # NOTE: `ip netns exec` bind-mounts /etc/netns/<name>/hosts over /etc/hosts. Gloo
+            # looks up the name of every peer address; without an entry (and no DNS in the
+            # namespace) the lookup fails ("The hostname of the client socket cannot be
+            # retrieved. err=-3") and the PyTorch worker aborted.
+            folder = Path("/etc/netns") / name
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "hosts").write_text("127.0.0.1 localhost\n" + "".join(
+                f"{address} {host}\n" for address, host in zip(ADDRESSES, self.names)))
         _ip("link", "add", self.devices[0], "netns", self.names[0], "type", "veth", "peer",
             "name", self.devices[1], "netns", self.names[1])
         for name, address, device in zip(self.names, ADDRESSES, self.devices):
@@ -61,6 +69,7 @@ class TwoHosts:
     def __exit__(self, *exc):
         for name in self.names:
             _ip("netns", "del", name, check=False)
+            shutil.rmtree(Path("/etc/netns") / name, ignore_errors=True)
 
 
 def _run_pair(hosts: TwoHosts, argv: list[str]) -> dict:
@@ -155,26 +164,29 @@ def worker_torch(case, rank: int, steps: int, device: str, bucket_cap_mb: float)
     import torch.distributed as tdist
 
     torch.set_num_threads(1)
-    os.environ["GLOO_SOCKET_IFNAME"] = device
+    os.environ.update(GLOO_SOCKET_IFNAME=device, MASTER_ADDR=ADDRESSES[0], MASTER_PORT="29612")
     tdist.init_process_group("gloo", init_method=f"tcp://{ADDRESSES[0]}:29612", rank=rank,
                              world_size=2)
-    torch.manual_seed(0)
-    model = torch.nn.parallel.DistributedDataParallel(case.torch_model(torch),
-                                                      bucket_cap_mb=bucket_cap_mb)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    x, y = case.make_batch(np.random.default_rng(rank))
-    inputs = torch.from_numpy(case.to_torch_layout(x))
-    targets = torch.from_numpy(y)
+    try:
+        torch.manual_seed(0)
+        model = torch.nn.parallel.DistributedDataParallel(case.torch_model(torch),
+                                                          bucket_cap_mb=bucket_cap_mb)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        x, y = case.make_batch(np.random.default_rng(rank))
+        inputs = torch.from_numpy(case.to_torch_layout(x))
+        targets = torch.from_numpy(y)
 
-    def step():
-        optimizer.zero_grad()
-        torch.nn.functional.cross_entropy(model(inputs), targets).backward()
-        optimizer.step()
+        def step():
+            optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(model(inputs), targets).backward()
+            optimizer.step()
 
-    times = sorted(_timed(step, steps, tdist.barrier) for _ in range(ROUNDS))
-    result = {"torch_ddp": times[len(times) // 2]}
-    tdist.destroy_process_group()
-    return result
+        times = sorted(_timed(step, steps, tdist.barrier) for _ in range(ROUNDS))
+        return {"torch_ddp": times[len(times) // 2]}
+    finally:
+        # NOTE: a process that exits with the gloo group alive aborts in its threads'
+        # destructors ("terminate called without an active exception")
+        tdist.destroy_process_group()
 
 
 def main() -> None:
@@ -185,39 +197,39 @@ def main() -> None:
     parser.add_argument("--case", default="mlp_large")
     parser.add_argument("--only", default="mlp_large,cnn_cifar")
     parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--bucket-cap-mb", type=float, default=25.0,
-                        help="for both DDPs (PyTorch's default 25)")
+    parser.add_argument("--bucket-cap-mb", default="25",
+                        help="comma-separated caps, each run for both DDPs (PyTorch's default "
+                             "25); e.g. 25,4")
     args = parser.parse_args()
     from bench_training import CASES
 
     cases = {case.name: case for case in CASES}
     if args.worker:
-        case = cases[args.case]
+        case, cap = cases[args.case], float(args.bucket_cap_mb)
         if args.worker == "everyo":
-            print(json.dumps(worker_everyo(case, args.rank, args.steps, args.bucket_cap_mb)))
+            print(json.dumps(worker_everyo(case, args.rank, args.steps, cap)))
         else:
-            print(json.dumps(worker_torch(case, args.rank, args.steps, args.device,
-                                          args.bucket_cap_mb)))
+            print(json.dumps(worker_torch(case, args.rank, args.steps, args.device, cap)))
         return
     if shutil.which("ip") is None or shutil.which("tc") is None or os.geteuid() != 0:
         raise SystemExit("bench_ddp needs root and iproute2 (ip netns, tc)")
-    print(f"2 ranks, one per network namespace, link shaped to {RATE} each way; "
-          f"bucket_cap_mb={args.bucket_cap_mb:g}; one BLAS/"
-          f"intra-op thread per rank; machine shared with other jobs (loaded)")
-    print(f"{'case':<10} {'MB':>6} {'compute':>9} {'comm':>8} {'DDP':>8} {'seq':>8} "
-          f"{'torch':>8}  {'DDP/max':>8} {'DDP/torch':>9}")
+    print(f"2 ranks, one per network namespace, link shaped to {RATE} each way; one BLAS/"
+          f"intra-op thread per rank; load average {os.getloadavg()[0]:.1f} at the start")
+    print(f"{'case':<10} {'cap MB':>6} {'MB':>6} {'compute':>9} {'comm':>8} {'DDP':>8} "
+          f"{'seq':>8} {'torch':>8}  {'DDP/max':>8} {'DDP/torch':>9}")
     with TwoHosts() as hosts:
         for name in args.only.split(","):
-            common = ["--case", name, "--steps", str(args.steps),
-                      "--bucket-cap-mb", str(args.bucket_cap_mb)]
-            ours = _run_pair(hosts, ["everyo", *common])
-            reference = _run_pair(hosts, ["torch", *common])
-            bound = max(ours["compute"], ours["comm"])
-            print(f"{name:<10} {ours['megabytes']:6.1f} {ours['compute'] * 1e3:7.0f}ms "
-                  f"{ours['comm'] * 1e3:6.0f}ms {ours['ddp'] * 1e3:6.0f}ms "
-                  f"{ours['sequential'] * 1e3:6.0f}ms {reference['torch_ddp'] * 1e3:6.0f}ms  "
-                  f"{ours['ddp'] / bound:7.2f}x {ours['ddp'] / reference['torch_ddp']:8.2f}x",
-                  flush=True)
+            for cap in args.bucket_cap_mb.split(","):
+                common = ["--case", name, "--steps", str(args.steps), "--bucket-cap-mb", cap]
+                ours = _run_pair(hosts, ["everyo", *common])
+                reference = _run_pair(hosts, ["torch", *common])
+                bound = max(ours["compute"], ours["comm"])
+                print(f"{name:<10} {float(cap):6g} {ours['megabytes']:6.1f} "
+                      f"{ours['compute'] * 1e3:7.0f}ms {ours['comm'] * 1e3:6.0f}ms "
+                      f"{ours['ddp'] * 1e3:6.0f}ms {ours['sequential'] * 1e3:6.0f}ms "
+                      f"{reference['torch_ddp'] * 1e3:6.0f}ms  {ours['ddp'] / bound:7.2f}x "
+                      f"{ours['ddp'] / reference['torch_ddp']:8.2f}x", flush=True)
+    print(f"load average {os.getloadavg()[0]:.1f} at the end")
 
 
 if __name__ == "__main__":

@@ -57,12 +57,25 @@ def test_buckets_follow_reverse_registration_order_and_the_cap():
 
     layers = [eo.Linear(64, 64, seed=i) for i in range(3)]  # 16 KB weight + 256 B bias each
     params = [p for layer in layers for p in layer.parameters()]
-    buckets = _buckets(params, cap_bytes=20_000)
+    buckets = _buckets(params, cap_bytes=16_700, first_cap_bytes=300)
     flattened = [p for bucket in buckets for p in bucket.params]
     assert [id(p) for p in flattened] == [id(p) for p in reversed(params)]
-    assert len(buckets) == 3
-    assert all(sum(p.data.nbytes for p in b.params) <= 20_000 or len(b.params) == 1
-               for b in buckets)
+    # PyTorch's rule: a bucket closes once it holds at least its limit (the first one's own)
+    sizes = [[p.data.nbytes for p in b.params] for b in buckets]
+    assert sizes == [[256, 16384], [256, 16384, 256], [16384]]
+
+
+def test_the_first_bucket_is_one_mebibyte_so_a_large_last_layer_leaves_alone():
+    from everyo_dist.ddp import FIRST_BUCKET_BYTES, _buckets
+
+    # mlp-shaped: 8 MiB, 16 MiB and a small head; the 16 MiB weight must not wait for the first
+    model = eo.Sequential(eo.Linear(1024, 2048, seed=0), eo.Linear(2048, 2048, seed=1),
+                          eo.Linear(2048, 10, seed=2))
+    params = list(model.parameters())
+    buckets = _buckets(params, cap_bytes=25 * 1024 * 1024)
+    assert FIRST_BUCKET_BYTES == 1024 * 1024
+    assert [[p.shape for p in b.params] for b in buckets] == [
+        [(10,), (2048, 10), (2048,), (2048, 2048)], [(2048,), (1024, 2048)]]
 
 
 def test_a_parameter_used_only_by_a_later_forward_before_backward_is_averaged():

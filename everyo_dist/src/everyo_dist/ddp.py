@@ -58,18 +58,34 @@ class _Bucket:
                 target, copy=False)
 
 
-def _buckets(params: list, cap_bytes: int) -> list[_Bucket]:
-    """Reverse registration order, split at ``cap_bytes`` and wherever the dtype changes."""
+#: The first bucket's limit, as PyTorch's ``_DEFAULT_FIRST_BUCKET_BYTES``: the last layers'
+#: gradients, final first, leave early instead of waiting for a full bucket_cap_mb.
+FIRST_BUCKET_BYTES = 1024 * 1024
+
+
+def _buckets(params: list, cap_bytes: int,
+             first_cap_bytes: int = FIRST_BUCKET_BYTES) -> list[_Bucket]:
+    """Reverse registration order. As in PyTorch, a bucket closes once it holds at least its
+    limit (``first_cap_bytes`` for the first, ``cap_bytes`` after), and wherever the dtype
+    changes: a gradient larger than the limit closes the bucket it joins, so it never waits
+    for the next parameter."""
     buckets, current, size = [], [], 0
+
+    def close() -> None:
+        nonlocal current, size
+        buckets.append(_Bucket(len(buckets), [p for p, _ in current], current[0][1]))
+        current, size = [], 0
+
     for param in reversed(params):
         dtype = (param.grad if param.grad is not None else param.data).dtype
-        if current and (size + param.data.nbytes > cap_bytes or current[0][1] != dtype):
-            buckets.append(_Bucket(len(buckets), [p for p, _ in current], current[0][1]))
-            current, size = [], 0
+        if current and current[0][1] != dtype:
+            close()
         current.append((param, dtype))
         size += param.data.nbytes
+        if size >= (first_cap_bytes if not buckets else cap_bytes):
+            close()
     if current:
-        buckets.append(_Bucket(len(buckets), [p for p, _ in current], current[0][1]))
+        close()
     return buckets
 
 
@@ -132,12 +148,14 @@ class DistributedDataParallel:
         self.bucket_cap_mb = bucket_cap_mb
         self._params = [p for p in module.parameters() if p.requires_grad]
         self._by_id = {id(p): p for p in self._params}
+        self._names = {id(p): name for name, p in module.named_parameters()}
         self._cap = int(bucket_cap_mb * 1024 * 1024)
         self._buckets: list[_Bucket] | None = None
         self._bucket_of: dict[int, _Bucket] = {}
         self._outputs: list = []
         self._expected: set[int] = set()
         self._armed = False
+        self._started = False  # a hook of the armed reduction has run
         self._accumulating = False  # the last forward ran inside no_sync()
         self._sync = True
         self._next_launch = 0
@@ -156,6 +174,8 @@ class DistributedDataParallel:
     def forward(self, *args, **kwargs):
         """Run the module; the backward that follows averages its gradients (unless inside
         :meth:`no_sync`)."""
+        if self._armed and self._started and is_grad_enabled():
+            raise self._unfinished()
         output = self.module(*args, **kwargs)
         if not is_grad_enabled():  # evaluation: no backward follows, nothing to average
             return output
@@ -227,12 +247,25 @@ class DistributedDataParallel:
                     "parameters without a forward through the wrapper (or a second backward "
                     "through the same forward); call the wrapper, once per backward")
             return  # a forward inside no_sync, or none yet: plain accumulation
+        self._started = True
         bucket = self._bucket_of[id(param)]
         bucket.pending.discard(id(param))
         self._expected.discard(id(param))
         self._launch_ready()  # this bucket, or buckets of unused parameters before it
         if not self._expected:
             self._finish()
+
+    def _unfinished(self) -> DistributedError:
+        names = sorted(self._names.get(key, f"<parameter of shape {self._by_id[key].shape}>")
+                       for key in self._expected)
+        shown = ", ".join(names[:10]) + (f" and {len(names) - 10} more" if len(names) > 10 else "")
+        return DistributedError(
+            f"DistributedDataParallel: expected to have finished reduction in the prior "
+            f"iteration before starting a new one: its backward never produced gradients for "
+            f"{shown}, so their buckets were never all-reduced and this rank's gradients are "
+            f"not averaged. Every output of the forwards since the last completed backward "
+            f"must be part of the loss that is backwarded (a forward whose loss is skipped, "
+            f"e.g. on a NaN, is fine only if the next backward reaches the same parameters)")
 
     def _launch_ready(self) -> None:
         """Hand the communication thread every ready bucket, strictly in bucket order."""
@@ -244,7 +277,7 @@ class DistributedDataParallel:
 
     def _finish(self) -> None:
         """Wait for every bucket and write the averages back into ``.grad``."""
-        self._armed, self._outputs = False, []
+        self._armed, self._started, self._outputs = False, False, []
         for bucket in self._buckets:
             bucket.done.wait()
         if self._error is not None:

@@ -144,15 +144,6 @@ def _walk(roots, starts, retain_graph, create_graph, inputs, stop_at_inputs, acc
         previous = pending.get(key)
         pending[key] = g if previous is None else previous + g
 
-    def deliver(op, t, gi, g) -> None:
-        """Operand ``t``'s gradient ``gi`` from ``op``'s backward of output gradient ``g``."""
-        dtype = gi.data.dtype if create_graph else gi.dtype  # (Tensor.dtype is a name)
-        if dtype != t.data.dtype:
-            gi = gi.astype(t.data.dtype)
-        if gi.shape != t.data.shape:
-            raise_shape_mismatch(op, gi.shape, t.data.shape)
-        arrive(t, gi, create_graph or shared(gi, g))
-
     def finish(key) -> None:
         entry = leaves.pop(key, None)
         if entry is not None:
@@ -174,9 +165,11 @@ def _walk(roots, starts, retain_graph, create_graph, inputs, stop_at_inputs, acc
         by_step.setdefault(i, []).append(key)
     for key in [k for k in leaves if k not in final_at]:  # roots that are leaves
         finish(key)
-    # An op with backward_parts finalises such a leaf as soon as the leaf's last part arrives:
+    # With post-accumulate hooks (the only observers of when a leaf is final) an op with
+    # backward_parts finalises a leaf as soon as the leaf's last part arrives:
     # step -> {id(leaf): parts still to come from that op}.
-    early: dict = {} if create_graph else _early_leaves(order, by_step)
+    early: dict = _early_leaves(order, by_step) if (
+        accumulate and run_hooks and hooks.post_accumulate_hooks and not create_graph) else {}
 
     for i, op in enumerate(order):
         g = pending.pop(id(op), None)
@@ -190,25 +183,26 @@ def _walk(roots, starts, retain_graph, create_graph, inputs, stop_at_inputs, acc
             if op.epoch != now:
                 check_saved(op)
             waiting = early.get(i)
-            if waiting is not None:
-                parents, needs = op.parents, op.needs_input_grad
-                for index, gi in op.backward_parts(g):
-                    if not needs[index] or gi is None:
-                        continue
-                    t = parents[index]
-                    deliver(op, t, gi, g)
-                    left = waiting.get(id(t))
-                    if left is not None:
-                        waiting[id(t)] = left - 1
-                        if left == 1:
-                            finish(id(t))
-            else:
+            if waiting is None:
                 grads = _graph_vjp(op, g, out) if create_graph else op.backward(g)
-                if type(grads) is not tuple:
-                    grads = (grads,)
-                for t, gi, needed in zip(op.parents, grads, op.needs_input_grad):
-                    if needed and gi is not None:
-                        deliver(op, t, gi, g)
+                parts = enumerate(grads if type(grads) is tuple else (grads,))
+            else:
+                parts = op.backward_parts(g)
+            parents, needs = op.parents, op.needs_input_grad
+            for index, gi in parts:
+                if gi is None or not needs[index]:
+                    continue
+                t = parents[index]
+                dtype = gi.data.dtype if create_graph else gi.dtype  # (Tensor.dtype is a name)
+                if dtype != t.data.dtype:
+                    gi = gi.astype(t.data.dtype)
+                if gi.shape != t.data.shape:
+                    raise_shape_mismatch(op, gi.shape, t.data.shape)
+                arrive(t, gi, create_graph or shared(gi, g))
+                if waiting is not None and id(t) in waiting:
+                    waiting[id(t)] -= 1
+                    if not waiting[id(t)]:
+                        finish(id(t))
             if not retain_graph:
                 op.saved = _released
                 op.parents = None

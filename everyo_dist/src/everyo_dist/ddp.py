@@ -41,13 +41,15 @@ class _Bucket:
 
     def flatten(self) -> np.ndarray:
         """The parameters' gradients in one vector; a missing gradient is zeros."""
-        flat = np.zeros(self.offsets[-1], self.dtype)
+        flat = np.empty(self.offsets[-1], self.dtype)
         for param, start, stop in zip(self.params, self.offsets, self.offsets[1:]):
-            if param.grad is not None:
-                if param.grad.shape != param.data.shape:
-                    raise DistributedError(f"DistributedDataParallel: a parameter of shape "
-                                           f"{param.data.shape} has a gradient of shape "
-                                           f"{param.grad.shape}")
+            if param.grad is None:
+                flat[start:stop] = 0
+            elif param.grad.shape != param.data.shape:
+                raise DistributedError(f"DistributedDataParallel: a parameter of shape "
+                                       f"{param.data.shape} has a gradient of shape "
+                                       f"{param.grad.shape}")
+            else:
                 flat[start:stop] = param.grad.reshape(-1)
         return flat
 
@@ -236,7 +238,6 @@ class DistributedDataParallel:
         # NOTE: no bucket is launched before backward starts: another forward through the
         # wrapper may still use a parameter that this one does not reach.
         if not self._expected:  # backward will run no hook: finish here
-            self._launch_ready()
             self._finish()
 
     def _on_grad_ready(self, param) -> None:
@@ -251,8 +252,9 @@ class DistributedDataParallel:
         bucket = self._bucket_of[id(param)]
         bucket.pending.discard(id(param))
         self._expected.discard(id(param))
-        self._launch_ready()  # this bucket, or buckets of unused parameters before it
-        if not self._expected:
+        if self._expected:
+            self._launch_ready()  # this bucket, or buckets of unused parameters before it
+        else:
             self._finish()
 
     def _unfinished(self) -> DistributedError:
@@ -271,30 +273,37 @@ class DistributedDataParallel:
         """Hand the communication thread every ready bucket, strictly in bucket order."""
         while self._next_launch < len(self._buckets) and \
                 not self._buckets[self._next_launch].pending:
-            bucket = self._buckets[self._next_launch]
-            self._work.put((bucket, bucket.flatten()))
+            # NOTE: the communication thread copies the gradients into the bucket's vector:
+            # backward goes on at once (they are final, nothing writes them before _finish)
+            self._work.put(self._buckets[self._next_launch])
             self._next_launch += 1
 
     def _finish(self) -> None:
-        """Wait for every bucket and write the averages back into ``.grad``."""
+        """Reduce the buckets not handed over yet, wait for the others and write the averages
+        back into ``.grad``."""
         self._armed, self._started, self._outputs = False, False, []
-        for bucket in self._buckets:
+        handed = self._next_launch
+        self._next_launch = len(self._buckets)
+        for bucket in self._buckets[:handed]:
             bucket.done.wait()
         if self._error is not None:
             raise self._error
+        # NOTE: the last buckets are reduced here, on the training thread: nothing is left to
+        # overlap with, and a hand-over would add a thread wake-up to every step
+        for bucket in self._buckets[handed:]:
+            bucket.result = self.group.all_reduce_mean(bucket.flatten())
         for bucket in self._buckets:
             bucket.write_back()
             bucket.result = None
 
     def _communicate(self) -> None:
         while True:
-            item = self._work.get()
-            if item is None:
+            bucket = self._work.get()
+            if bucket is None:
                 return
-            bucket, flat = item
             try:
                 if self._error is None:
-                    bucket.result = self.group.all_reduce_mean(flat)
+                    bucket.result = self.group.all_reduce_mean(bucket.flatten())
             except BaseException as exc:  # re-raised on the training thread
                 self._error = exc
             finally:

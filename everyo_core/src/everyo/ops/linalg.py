@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from everyo.autograd import Op, gradients_from_parts, unbroadcast
+from everyo.autograd import Op, unbroadcast
 from everyo.dispatch import dispatch
 from everyo.dtypes import HALF_DTYPES, result_dtype
 from everyo.errors import EveryOError
@@ -68,39 +68,53 @@ class MatMul(Op):
         return out if bias is None else out + bias
 
     def backward(self, g):
-        return gradients_from_parts(self, g)
+        needs = self.needs_input_grad
+        a2, b2, g2 = self._matrices(g)
+        return (self._a_grad(a2, b2, g2) if needs[0] else None,
+                self._b_grad(a2, b2, g2) if needs[1] else None,
+                unbroadcast(g, self.bias_shape) if len(needs) > 2 and needs[2] else None)
 
     def backward_parts(self, g):
         # NOTE: the bias, then b (a Linear layer's weight), then a: a weight's gradient is
         # final, and can be sent by data-parallel training, before the input's is computed.
-        a, b = self.saved
         needs = self.needs_input_grad
         if len(needs) > 2 and needs[2]:
             yield 2, unbroadcast(g, self.bias_shape)
+        a2, b2, g2 = self._matrices(g)
+        if needs[1]:
+            yield 1, self._b_grad(a2, b2, g2)
+        if needs[0]:
+            yield 0, self._a_grad(a2, b2, g2)
+
+    def _matrices(self, g) -> tuple:
+        """The saved operands and ``g`` with 1-D operands promoted to matrices, as forward
+        promoted them."""
+        a, b = self.saved
         a2 = a[None, :] if a.ndim == 1 else a
         b2 = b[:, None] if b.ndim == 1 else b
-        g2 = g
         if b.ndim == 1:
-            g2 = g2[..., None]
+            g = g[..., None]
         if a.ndim == 1:
-            g2 = np.expand_dims(g2, -2)
-        if needs[1]:
-            if b2.ndim == 2 and a2.ndim > 2:
-                # NOTE: one big GEMM over the flattened batch instead of a batched product.
-                # (explicit row counts: reshape(-1, 0) is ambiguous when the inner size is 0)
-                rows = a2.size // a2.shape[-1] if a2.shape[-1] else int(np.prod(a2.shape[:-1]))
-                gb = blas_matmul(a2.reshape(rows, a2.shape[-1]).T, g2.reshape(rows, g2.shape[-1]))
-            else:
-                gb = unbroadcast(blas_matmul(np.swapaxes(a2, -1, -2), g2), b2.shape)
-            if gb.shape != b.shape:  # NOTE: a same-shape reshape is a view, which the engine
-                gb = gb.reshape(b.shape)  # would copy again before storing it in a leaf's .grad
-            yield 1, gb
-        if needs[0]:
-            ga = blas_matmul(g2, np.swapaxes(b2, -1, -2))
-            ga = unbroadcast(ga, a2.shape)
-            if ga.shape != a.shape:
-                ga = ga.reshape(a.shape)
-            yield 0, ga
+            g = np.expand_dims(g, -2)
+        return a2, b2, g
+
+    def _a_grad(self, a2, b2, g2) -> np.ndarray:
+        a = self.saved[0]
+        ga = unbroadcast(blas_matmul(g2, np.swapaxes(b2, -1, -2)), a2.shape)
+        return ga.reshape(a.shape) if ga.shape != a.shape else ga
+
+    def _b_grad(self, a2, b2, g2) -> np.ndarray:
+        b = self.saved[1]
+        if b2.ndim == 2 and a2.ndim > 2:
+            # NOTE: one big GEMM over the flattened batch instead of a batched product.
+            # (explicit row counts: reshape(-1, 0) is ambiguous when the inner size is 0)
+            rows = a2.size // a2.shape[-1] if a2.shape[-1] else int(np.prod(a2.shape[:-1]))
+            gb = blas_matmul(a2.reshape(rows, a2.shape[-1]).T, g2.reshape(rows, g2.shape[-1]))
+        else:
+            gb = unbroadcast(blas_matmul(np.swapaxes(a2, -1, -2), g2), b2.shape)
+        # NOTE: a same-shape reshape is a view, which the engine would copy again before
+        # storing it in a leaf's .grad
+        return gb.reshape(b.shape) if gb.shape != b.shape else gb
 
     def backward_graph(self, g, out):
         a, b = self.parents[:2]

@@ -1,0 +1,180 @@
+"""``Op.backward_parts``: with post-accumulate hooks registered, a parameter is finalised (its
+``.grad`` accumulated, its hooks run) as soon as its op has produced its gradient, before the
+op computes its other operands' gradients. Gradients, second derivatives and version-counter
+checks are exactly what they are without it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import everyo as eo
+from everyo.errors import EveryOError
+from everyo.ops import linalg
+
+RNG = np.random.default_rng(7)
+
+
+def _array(*shape):
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+def _record_matmuls(monkeypatch, events):
+    real = linalg.blas_matmul
+
+    def recording(a, b, bias=None):
+        events.append(f"matmul {a.shape}x{b.shape}")
+        return real(a, b, bias)
+
+    monkeypatch.setattr(linalg, "blas_matmul", recording)
+
+
+def test_a_weight_is_final_before_its_op_computes_the_input_gradient(monkeypatch):
+    x0 = eo.tensor(_array(4, 3), requires_grad=True)
+    weight = eo.Parameter(_array(3, 2))
+    bias = eo.Parameter(_array(2))
+    hidden = eo.tanh(x0)
+    out = eo.dispatch("matmul", hidden, weight, bias)
+    events: list = []
+    _record_matmuls(monkeypatch, events)
+    weight.register_post_accumulate_grad_hook(lambda p: events.append("weight final"))
+    bias.register_post_accumulate_grad_hook(lambda p: events.append("bias final"))
+    out.sum().backward()
+    # bias (no product), then the weight's product and its hook, then the input's product
+    assert events == ["bias final", "matmul (3, 4)x(4, 2)", "weight final",
+                      "matmul (4, 2)x(2, 3)"]
+
+
+def test_without_post_accumulate_hooks_the_order_is_the_plain_backward(monkeypatch):
+    weight = eo.Parameter(_array(3, 2))
+    x0 = eo.tensor(_array(4, 3), requires_grad=True)
+    out = eo.tanh(x0) @ weight
+    events: list = []
+    _record_matmuls(monkeypatch, events)
+    out.sum().backward()
+    assert events == ["matmul (4, 2)x(2, 3)", "matmul (3, 4)x(4, 2)"]
+    assert weight.grad is not None and x0.grad is not None
+
+
+def test_conv2d_weight_and_bias_are_final_before_the_input_gradient(monkeypatch):
+    from everyo_layers.conv import Conv2DOp
+
+    layers = eo.Sequential(eo.Conv2D(2, 3, 3, padding="same", seed=0), eo.ReLU(),
+                           eo.Conv2D(3, 4, 3, padding="same", seed=1))
+    second = layers[2]
+    events: list = []
+    real = Conv2DOp._input_grad
+
+    def recording(self, g2, w2):
+        events.append(f"input gradient of {self.w_shape}")
+        return real(self, g2, w2)
+
+    monkeypatch.setattr(Conv2DOp, "_input_grad", recording)
+    second.weight.register_post_accumulate_grad_hook(lambda p: events.append("weight final"))
+    second.bias.register_post_accumulate_grad_hook(lambda p: events.append("bias final"))
+    layers(eo.tensor(_array(2, 5, 5, 2))).sum().backward()
+    assert events == ["weight final", "bias final", "input gradient of (3, 3, 3, 4)"]
+
+
+def _model():
+    return eo.Sequential(eo.Conv2D(2, 3, 3, padding="same", seed=0), eo.ReLU(),
+                         eo.Flatten(), eo.Linear(3 * 4 * 4, 8, seed=1), eo.Tanh(),
+                         eo.Linear(8, 5, seed=2))
+
+
+def test_gradients_are_bit_identical_with_and_without_hooks():
+    x, y = _array(6, 4, 4, 2), RNG.integers(0, 5, 6)
+    grads = []
+    for hooked in (False, True):
+        model = _model()
+        params = list(model.parameters())
+        calls: list = []
+        handles = [p.register_post_accumulate_grad_hook(calls.append) for p in params] \
+            if hooked else []
+        for _ in range(2):  # the second backward accumulates into existing .grad
+            eo.cross_entropy(model(eo.tensor(x)), y).backward()
+        grads.append([p.grad.copy() for p in params])
+        for handle in handles:
+            handle.remove()
+        assert len(calls) == (2 * len(params) if hooked else 0)
+    for plain, hooked in zip(*grads):
+        assert plain.dtype == hooked.dtype and plain.tobytes() == hooked.tobytes()
+
+
+def test_a_leaf_used_twice_by_one_op_is_final_after_both_parts():
+    values = _array(3, 3)
+    results = []
+    for hooked in (False, True):
+        w = eo.Parameter(values)
+        calls: list = []
+        if hooked:
+            w.register_post_accumulate_grad_hook(lambda p: calls.append(p.grad.copy()))
+        (w @ w).sum().backward()
+        results.append(w.grad)
+        if hooked:
+            assert len(calls) == 1 and calls[0].tobytes() == w.grad.tobytes()
+    assert results[0].tobytes() == results[1].tobytes()
+
+
+def test_second_derivatives_are_unchanged_by_registered_hooks():
+    x = eo.tensor(_array(5, 3).astype(np.float64))
+    values = _array(3, 2).astype(np.float64)
+    found = []
+    for hooked in (False, True):
+        w = eo.Parameter(values)
+        if hooked:
+            w.register_post_accumulate_grad_hook(lambda p: None)
+        (gw,) = eo.grad(eo.tanh(x @ w).sum(), w, create_graph=True)
+        (hessian_row,) = eo.grad((gw * gw).sum(), w)
+        found.append(hessian_row.data)
+    assert found[0].tobytes() == found[1].tobytes()
+    assert eo.gradgradcheck(lambda a, b: eo.tanh(a @ b), x.data[:2], values)
+
+
+def test_a_weight_modified_in_place_after_forward_still_raises_and_runs_no_hook():
+    weight = eo.Parameter(_array(3, 2))
+    x0 = eo.tensor(_array(4, 3), requires_grad=True)
+    calls: list = []
+    weight.register_post_accumulate_grad_hook(calls.append)
+    out = eo.tanh(x0) @ weight
+    with eo.no_grad():
+        weight.add_(1.0)
+    with pytest.raises(EveryOError, match="modified in place"):
+        out.sum().backward()
+    assert calls == [] and weight.grad is None
+
+
+def test_hooked_gradients_of_two_leaves_fed_the_same_array_are_independent():
+    a, b = eo.Parameter(_array(3)), eo.Parameter(_array(3))
+    a.register_post_accumulate_grad_hook(lambda p: None)
+    (a + b).sum().backward()  # add's backward passes one array to both operands
+    assert a.grad is not b.grad
+    a.grad += 1.0
+    assert not np.array_equal(a.grad, b.grad)
+
+
+def test_backward_is_assembled_from_backward_parts():
+    from everyo.kernels import gradients_from_parts
+
+    class Swap(eo.Op):
+        __slots__ = ()
+        saved_inputs = ()
+        saves_output = False
+
+        def forward(self, a, b):
+            return a * 2 + b * 3
+
+        def backward_parts(self, g):
+            yield 1, g * 3
+            yield 0, g * 2
+
+        def backward(self, g):
+            return gradients_from_parts(self, g)
+
+    a, b = eo.Parameter(_array(2)), eo.Parameter(_array(2))
+    order: list = []
+    a.register_post_accumulate_grad_hook(lambda p: order.append("a"))
+    b.register_post_accumulate_grad_hook(lambda p: order.append("b"))
+    Swap.apply(a, b).sum().backward()
+    assert order == ["b", "a"]
+    assert a.grad.tolist() == [2.0, 2.0] and b.grad.tolist() == [3.0, 3.0]

@@ -108,7 +108,7 @@ def test_a_leaf_used_twice_by_one_op_is_final_after_both_parts():
         w = eo.Parameter(values)
         calls: list = []
         if hooked:
-            w.register_post_accumulate_grad_hook(lambda p: calls.append(p.grad.copy()))
+            w.register_post_accumulate_grad_hook(lambda p, calls=calls: calls.append(p.grad.copy()))
         (w @ w).sum().backward()
         results.append(w.grad)
         if hooked:

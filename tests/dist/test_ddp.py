@@ -116,3 +116,44 @@ def test_ddp_matches_average_gradients_with_tied_weights_and_accumulation():
                       timeout=60)
     for rank in range(2):
         _same_bits(ddp[rank], reference[rank])
+
+
+class _TwoBranches(eo.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = eo.Linear(2, 1, seed=0)
+        self.extra = eo.Linear(2, 1, seed=1)
+
+    def forward(self, x, use_extra: bool):
+        return self.body(x) + self.extra(x) if use_extra else self.body(x)
+
+
+def test_a_forward_after_an_unfinished_reduction_raises_naming_the_parameters():
+    with init(backend="shm", rank=0, world_size=1) as group:
+        model = _TwoBranches()
+        ddp = DistributedDataParallel(model, group, bucket_cap_mb=1e-6)
+        try:
+            ddp(eo.ones((3, 2)), True)  # its loss is skipped (say, a NaN): no backward
+            ddp(eo.ones((3, 2)), False).sum().backward()  # never reaches `extra`
+            with pytest.raises(DistributedError, match=r"(?s)expected to have finished "
+                               r"reduction in the prior iteration.*extra\.bias, extra\.weight"):
+                ddp(eo.ones((3, 2)), False)
+        finally:
+            ddp.close()
+
+
+def test_a_skipped_backward_is_harmless_when_the_next_one_reaches_the_same_parameters():
+    grads = []
+    for skip in (False, True):
+        with init(backend="shm", rank=0, world_size=1) as group:
+            model = _TwoBranches()
+            ddp = DistributedDataParallel(model, group)
+            try:
+                if skip:
+                    ddp(eo.full((3, 2), fill_value=float("nan")), True)  # forward only
+                ddp(eo.ones((3, 2)), True).sum().backward()
+                ddp(eo.ones((3, 2)), True).sum().backward()  # the next step runs normally
+                grads.append([p.grad.tobytes() for p in model.parameters()])
+            finally:
+                ddp.close()
+    assert grads[0] == grads[1]

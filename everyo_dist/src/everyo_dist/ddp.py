@@ -284,14 +284,16 @@ class DistributedDataParallel:
         self._armed, self._started, self._outputs = False, False, []
         handed = self._next_launch
         self._next_launch = len(self._buckets)
+        # NOTE: the last buckets are reduced here, on the training thread: nothing is left to
+        # overlap with, and a hand-over would add a thread wake-up to every step. They are
+        # copied out while the earlier buckets are still on the wire, so the link never waits.
+        remaining = [(bucket, bucket.flatten()) for bucket in self._buckets[handed:]]
         for bucket in self._buckets[:handed]:
             bucket.done.wait()
         if self._error is not None:
             raise self._error
-        # NOTE: the last buckets are reduced here, on the training thread: nothing is left to
-        # overlap with, and a hand-over would add a thread wake-up to every step
-        for bucket in self._buckets[handed:]:
-            bucket.result = self.group.all_reduce_mean(bucket.flatten())
+        for bucket, flat in remaining:
+            bucket.result = self.group.all_reduce_mean(flat)
         for bucket in self._buckets:
             bucket.write_back()
             bucket.result = None

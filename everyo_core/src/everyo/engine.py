@@ -166,8 +166,7 @@ def _walk(roots, starts, retain_graph, create_graph, inputs, stop_at_inputs, acc
     for key in [k for k in leaves if k not in final_at]:  # roots that are leaves
         finish(key)
     # With post-accumulate hooks (the only observers of when a leaf is final) an op with
-    # backward_parts finalises a leaf as soon as the leaf's last part arrives:
-    # step -> {id(leaf): parts still to come from that op}.
+    # backward_parts finalises a leaf as soon as its part arrives: step -> ids of those leaves.
     early: dict = _early_leaves(order, by_step) if (
         accumulate and run_hooks and hooks.post_accumulate_hooks and not create_graph) else {}
 
@@ -200,9 +199,7 @@ def _walk(roots, starts, retain_graph, create_graph, inputs, stop_at_inputs, acc
                     raise_shape_mismatch(op, gi.shape, t.data.shape)
                 arrive(t, gi, create_graph or shared(gi, g))
                 if waiting is not None and id(t) in waiting:
-                    waiting[id(t)] -= 1
-                    if not waiting[id(t)]:
-                        finish(id(t))
+                    finish(id(t))
             if not retain_graph:
                 op.saved = _released
                 op.parents = None
@@ -214,18 +211,21 @@ def _walk(roots, starts, retain_graph, create_graph, inputs, stop_at_inputs, acc
 
 
 def _early_leaves(order: list, by_step: dict) -> dict:
-    """step -> {id(leaf): how many of the op's operands are that leaf} for the ops with
-    ``backward_parts`` that are the last to use some leaf."""
+    """step -> ids of the leaves that step's op finalises, for the ops with ``backward_parts``
+    whose operands are distinct tensors.
+
+    NOTE: an op given one tensor twice (``w @ w``) runs its plain ``backward``: its parts could
+    reach that tensor in another order than ``backward``'s, and with a third contribution the
+    float sum would round differently.
+    """
     early: dict = {}
     for i, keys in by_step.items():
         op = order[i]
         if type(op).backward_parts is None:
             continue
-        counts = dict.fromkeys(keys, 0)
-        for t, needed in zip(op.parents, op.needs_input_grad):
-            if needed and id(t) in counts:
-                counts[id(t)] += 1
-        early[i] = counts
+        parents = op.parents
+        if len({id(t) for t in parents}) == len(parents):
+            early[i] = set(keys)
     return early
 
 

@@ -1,11 +1,14 @@
 """``DistributedDataParallel``: gradient averaging that overlaps the rest of backward.
 
-Gradients are grouped into buckets of about ``bucket_cap_mb`` megabytes, in reverse
-registration order (roughly the order backward finishes them). A post-accumulate-grad hook
-marks a parameter ready; once a bucket's parameters are all ready it is copied into one flat
-buffer and all-reduced on a communication thread while backward carries on with the earlier
-layers. The hook of the last parameter backward reaches waits for the outstanding buckets and
-writes the averages back, so ``.grad`` is averaged when ``backward()`` returns.
+Gradients are grouped into buckets in reverse registration order (roughly the order backward
+finishes them), with PyTorch's rule: the first bucket closes at 1 MiB, the others at
+``bucket_cap_mb`` MiB, each as soon as it reaches its limit. A post-accumulate-grad hook marks
+a parameter ready (``Linear`` and ``Conv2D`` hand over their weights' gradients before their
+inputs', see ``Op.backward_parts``); once a bucket's parameters are all ready a communication
+thread copies their gradients into one flat vector and all-reduces it while backward carries
+on with the earlier layers. The hook of the last parameter backward reaches reduces the
+remaining buckets itself, waits for the others and writes the averages back, so ``.grad`` is
+averaged when ``backward()`` returns.
 
 The averages are exactly :func:`~everyo_dist.gradients.average_gradients`'s: the reduction is
 element-wise, so cutting the vector into buckets changes no bit. A parameter the forward did
@@ -127,7 +130,8 @@ class DistributedDataParallel:
     Args:
         module: the model (an ``eo.Module``); call the wrapper instead of the module.
         group: the process group (from ``spawn``, ``init``, ...).
-        bucket_cap_mb: megabytes of gradients per all-reduce (PyTorch's default, 25).
+        bucket_cap_mb: MiB of gradients per all-reduce (PyTorch's name, meaning and
+            default, 25); the first bucket closes at 1 MiB, as in PyTorch.
 
     Example:
         >>> import everyo as eo

@@ -29,7 +29,7 @@ ADDRESSES = ("10.79.0.1", "10.79.0.2")
 RATE = "1gbit"
 ROUNDS = 3
 ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1",
-           PYTHONPATH=str(HERE))
+           PYTHONPATH=os.pathsep.join(filter(None, (str(HERE), os.environ.get("PYTHONPATH")))))
 
 
 def _ip(*args, check=True):

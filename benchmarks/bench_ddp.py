@@ -27,7 +27,6 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ADDRESSES = ("10.79.0.1", "10.79.0.2")
 RATE = "1gbit"
-ROUNDS = 3
 ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1",
            PYTHONPATH=os.pathsep.join(filter(None, (str(HERE), os.environ.get("PYTHONPATH")))))
 
@@ -97,7 +96,7 @@ def _timed(step, steps: int, sync=None) -> float:
     return (time.perf_counter() - start) / steps
 
 
-def worker_everyo(case, rank: int, steps: int, bucket_cap_mb: float) -> dict:
+def worker_everyo(case, rank: int, steps: int, bucket_cap_mb: float, rounds: int) -> dict:
     import numpy as np
 
     import everyo as eo
@@ -147,7 +146,7 @@ def worker_everyo(case, rank: int, steps: int, bucket_cap_mb: float) -> dict:
              "sequential": lambda: _timed(sequential, steps, group.barrier),
              "ddp": overlapped_block}
     samples = {name: [] for name in modes}
-    for _ in range(ROUNDS):  # alternating rounds: every mode sees the same machine load
+    for _ in range(rounds):  # alternating rounds: every mode sees the same machine load
         for name, measure in modes.items():
             samples[name].append(measure())
     result = {name: sorted(times)[len(times) // 2] for name, times in samples.items()}
@@ -158,7 +157,8 @@ def worker_everyo(case, rank: int, steps: int, bucket_cap_mb: float) -> dict:
     return result
 
 
-def worker_torch(case, rank: int, steps: int, device: str, bucket_cap_mb: float) -> dict:
+def worker_torch(case, rank: int, steps: int, device: str, bucket_cap_mb: float,
+                 rounds: int) -> dict:
     import numpy as np
     import torch
     import torch.distributed as tdist
@@ -181,7 +181,7 @@ def worker_torch(case, rank: int, steps: int, device: str, bucket_cap_mb: float)
             torch.nn.functional.cross_entropy(model(inputs), targets).backward()
             optimizer.step()
 
-        times = sorted(_timed(step, steps, tdist.barrier) for _ in range(ROUNDS))
+        times = sorted(_timed(step, steps, tdist.barrier) for _ in range(rounds))
         return {"torch_ddp": times[len(times) // 2]}
     finally:
         # NOTE: a process that exits with the gloo group alive aborts in its threads'
@@ -197,6 +197,8 @@ def main() -> None:
     parser.add_argument("--case", default="mlp_large")
     parser.add_argument("--only", default="mlp_large,cnn_cifar")
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=5,
+                        help="alternating rounds per mode; each mode's median is reported")
     parser.add_argument("--bucket-cap-mb", default="25",
                         help="comma-separated caps, each run for both DDPs (PyTorch's default "
                              "25); e.g. 25,4")
@@ -207,9 +209,10 @@ def main() -> None:
     if args.worker:
         case, cap = cases[args.case], float(args.bucket_cap_mb)
         if args.worker == "everyo":
-            print(json.dumps(worker_everyo(case, args.rank, args.steps, cap)))
+            print(json.dumps(worker_everyo(case, args.rank, args.steps, cap, args.rounds)))
         else:
-            print(json.dumps(worker_torch(case, args.rank, args.steps, args.device, cap)))
+            print(json.dumps(worker_torch(case, args.rank, args.steps, args.device, cap,
+                                          args.rounds)))
         return
     if shutil.which("ip") is None or shutil.which("tc") is None or os.geteuid() != 0:
         raise SystemExit("bench_ddp needs root and iproute2 (ip netns, tc)")
@@ -220,7 +223,8 @@ def main() -> None:
     with TwoHosts() as hosts:
         for name in args.only.split(","):
             for cap in args.bucket_cap_mb.split(","):
-                common = ["--case", name, "--steps", str(args.steps), "--bucket-cap-mb", cap]
+                common = ["--case", name, "--steps", str(args.steps), "--bucket-cap-mb", cap,
+                          "--rounds", str(args.rounds)]
                 ours = _run_pair(hosts, ["everyo", *common])
                 reference = _run_pair(hosts, ["torch", *common])
                 bound = max(ours["compute"], ours["comm"])

@@ -4,9 +4,9 @@ Gradients are grouped into buckets in reverse registration order (roughly the or
 finishes them), with PyTorch's rule: the first bucket closes at 1 MiB, the others at
 ``bucket_cap_mb`` MiB, each as soon as it reaches its limit. A post-accumulate-grad hook marks
 a parameter ready (``Linear`` and ``Conv2D`` hand over their weights' gradients before their
-inputs', see ``Op.backward_parts``); once a bucket's parameters are all ready a communication
-thread copies their gradients into one flat vector and all-reduces it while backward carries
-on with the earlier layers. The hook of the last parameter backward reaches reduces the
+inputs', see ``Op.backward_parts``); once a bucket's parameters are all ready their gradients
+are copied into one flat vector, which a communication thread all-reduces while backward
+carries on with the earlier layers. The hook of the last parameter backward reaches reduces the
 remaining buckets itself, waits for the others and writes the averages back, so ``.grad`` is
 averaged when ``backward()`` returns.
 
@@ -277,9 +277,11 @@ class DistributedDataParallel:
         """Hand the communication thread every ready bucket, strictly in bucket order."""
         while self._next_launch < len(self._buckets) and \
                 not self._buckets[self._next_launch].pending:
-            # NOTE: the communication thread copies the gradients into the bucket's vector:
-            # backward goes on at once (they are final, nothing writes them before _finish)
-            self._work.put(self._buckets[self._next_launch])
+            # NOTE: copied here, on the training thread (as PyTorch's autograd thread copies
+            # into its buckets): with every core computing, a copy on the communication thread
+            # waits for a time slice, and the bucket leaves later
+            bucket = self._buckets[self._next_launch]
+            self._work.put((bucket, bucket.flatten()))
             self._next_launch += 1
 
     def _finish(self) -> None:
@@ -304,12 +306,13 @@ class DistributedDataParallel:
 
     def _communicate(self) -> None:
         while True:
-            bucket = self._work.get()
-            if bucket is None:
+            item = self._work.get()
+            if item is None:
                 return
+            bucket, flat = item
             try:
                 if self._error is None:
-                    bucket.result = self.group.all_reduce_mean(bucket.flatten())
+                    bucket.result = self.group.all_reduce_mean(flat)
             except BaseException as exc:  # re-raised on the training thread
                 self._error = exc
             finally:

@@ -111,7 +111,7 @@ class Op:
         return Tensor._make(out, False, None)
 
 
-def gradients_from_parts(op: Op, g: np.ndarray) -> tuple:
+def gradients_from_parts(op: Any, g: np.ndarray) -> tuple:
     """``op.backward(g)`` assembled from ``op.backward_parts(g)``: one gradient (or None) per
     operand, so the two cannot disagree.
 

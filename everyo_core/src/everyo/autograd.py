@@ -112,8 +112,13 @@ class Op:
 
 
 def gradients_from_parts(op: Any, g: np.ndarray) -> tuple:
-    """``op.backward(g)`` assembled from ``op.backward_parts(g)``: one gradient (or None) per
-    operand, so the two cannot disagree.
+    """``op.backward(g)`` assembled from ``op.backward_parts(g)``, so the two cannot disagree.
+
+    Args:
+        op: an op instance whose class defines ``backward_parts``.
+        g: the gradient with respect to the op's output.
+    Returns:
+        A tuple with one gradient (or None) per operand, as ``backward`` returns.
 
     Example:
         >>> class Add(Op):

@@ -30,9 +30,9 @@ import numpy as np
 from everyo_dist.backends.hierarchical.layout import hierarchy_pays, machines_of
 from everyo_dist.backends.shm.group import ShmTransport, check_store_ordering
 from everyo_dist.backends.shm.segments import new_job_id, segment_name, unlink
+from everyo_dist.backends.tcp.allreduce import chunk_bounds
 from everyo_dist.backends.tcp.auth import DEFAULT_HANDSHAKE_TIMEOUT, token_key
 from everyo_dist.backends.tcp.group import _connect_ring, init_tcp_process_group
-from everyo_dist.backends.tcp.allreduce import chunk_bounds
 from everyo_dist.backends.tcp.ring import Ring
 from everyo_dist.backends.tcp.sockets import listen
 from everyo_dist.backends.tcp.tls import tls_contexts_from_environment

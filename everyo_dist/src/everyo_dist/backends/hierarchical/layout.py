@@ -78,10 +78,10 @@ def hierarchical_bytes(count: int, machine_sizes, itemsize: int) -> int:
 def hierarchy_pays(count: int, machine_sizes, itemsize: int) -> bool:
     """Whether the hierarchical all-reduce sends fewer bytes over the busiest link than the
     flat ring: true for two machines of two ranks each, false once raw rows outweigh what the
-    flat ring sends (e.g. many machines).
+    flat ring sends (e.g. machines of 2, 1 and 1 ranks, or float64 on two machines of 3).
 
     Example:
-        >>> hierarchy_pays(10**6, [2, 2], 4), hierarchy_pays(10**6, [4, 4], 4)
+        >>> hierarchy_pays(10**6, [2, 2], 4), hierarchy_pays(10**6, [2, 1, 1], 4)
         (True, False)
     """
     if len(machine_sizes) == 1:

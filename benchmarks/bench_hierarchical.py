@@ -35,11 +35,10 @@ PORT = 29617
 
 def worker(megabytes: float, rounds: int) -> None:
     """One rank: time both algorithms on the same vector, alternating; rank 0 prints JSON."""
+    import _rotated_ring
     import numpy as np
 
     import everyo.distributed as dist
-
-    import _rotated_ring
 
     group = dist.init(hierarchy="always")
     transport = group.transport  # the choice is per call; switch it between rounds

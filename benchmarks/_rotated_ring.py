@@ -44,8 +44,7 @@ def rotated_all_reduce(ring, flat: np.ndarray, mean: bool, out: np.ndarray) -> n
         acc[:bounds[send_index + 1] - bounds[send_index]]
     partial = (incoming_raw if step == 0 else incoming_wide)[:bounds[owned + 1] - bounds[owned]]
     fold = Fold([(partial, 0), (chunk(flat, owned), None)], chunk(out, owned),
-                size if mean else 1, partial if partial.dtype == wide else
-                ring.scratch("rot_fold", wide, partial.size))
+                size if mean else 1)
     first_gathered = (owned - 1) % size
     ring.pump([(step, outgoing, None), (step + 1, chunk(out, owned), fold.ready_bytes)],
               [(step, partial), (step + 1, chunk(out, first_gathered))], fold.work)

@@ -11,7 +11,8 @@ bytes (:func:`plan`), which never changes the bits:
   visits cannot be added yet (they come *after* rank 0 in the sum), so it carries their raw
   rows; from rank 0 on it carries one float64 partial sum ``x0 + ... + xr`` (rank 0 sends
   ``x0`` itself, in the caller's dtype). The owner adds, in rank order, the partial sum, its
-  own row and the raw rows. With two ranks this is the classic ring (one row each way).
+  own row and the raw rows, in one pass while the last part (the partial sum) arrives. With
+  two ranks this is the classic ring (one row each way).
 - **chain** (large worlds, or float64 at four ranks and more, where raw rows would outweigh
   it): the whole vector streams ``0 -> 1 -> ... -> n-1`` as a float64 partial sum, each rank
   adding its row block by block as it arrives; rank ``n - 1`` finishes it and the result
@@ -104,57 +105,42 @@ def plan(count: int, size: int, itemsize: int) -> str:
 
 
 class Fold:
-    """Adds ``terms`` in order, element block by element block, as they arrive: ``out =
-    cast((t0 + t1 + ...) / divisor)`` with the sums in the accumulator dtype (float64, or int64
-    for integer results) — the arithmetic of :func:`reduce_rows`, so the bits are the same.
+    """Reduces ``rows`` (in rank order) into ``out`` block by block as the received ones
+    arrive: :func:`reduce_rows` itself, one pass over a cache-sized block of every row at a
+    time, so the bits are the canonical ones.
 
     Args:
-        terms: ``(array, frame)`` in summation order; ``frame`` is the index of the pump's
-            incoming frame the array is being received into, or None for a local array.
-        out: the destination (the accumulator itself for a partial sum to pass on).
-        divisor: what the sum is divided by (1 for a sum).
-        acc: work array of the accumulator dtype, as long as ``out``; may be ``terms[0]``'s
-            array (then the sum is accumulated in the receive buffer in place).
+        rows: ``(array, frame)`` in rank order; ``frame`` is the index of the pump's incoming
+            frame the array is being received into, or None for a local array.
+        out: the destination (may be a received row: each block is read before it is written).
+        divisor: what the sum is divided by (1 for a sum or a partial sum to pass on).
 
     ``work(received)`` is the pump's work callback; ``ready_bytes()`` how much of ``out`` is
     final (an outgoing frame sent while it is being computed).
     """
 
-    __slots__ = ("terms", "out", "divisor", "acc", "done", "scratch")
+    __slots__ = ("rows", "incoming", "out", "divisor", "done", "scratch")
 
-    def __init__(self, terms, out: np.ndarray, divisor: int, acc: np.ndarray):
-        self.terms, self.out, self.divisor, self.acc = terms, out, divisor, acc
-        self.done = [0] * len(terms)
+    def __init__(self, rows, out: np.ndarray, divisor: int):
+        self.rows = [array for array, _ in rows]
+        self.incoming = [(frame, array.itemsize) for array, frame in rows if frame is not None]
+        self.out, self.divisor, self.done = out, divisor, 0
         self.scratch = np.empty(2 * min(REDUCE_BLOCK, max(out.size, 1)),
                                 accumulator_dtype(out.dtype))
 
     def work(self, received) -> bool:
-        progressed, ahead = False, None  # ahead: how far the previous term is folded
-        for index, (array, frame) in enumerate(self.terms):
-            arrived = array.size if frame is None else min(received[frame] // array.itemsize,
-                                                            array.size)
-            limit = arrived if ahead is None else min(arrived, ahead)
-            start = self.done[index]
-            if limit > start and (limit - start >= _BLOCK or limit == array.size):
-                self._fold(index, start, limit)
-                self.done[index], progressed = limit, True
-            ahead = self.done[index]
-        return progressed
-
-    def _fold(self, index: int, start: int, stop: int) -> None:
-        """Add term ``index`` to the accumulator over ``start:stop``; the first term is read
-        where it lies (by the second), the last is divided and rounded into ``out``."""
-        if index == 0:
-            return
-        first = self.terms[0][0] if index == 1 and self.terms[0][0] is not self.acc \
-            else self.acc
-        last = index == len(self.terms) - 1
-        reduce_rows([first[start:stop], self.terms[index][0][start:stop]],
-                    (self.out if last else self.acc)[start:stop],
-                    self.divisor if last else 1, self.scratch)
+        arrived = min((received[frame] // itemsize for frame, itemsize in self.incoming),
+                      default=self.out.size)
+        arrived = min(arrived, self.out.size)
+        if arrived <= self.done or (arrived < self.out.size and arrived - self.done < _BLOCK):
+            return False  # wait for a whole block (or the end)
+        start, self.done = self.done, arrived
+        reduce_rows([row[start:arrived] for row in self.rows], self.out[start:arrived],
+                    self.divisor, self.scratch)
+        return True
 
     def ready_bytes(self) -> int:
-        return self.done[-1] * self.out.itemsize
+        return self.done * self.out.itemsize
 
 
 class _Relay:
@@ -208,15 +194,17 @@ def _ring(ring, flat: np.ndarray, mean: bool, out: np.ndarray) -> np.ndarray:
         send_chunk, recv_chunk = (rank - step) % size, (rank - step - 1) % size
         partial, rows = message_parts(send_chunk, rank, size)
         own = chunk(flat, send_chunk)
-        outgoing = ([] if partial is None else [own if partial == "raw" else held_partial]) + \
-            held_rows + ([own] if partial is None else [])
+        # raw rows first, the partial sum last: the owner reduces everything in one pass while
+        # the last frame arrives
+        outgoing = held_rows + ([own] if partial is None else
+                                [own if partial == "raw" else held_partial])
         partial, rows = message_parts(recv_chunk, ring.prev, size)
         length, parity = bounds[recv_chunk + 1] - bounds[recv_chunk], step % 2
         received_rows = ring.scratch(f"rows{parity}", flat.dtype, len(rows) * widest)
         received_rows = [received_rows[i * widest:i * widest + length] for i in range(len(rows))]
         received_partial = None if partial is None else \
             ring.scratch(f"{partial}{parity}", flat.dtype if partial == "raw" else wide, length)
-        incoming = ([] if partial is None else [received_partial]) + received_rows
+        incoming = received_rows + ([] if partial is None else [received_partial])
         sends = [(step * size + i, array, None) for i, array in enumerate(outgoing)]
         recvs = [(step * size + i, array) for i, array in enumerate(incoming)]
         own = chunk(flat, recv_chunk)
@@ -230,10 +218,9 @@ def _ring(ring, flat: np.ndarray, mean: bool, out: np.ndarray) -> np.ndarray:
             continue
         # Last step: the owned chunk is folded in rank order as its parts arrive and sent on
         # (the first all-gather step) as it is finished.
-        terms = ([] if partial is None else [(received_partial, 0)]) + [(own, None)] + \
-            [(row, len(recvs) - len(rows) + i) for i, row in enumerate(received_rows)]
-        acc = received_partial if partial == "wide" else ring.scratch("fold", wide, length)
-        fold = Fold(terms, chunk(out, recv_chunk), size if mean else 1, acc)
+        ordered = ([] if partial is None else [(received_partial, len(rows))]) + \
+            [(own, None)] + [(row, i) for i, row in enumerate(received_rows)]
+        fold = Fold(ordered, chunk(out, recv_chunk), size if mean else 1)
         gather = (size - 1) * size
         ring.pump(sends + [(gather, chunk(out, recv_chunk), fold.ready_bytes)],
                   recvs + [(gather, chunk(out, (recv_chunk - 1) % size))], fold.work)
@@ -255,11 +242,11 @@ def _chain(ring, flat: np.ndarray, mean: bool, out: np.ndarray) -> np.ndarray:
         return out
     partial = ring.scratch("chain", flat.dtype if rank == 1 else wide, flat.size)
     if rank == size - 1:
-        fold = Fold([(partial, 0), (flat, None)], out, size if mean else 1, partial)
+        fold = Fold([(partial, 0), (flat, None)], out, size if mean else 1)
         ring.pump([(1, out, fold.ready_bytes)], [(0, partial)], fold.work)
         return out
     acc = partial if rank > 1 else ring.scratch("wide", wide, flat.size)
-    relay = _Relay(1, Fold([(partial, 0), (flat, None)], acc, 1, acc))
+    relay = _Relay(1, Fold([(partial, 0), (flat, None)], acc, 1))
     forward = [(1, out, relay.ready_bytes)] if rank < size - 2 else []
     ring.pump([(0, acc, relay.fold.ready_bytes), *forward], [(0, partial), (1, out)],
               relay.work)

@@ -2,9 +2,9 @@
 
 Rank ``r`` sends only to ``next = (r + 1) % n`` and receives only from ``prev = (r - 1) % n``,
 each over its own connection, so one rank never reads and writes the same socket. Every step
-of a collective sends one frame and receives one frame *at the same time* (non-blocking
-sockets, one ``select`` loop): two ranks both pushing 20 MB at each other would otherwise
-deadlock on full kernel buffers.
+of a collective sends its frames and receives its frames *at the same time* (non-blocking
+sockets, one ``poll`` loop): two ranks both pushing 20 MB at each other would otherwise
+deadlock on full kernel buffers. The all-reduce's schedules are in ``allreduce.py``.
 
 Every received header is checked against the collective this rank is running (its
 fingerprint), so a rank that called something else is named in a ``CollectiveMismatchError``

@@ -73,6 +73,28 @@ def test_a_killed_rank_fails_every_rank_quickly_and_leaves_no_shared_memory(tmp_
     assert all("PeerLostError" in error for error in errors), errors
 
 
+def test_a_leader_dying_before_it_creates_its_machines_segment_fails_the_job_quickly(
+        tmp_path, clean_shm):
+    procs, outputs, seconds = _run("die_before_segment", [0, 1, 0, 1], tmp_path, timeout=60)
+    assert procs[2].returncode == -signal.SIGKILL
+    assert [proc.returncode for proc in (procs[0], procs[1], procs[3])] == [1, 1, 1], outputs
+    assert seconds < 20, f"the survivors took {seconds:.1f}s to fail (timeout is 60s)"
+    waiting = (tmp_path / "rank3.err").read_text()  # rank 3 waited for rank 2's segment
+    assert "PeerLostError" in waiting and "rank 2 was lost" in waiting, waiting
+    assert "exited before creating it" in waiting, waiting
+
+
+def test_ranks_passing_different_hierarchy_choices_fail_at_start_up_naming_them(tmp_path):
+    procs, outputs, seconds = _run("reduce", [0, 1, 0, 1], tmp_path,
+                                   hierarchy="auto,auto,auto,never", timeout=60)
+    assert [proc.returncode for proc in procs] == [1, 1, 1, 1], outputs
+    assert seconds < 20, f"the ranks took {seconds:.1f}s to fail (timeout is 60s)"
+    for rank in range(4):
+        error = (tmp_path / f"rank{rank}.err").read_text()
+        assert "every rank must pass the same hierarchy=" in error, error
+        assert "rank 2: 'auto', rank 3: 'never'" in error, error
+
+
 @pytest.mark.parametrize("tls", [False, True])
 def test_two_nodes_of_two_ranks_under_everyo_run(tmp_path, clean_shm, tls):
     env = launcher_environment()

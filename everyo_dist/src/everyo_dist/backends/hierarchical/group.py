@@ -258,6 +258,18 @@ def _leader_address(rank: int, record, address) -> tuple[str, int]:
     return host.decode("ascii"), port
 
 
+def _check_same_hierarchy(records) -> None:
+    """Every rank must run each all-reduce the same way: a rank on the flat ring and one in
+    the hierarchy would wait on different connections until the timeout, so a mixed
+    ``hierarchy=`` is refused at start-up, on every rank, with every rank's choice."""
+    choices = [int(r[4]) for r in records]
+    if len(set(choices)) > 1:
+        raise DistributedError(
+            "tcp_hierarchical: every rank must pass the same hierarchy=, got " + ", ".join(
+                f"rank {rank}: {HIERARCHY_CHOICES[c]!r}" if 0 <= c < len(HIERARCHY_CHOICES)
+                else f"rank {rank}: invalid ({c})" for rank, c in enumerate(choices)))
+
+
 def create_hierarchical_group(rank: int, world_size: int, local_rank: int | None = None,
                               master_addr: str | None = None, master_port: int | None = None,
                               token: str | None = None, timeout: float | None = None,
@@ -325,8 +337,9 @@ def create_hierarchical_group(rank: int, world_size: int, local_rank: int | None
         listener = listen(host, 0) if leads else None
         job = new_job_id() if leads else "0"
         record = np.int64([local_rank, listener.getsockname()[1] if leads else 0,
-                           int(job, 16), os.getpid()])
+                           int(job, 16), os.getpid(), HIERARCHY_CHOICES.index(hierarchy)])
         records = flat.all_gather(record)
+        _check_same_hierarchy(records)
         address = np.zeros(_HOST_BYTES, np.uint8)
         address[:len(host)] = np.frombuffer(host.encode("ascii"), np.uint8)
         addresses = flat.all_gather(address)

@@ -61,8 +61,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[3, 4, 6])
     parser.add_argument("--megabytes", type=float, default=16.0)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="3 and 4 ranks, 4 MB, 2 rounds")
     args = parser.parse_args()
+    if args.quick:
+        args.ranks, args.megabytes, args.rounds = [3, 4], 4.0, 2
     for world_size in args.ranks:
         load = os.getloadavg()[0]
         figures = spawn(time_variants, world_size, args=(args.megabytes, args.rounds),

@@ -192,7 +192,7 @@ def _ring(ring, flat: np.ndarray, mean: bool, out: np.ndarray) -> np.ndarray:
     held_partial, held_rows = None, []  # what the last step received, to pass on in this one
     for step in range(size - 1):
         send_chunk, recv_chunk = (rank - step) % size, (rank - step - 1) % size
-        partial, rows = message_parts(send_chunk, rank, size)
+        partial, _ = message_parts(send_chunk, rank, size)  # its rows: held_rows (+ own)
         own = chunk(flat, send_chunk)
         # raw rows first, the partial sum last: the owner reduces everything in one pass while
         # the last frame arrives
@@ -216,8 +216,9 @@ def _ring(ring, flat: np.ndarray, mean: bool, out: np.ndarray) -> np.ndarray:
                 reduce_rows([received_partial, own], held_partial)
             held_rows = received_rows
             continue
-        # Last step: the owned chunk is folded in rank order as its parts arrive and sent on
-        # (the first all-gather step) as it is finished.
+        # Last step: the owned chunk is reduced in rank order (partial sum, own row, raw rows)
+        # block by block while its last part arrives, and sent on (the first all-gather step)
+        # as it is finished.
         ordered = ([] if partial is None else [(received_partial, len(rows))]) + \
             [(own, None)] + [(row, i) for i, row in enumerate(received_rows)]
         fold = Fold(ordered, chunk(out, recv_chunk), size if mean else 1)

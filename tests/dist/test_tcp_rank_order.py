@@ -197,20 +197,27 @@ def _reduce_against(rank, world_size, vector, frames):
         next_end.close()
 
 
-# Rank 0 of 3 ranks, 9 float32 items (chunks of 3): step 0 brings chunk 2 as rank 2's raw row
-# (frame 0); step 1 brings chunk 1 as the raw rows of ranks 1 and 2 (frames 3 and 4).
+# 3 ranks, 9 float32 items (chunks of 3). Rank 0: step 0 brings chunk 2 as rank 2's raw row
+# (frame 0); step 1 brings chunk 1 as the raw rows of ranks 1 and 2 (frames 3 and 4). Rank 1:
+# step 1 brings chunk 2 as rank 2's raw row (frame 3) then rank 0's own row (frame 4). Rank 2:
+# step 1 brings chunk 0 as the float64 partial sum x0 + x1 (frame 3).
 _ROW = np.arange(3, dtype=np.float32)
+_X0 = (0, _ROW)  # what rank 1 receives first: rank 0's row of chunk 0
 
 
-@pytest.mark.parametrize("frames, problem", [
-    ([(0, _ROW), (3, _ROW), (4, _ROW.astype(np.float64))],
+@pytest.mark.parametrize("rank, frames, problem", [
+    (0, [(0, _ROW), (3, _ROW), (4, _ROW.astype(np.float64))],
      "rank 2 sent step 4 with 24 bytes (dtype code"),
-    ([(0, _ROW), (3, _ROW[:2]), (4, _ROW)], "rank 2 sent step 3 with 8 bytes"),
-    ([(0, _ROW), (3, _ROW), (5, _ROW)], "rank 2 sent step 5"),
-    ([(0, _ROW.astype(np.int32))], "expected step 0 with 12 bytes of float32"),
-], ids=["raw-row-in-another-dtype", "short-part", "extra-part", "wrong-first-row"])
-def test_every_part_of_a_ring_message_is_validated(frames, problem):
-    message = _reduce_against(0, 3, np.ones(9, np.float32), frames)
+    (0, [(0, _ROW), (3, _ROW[:2]), (4, _ROW)], "rank 2 sent step 3 with 8 bytes"),
+    (0, [(0, _ROW), (3, _ROW), (5, _ROW)], "rank 2 sent step 5"),
+    (0, [(0, _ROW.astype(np.int32))], "expected step 0 with 12 bytes of float32"),
+    (1, [_X0, (3, _ROW), (4, _ROW.astype(np.float64))],
+     "rank 0 sent step 4 with 24 bytes (dtype code"),
+    (2, [(0, _ROW), (3, _ROW)], "expected step 3 with 24 bytes of float64"),
+], ids=["raw-row-in-another-dtype", "short-part", "extra-part", "wrong-first-row",
+        "partial-in-float64-where-rank-0-sends-its-row", "partial-not-in-float64"])
+def test_every_part_of_a_ring_message_is_validated(rank, frames, problem):
+    message = _reduce_against(rank, 3, np.ones(9, np.float32), frames)
     assert problem in message, message
 
 

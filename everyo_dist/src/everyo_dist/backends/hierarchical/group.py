@@ -13,9 +13,9 @@ vector. An all-reduce runs in four steps:
    block by block while the owner is still reducing;
 4. each leader broadcasts the result inside its machine through shared memory.
 
-Raw rows cost ``k`` times the input's bytes where the flat ring sends float64 partial sums, so
-the hierarchy pays only for few ranks per machine and few machines (``layout.hierarchy_pays``);
-otherwise the same call runs on the flat tcp ring every rank also joined. Barrier, broadcast and
+Raw rows cost ``k`` times the input's bytes per machine, so the hierarchy pays only for few
+ranks per machine and few machines (``layout.hierarchy_pays``); otherwise the same call runs on
+the flat tcp ring every rank also joined, which sums in rank order too: the same bits. Barrier, broadcast and
 all-gather always use the flat ring. The pieces are the shm and tcp backends' own: the shared
 segments, the authenticated ring with its validated frames and ABORT relay, and the reduction.
 """

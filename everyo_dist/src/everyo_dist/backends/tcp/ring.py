@@ -60,6 +60,7 @@ from everyo_dist.fingerprint import Fingerprint
 
 _WOULD_BLOCK = (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
 _EMPTY = np.empty(0, dtype=np.uint8)
+_NO_STEP = 0xFFFFFFFF  # a step no frame carries: reading on only to catch an ABORT
 _ABORT_SECONDS = 2.0  # how long a failing rank tries to tell the next one why
 _KINDS = frozenset(int(kind) for kind in FrameKind)
 _RELAYED_ERRORS = {"CollectiveMismatchError": CollectiveMismatchError,
@@ -173,7 +174,10 @@ class Ring:
             progressed = work(incoming.received) if work is not None else False
             views = outgoing.views()
             if views:
-                progressed = self._send(outgoing, views) or progressed
+                try:
+                    progressed = self._send(outgoing, views) or progressed
+                except PeerLostError as error:
+                    raise self._cause_upstream(incoming, error) from None
             if not incoming.finished:
                 progressed = self._receive(incoming) or progressed
             if not progressed and (views or not incoming.finished):
@@ -194,6 +198,26 @@ class Ring:
         if sent:
             outgoing.advance(sent)
         return bool(sent)
+
+    def _cause_upstream(self, incoming: "Incoming", error: PeerLostError) -> Exception:
+        """Sending to next failed. Next may have stopped because a rank further round the ring
+        failed, whose ABORT is travelling towards this rank from prev: wait briefly for it, so
+        the error names the rank that failed first rather than next (which only gave up)."""
+        deadline = time.monotonic() + min(_ABORT_SECONDS, max(self.call.remaining(), 0.0))
+        while time.monotonic() < deadline:
+            if incoming.finished:  # read on: an ABORT header, if one comes
+                incoming = Incoming([(_NO_STEP, _EMPTY)])
+            try:
+                if not self._receive(incoming):
+                    poller = select.poll()
+                    poller.register(self.from_prev, select.POLLIN)
+                    poller.poll(50)
+            except DistributedError as cause:
+                relayed = getattr(cause, "relayed", False)
+                if relayed and getattr(cause, "rank", None) != self.next:
+                    return cause
+                break  # prev broke too, or reports next itself: this rank's view says it
+        return error
 
     def _receive(self, incoming: "Incoming") -> bool:
         """One non-blocking read from prev into the frame being received; whether anything
@@ -311,14 +335,17 @@ class Ring:
         message = f"{document['message']} (relayed by rank {self.prev})"
         kind = _RELAYED_ERRORS.get(document.get("error"), DistributedError)
         if kind is PeerLostError:
-            return PeerLostError(message, document.get("rank"))
-        if kind is CollectiveTimeoutError:
-            return CollectiveTimeoutError(message, document.get("missing_ranks", []))
-        if kind is DistributedError:
-            origin = document.get("origin")
-            message = f"{mine.describe() if mine else 'collective'}: rank " \
-                      f"{self.prev if origin is None else origin} failed: {message}"
-        return kind(message)
+            error = PeerLostError(message, document.get("rank"))
+        elif kind is CollectiveTimeoutError:
+            error = CollectiveTimeoutError(message, document.get("missing_ranks", []))
+        else:
+            if kind is DistributedError:
+                origin = document.get("origin")
+                message = f"{mine.describe() if mine else 'collective'}: rank " \
+                          f"{self.prev if origin is None else origin} failed: {message}"
+            error = kind(message)
+        error.relayed = True  # another rank's failure, not this rank's view of its links
+        return error
 
     # -- teardown --------------------------------------------------------------------------
     def abort(self, error: BaseException) -> None:

@@ -5,6 +5,7 @@ chain), sums and means, empty, short and long vectors; DistributedDataParallel o
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -76,9 +77,8 @@ def test_long_vectors_are_folded_block_by_block_to_the_same_bits():
 
 @pytest.mark.parametrize("wire", ["float16", "bfloat16"])
 def test_compressed_reductions_are_the_canonical_reduction_of_the_rounded_inputs(wire):
-    pytest.importorskip("ml_dtypes")
-    wire_dtype = np.dtype(wire) if wire == "float16" else np.dtype(
-        __import__("ml_dtypes").bfloat16)
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    wire_dtype = np.dtype(np.float16 if wire == "float16" else ml_dtypes.bfloat16)
     world_size, length = 3, 1001
 
     def job(group):
@@ -120,7 +120,7 @@ def _wide_over_mpi(world_size, outdir):
     done = subprocess.run([MPIEXEC, "-n", str(world_size), sys.executable,
                            str(HERE / "mpi_harness.py"), "wide", str(outdir)],
                           capture_output=True, text=True, timeout=120,
-                          env={**__import__("os").environ, "OMP_NUM_THREADS": "1",
+                          env={**os.environ, "OMP_NUM_THREADS": "1",
                                "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr
     results = []

@@ -10,7 +10,7 @@ veth pair, each end shaped to 1 Gbit/s by a token-bucket qdisc), one rank each, 
   one intra-op thread (the reference; benchmark-only dependency).
 
 Needs root and iproute2 (``ip netns``, ``tc``); prints why and stops otherwise. Run:
-``python benchmarks/bench_ddp.py [--steps 5] [--only mlp_large] [--bucket-cap-mb 25,4]``.
+``python benchmarks/bench_ddp.py [--steps 5] [--only mlp_large] [--bucket-cap-mb default,4]``.
 """
 
 from __future__ import annotations
@@ -96,7 +96,8 @@ def _timed(step, steps: int, sync=None) -> float:
     return (time.perf_counter() - start) / steps
 
 
-def worker_everyo(case, rank: int, steps: int, bucket_cap_mb: float, rounds: int) -> dict:
+def worker_everyo(case, rank: int, steps: int, bucket_cap_mb: float | None,
+                  rounds: int) -> dict:
     import numpy as np
 
     import everyo as eo
@@ -157,7 +158,7 @@ def worker_everyo(case, rank: int, steps: int, bucket_cap_mb: float, rounds: int
     return result
 
 
-def worker_torch(case, rank: int, steps: int, device: str, bucket_cap_mb: float,
+def worker_torch(case, rank: int, steps: int, device: str, bucket_cap_mb: float | None,
                  rounds: int) -> dict:
     import numpy as np
     import torch
@@ -169,8 +170,8 @@ def worker_torch(case, rank: int, steps: int, device: str, bucket_cap_mb: float,
                              world_size=2)
     try:
         torch.manual_seed(0)
-        model = torch.nn.parallel.DistributedDataParallel(case.torch_model(torch),
-                                                          bucket_cap_mb=bucket_cap_mb)
+        options = {} if bucket_cap_mb is None else {"bucket_cap_mb": bucket_cap_mb}
+        model = torch.nn.parallel.DistributedDataParallel(case.torch_model(torch), **options)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
         x, y = case.make_batch(np.random.default_rng(rank))
         inputs = torch.from_numpy(case.to_torch_layout(x))
@@ -199,15 +200,17 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=5,
                         help="alternating rounds per mode; each mode's median is reported")
-    parser.add_argument("--bucket-cap-mb", default="25",
-                        help="comma-separated caps, each run for both DDPs (PyTorch's default "
-                             "25); e.g. 25,4")
+    parser.add_argument("--bucket-cap-mb", default="default",
+                        help="comma-separated caps in MiB, each run for both DDPs; 'default' "
+                             "passes none (PyTorch's default: 25 with a 1 MiB first bucket); "
+                             "e.g. default,4")
     args = parser.parse_args()
     from bench_training import CASES
 
     cases = {case.name: case for case in CASES}
     if args.worker:
-        case, cap = cases[args.case], float(args.bucket_cap_mb)
+        case = cases[args.case]
+        cap = None if args.bucket_cap_mb == "default" else float(args.bucket_cap_mb)
         if args.worker == "everyo":
             print(json.dumps(worker_everyo(case, args.rank, args.steps, cap, args.rounds)))
         else:
@@ -218,7 +221,7 @@ def main() -> None:
         raise SystemExit("bench_ddp needs root and iproute2 (ip netns, tc)")
     print(f"2 ranks, one per network namespace, link shaped to {RATE} each way; one BLAS/"
           f"intra-op thread per rank; load average {os.getloadavg()[0]:.1f} at the start")
-    print(f"{'case':<10} {'cap MB':>6} {'MB':>6} {'compute':>9} {'comm':>8} {'DDP':>8} "
+    print(f"{'case':<10} {'cap MiB':>7} {'MB':>6} {'compute':>9} {'comm':>8} {'DDP':>8} "
           f"{'seq':>8} {'torch':>8}  {'DDP/max':>8} {'DDP/torch':>9}")
     with TwoHosts() as hosts:
         for name in args.only.split(","):
@@ -228,7 +231,7 @@ def main() -> None:
                 ours = _run_pair(hosts, ["everyo", *common])
                 reference = _run_pair(hosts, ["torch", *common])
                 bound = max(ours["compute"], ours["comm"])
-                print(f"{name:<10} {float(cap):6g} {ours['megabytes']:6.1f} "
+                print(f"{name:<10} {cap:>7} {ours['megabytes']:6.1f} "
                       f"{ours['compute'] * 1e3:7.0f}ms {ours['comm'] * 1e3:6.0f}ms "
                       f"{ours['ddp'] * 1e3:6.0f}ms {ours['sequential'] * 1e3:6.0f}ms "
                       f"{reference['torch_ddp'] * 1e3:6.0f}ms  {ours['ddp'] / bound:7.2f}x "

@@ -65,17 +65,46 @@ def test_buckets_follow_reverse_registration_order_and_the_cap():
     assert sizes == [[256, 16384], [256, 16384, 256], [16384]]
 
 
-def test_the_first_bucket_is_one_mebibyte_so_a_large_last_layer_leaves_alone():
-    from everyo_dist.ddp import FIRST_BUCKET_BYTES, _buckets
-
-    # mlp-shaped: 8 MiB, 16 MiB and a small head; the 16 MiB weight must not wait for the first
+def _bucket_shapes(bucket_cap_mb):
+    # mlp-shaped: 8 MiB, 16 MiB and a small head
     model = eo.Sequential(eo.Linear(1024, 2048, seed=0), eo.Linear(2048, 2048, seed=1),
                           eo.Linear(2048, 10, seed=2))
-    params = list(model.parameters())
-    buckets = _buckets(params, cap_bytes=25 * 1024 * 1024)
+    with init(backend="shm", rank=0, world_size=1) as group:
+        ddp = DistributedDataParallel(model, group, bucket_cap_mb=bucket_cap_mb)
+        try:
+            ddp(eo.ones((1, 1024))).sum().backward()
+            return [[p.shape for p in b.params] for b in ddp._buckets]
+        finally:
+            ddp.close()
+
+
+def test_by_default_the_first_bucket_is_one_mebibyte_so_a_large_weight_leaves_alone():
+    from everyo_dist.ddp import FIRST_BUCKET_BYTES
+
     assert FIRST_BUCKET_BYTES == 1024 * 1024
-    assert [[p.shape for p in b.params] for b in buckets] == [
-        [(10,), (2048, 10), (2048,), (2048, 2048)], [(2048,), (1024, 2048)]]
+    assert _bucket_shapes(None) == [[(10,), (2048, 10), (2048,), (2048, 2048)],
+                                    [(2048,), (1024, 2048)]]
+    # an explicit cap applies to the first bucket too (PyTorch): 24.1 MiB fit in one
+    assert len(_bucket_shapes(25)) == 1
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("bucket_cap_mb", [None, 25, 4, 0.01])
+def test_buckets_are_pytorchs(torch, bucket_cap_mb):
+    import torch.distributed as tdist
+
+    shapes = [(7, 300), (300,), (300, 1000), (1000,), (1000, 10), (10,)]
+    params = [eo.Parameter(np.zeros(shape, np.float32)) for shape in shapes]
+    from everyo_dist.ddp import FIRST_BUCKET_BYTES, _buckets
+
+    mib = 1024 * 1024
+    cap = int((25 if bucket_cap_mb is None else bucket_cap_mb) * mib)
+    first = FIRST_BUCKET_BYTES if bucket_cap_mb is None else cap
+    ours = [[shapes.index(p.shape) for p in b.params] for b in _buckets(params, cap, first)]
+    limits = [first, cap] if first < cap else [cap]
+    reference, _ = tdist._compute_bucket_assignment_by_size(
+        [torch.empty(shape) for shape in reversed(shapes)], limits)
+    assert ours == [[len(shapes) - 1 - i for i in bucket] for bucket in reference]
 
 
 def test_a_parameter_used_only_by_a_later_forward_before_backward_is_averaged():

@@ -1,8 +1,9 @@
 """``DistributedDataParallel``: gradient averaging that overlaps the rest of backward.
 
 Gradients are grouped into buckets in reverse registration order (roughly the order backward
-finishes them), with PyTorch's rule: the first bucket closes at 1 MiB, the others at
-``bucket_cap_mb`` MiB, each as soon as it reaches its limit. A post-accumulate-grad hook marks
+finishes them), with PyTorch's rule: each bucket closes as soon as it reaches its limit,
+``bucket_cap_mb`` MiB, except that by default (no ``bucket_cap_mb`` given: 25) the first
+bucket's limit is 1 MiB. A post-accumulate-grad hook marks
 a parameter ready (``Linear`` and ``Conv2D`` hand over their weights' gradients before their
 inputs', see ``Op.backward_parts``); once a bucket's parameters are all ready their gradients
 are copied into one flat vector, which a communication thread all-reduces while backward
@@ -63,9 +64,12 @@ class _Bucket:
                 target, copy=False)
 
 
-#: The first bucket's limit, as PyTorch's ``_DEFAULT_FIRST_BUCKET_BYTES``: the last layers'
-#: gradients, final first, leave early instead of waiting for a full bucket_cap_mb.
+#: The first bucket's limit when ``bucket_cap_mb`` is not given, as PyTorch's
+#: ``_DEFAULT_FIRST_BUCKET_BYTES``: the last layers' gradients, final first, leave early
+#: instead of waiting for a full bucket. An explicit ``bucket_cap_mb`` applies to every
+#: bucket, the first included, as in PyTorch.
 FIRST_BUCKET_BYTES = 1024 * 1024
+DEFAULT_BUCKET_CAP_MB = 25
 
 
 def _buckets(params: list, cap_bytes: int,
@@ -130,8 +134,9 @@ class DistributedDataParallel:
     Args:
         module: the model (an ``eo.Module``); call the wrapper instead of the module.
         group: the process group (from ``spawn``, ``init``, ...).
-        bucket_cap_mb: MiB of gradients per all-reduce (PyTorch's name, meaning and
-            default, 25); the first bucket closes at 1 MiB, as in PyTorch.
+        bucket_cap_mb: MiB of gradients per all-reduce (PyTorch's name and meaning). None
+            (the default, as in PyTorch): 25, with a first bucket of 1 MiB; a value given
+            applies to every bucket.
 
     Example:
         >>> import everyo as eo
@@ -144,18 +149,23 @@ class DistributedDataParallel:
         array([3., 3.], dtype=float32)
     """
 
-    def __init__(self, module, group, bucket_cap_mb: float = 25):
+    def __init__(self, module, group, bucket_cap_mb: float | None = None):
         if not callable(getattr(module, "parameters", None)):
             raise DistributedError(f"DistributedDataParallel wraps a Module, got "
                                    f"{type(module).__name__}")
-        if not bucket_cap_mb > 0:
-            raise DistributedError(f"bucket_cap_mb must be positive, got {bucket_cap_mb}")
+        if bucket_cap_mb is not None and (
+                isinstance(bucket_cap_mb, bool) or not isinstance(bucket_cap_mb, (
+                    int, float, np.integer, np.floating)) or not bucket_cap_mb > 0):
+            raise DistributedError(f"bucket_cap_mb must be a positive number of MiB (or None "
+                                   f"for PyTorch's default), got {bucket_cap_mb!r}")
         self.module, self.group = module, group
         self.bucket_cap_mb = bucket_cap_mb
         self._params = [p for p in module.parameters() if p.requires_grad]
         self._by_id = {id(p): p for p in self._params}
         self._names = {id(p): name for name, p in module.named_parameters()}
-        self._cap = int(bucket_cap_mb * 1024 * 1024)
+        cap = DEFAULT_BUCKET_CAP_MB if bucket_cap_mb is None else bucket_cap_mb
+        self._cap = int(cap * 1024 * 1024)
+        self._first_cap = FIRST_BUCKET_BYTES if bucket_cap_mb is None else self._cap
         self._buckets: list[_Bucket] | None = None
         self._bucket_of: dict[int, _Bucket] = {}
         self._outputs: list = []
@@ -228,7 +238,7 @@ class DistributedDataParallel:
     def _arm(self) -> None:
         """After a forward: which parameters backward will reach; the others are ready now."""
         if self._buckets is None:  # first step: dtypes of the gradients are known now or never
-            self._buckets = _buckets(self._params, self._cap)
+            self._buckets = _buckets(self._params, self._cap, self._first_cap)
             self._bucket_of = {id(p): b for b in self._buckets for p in b.params}
         self._accumulating = False
         self._expected = _reachable_parameters(self._outputs, self._by_id)

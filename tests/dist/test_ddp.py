@@ -186,3 +186,22 @@ def test_a_skipped_backward_is_harmless_when_the_next_one_reaches_the_same_param
             finally:
                 ddp.close()
     assert grads[0] == grads[1]
+
+
+def test_a_forward_without_backward_does_not_keep_its_graph_alive():
+    import gc
+    import weakref
+
+    with init(backend="shm", rank=0, world_size=1) as group:
+        model = _TwoBranches()
+        ddp = DistributedDataParallel(model, group)
+        try:
+            out = ddp(eo.ones((3, 2)), True)
+            alive = weakref.ref(out)
+            del out
+            gc.collect()
+            assert alive() is None
+            ddp(eo.ones((3, 2)), True).sum().backward()  # and the next step still averages
+            assert model.extra.weight.grad is not None
+        finally:
+            ddp.close()

@@ -168,8 +168,7 @@ class DistributedDataParallel:
         self._first_cap = FIRST_BUCKET_BYTES if bucket_cap_mb is None else self._cap
         self._buckets: list[_Bucket] | None = None
         self._bucket_of: dict[int, _Bucket] = {}
-        self._outputs: list = []
-        self._expected: set[int] = set()
+        self._expected: set[int] = set()  # ids of the parameters backward has still to reach
         self._armed = False
         self._started = False  # a hook of the armed reduction has run
         self._accumulating = False  # the last forward ran inside no_sync()
@@ -198,8 +197,7 @@ class DistributedDataParallel:
         if not self._sync:
             self._accumulating = True
             return output
-        self._outputs.extend(_tensors_in(output))
-        self._arm()
+        self._arm(_tensors_in(output))
         return output
 
     def parameters(self):
@@ -235,18 +233,22 @@ class DistributedDataParallel:
         self._thread.join(timeout=5)
 
     # -- one step ------------------------------------------------------------------------------
-    def _arm(self) -> None:
+    def _arm(self, outputs: list) -> None:
         """After a forward: which parameters backward will reach; the others are ready now."""
         if self._buckets is None:  # first step: dtypes of the gradients are known now or never
             self._buckets = _buckets(self._params, self._cap, self._first_cap)
             self._bucket_of = {id(p): b for b in self._buckets for p in b.params}
         self._accumulating = False
-        self._expected = _reachable_parameters(self._outputs, self._by_id)
         if not self._armed:
             self._armed, self._next_launch, self._error = True, 0, None
+            self._expected = set()
             for bucket in self._buckets:
                 bucket.result = None
                 bucket.done.clear()
+        # NOTE: the union over every forward since the last reduction. Only parameter ids are
+        # kept, never the outputs: a forward whose backward never comes must not keep its
+        # graph (activations included) alive.
+        self._expected |= _reachable_parameters(outputs, self._by_id)
         for bucket in self._buckets:
             bucket.pending = {id(p) for p in bucket.params if id(p) in self._expected}
         # NOTE: no bucket is launched before backward starts: another forward through the
@@ -297,7 +299,7 @@ class DistributedDataParallel:
     def _finish(self) -> None:
         """Reduce the buckets not handed over yet, wait for the others and write the averages
         back into ``.grad``."""
-        self._armed, self._started, self._outputs = False, False, []
+        self._armed, self._started = False, False
         handed = self._next_launch
         self._next_launch = len(self._buckets)
         # NOTE: the last buckets are reduced here, on the training thread: nothing is left to

@@ -108,8 +108,8 @@ def rounded_float32(x: np.ndarray, dtype: np.dtype, out: np.ndarray | None = Non
         ``dtype``: what a product computes with when it treats ``x`` as a ``dtype`` operand.
 
     Example:
-        >>> rounded_float32(np.array([1.0009765625, 1e-8, 7e4], np.float32), FLOAT16)
-        array([1., 0., inf], dtype=float32)
+        >>> rounded_float32(np.array([1.00048828125, 1e-8, 3.0], np.float32), FLOAT16)
+        array([1., 0., 3.], dtype=float32)
     """
     if x.dtype != FLOAT32 or x.size < 2 * BLOCK or dtype not in HALF_DTYPES:
         rounded = x.astype(dtype).astype(FLOAT32)

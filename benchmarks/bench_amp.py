@@ -161,6 +161,13 @@ def _arrays(saved):
             yield from _arrays(item)
 
 
+def _held_rounded_weight(op):
+    """The rounded float32 weight a folded product keeps for backward (see MatMul), or None."""
+    if getattr(op, "attrs", {}).get("lower") is None or not isinstance(op.saved, tuple):
+        return None
+    return op.saved[2] if len(op.saved) == 3 else None
+
+
 def graph_saved_bytes(root: eo.Tensor, params) -> dict:
     """Bytes the graph under ``root`` keeps for backward: activations and weight copies."""
     param_buffers = {id(_root(p.data)) for p in params}
@@ -180,8 +187,9 @@ def graph_saved_bytes(root: eo.Tensor, params) -> dict:
                 weight_copies.add(id(_root(parent.data)))
             stack.append(ctx)
     counted: dict[int, int] = {}
-    kinds = {"activations": 0, "weight copies": 0}
+    kinds = {"activations": 0, "weight copies": 0, "held float32 weights": 0}
     for op in ops:
+        held = _held_rounded_weight(op)
         for array in _arrays(op.saved):
             owner = _root(array)
             key = id(owner)
@@ -189,7 +197,8 @@ def graph_saved_bytes(root: eo.Tensor, params) -> dict:
                 continue
             size = owner.nbytes if isinstance(owner, np.ndarray) else array.nbytes
             counted[key] = size
-            kinds["weight copies" if key in weight_copies else "activations"] += size
+            kind = "weight copies" if key in weight_copies else "activations"
+            kinds["held float32 weights" if array is held else kind] += size
     return kinds
 
 
@@ -244,8 +253,9 @@ def run(name: str, repeats: int, cast_nodes: bool = False) -> None:
         act = used["activations"]
         print(f"    graph-saved activations {act / mb:7.2f} MiB   ratio {act / act32:.2f}x  "
               f"(target <= 0.6x)")
-        both = act + used["weight copies"]
+        both = act + used["weight copies"] + used["held float32 weights"]
         print(f"    + 16-bit weight copies  {used['weight copies'] / mb:7.2f} MiB   "
+              f"+ held float32 weights {used['held float32 weights'] / mb:6.2f} MiB   "
               f"activations+copies ratio {both / act32:.2f}x")
         peak = used["tracemalloc peak"]
         print(f"    tracemalloc peak fwd+bwd {peak / mb:7.2f} MiB   ratio {peak / peak32:.2f}x")

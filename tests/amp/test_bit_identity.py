@@ -15,6 +15,7 @@ import everyo_amp.autocast_mode as autocast_mode
 import everyo_amp.grad_scaler as grad_scaler
 from everyo import EveryOError, half_precision
 from everyo.dtypes import FLOAT32, HALF_DTYPES
+from everyo.ops import linalg
 
 
 def plain_narrow(x, dtype):
@@ -106,8 +107,13 @@ def assert_same_bits(fast: list, plain: list) -> None:
 
 
 @pytest.mark.parametrize(("dtype", "scaled"), [("bfloat16", False), ("float16", True)])
+@pytest.mark.parametrize("keeps", ["default", "every format", "none"])
 def test_training_steps_are_bit_identical_to_cast_nodes_with_plain_conversions(
-        dtype, scaled, plain_conversions):
+        dtype, scaled, keeps, plain_conversions, monkeypatch):
+    # (the folded product keeps its rounded weight for backward, or rounds it again there)
+    kept = {"default": linalg.KEEPS_ROUNDED_WEIGHT, "every format": HALF_DTYPES,
+            "none": frozenset()}[keeps]
+    monkeypatch.setattr(linalg, "KEEPS_ROUNDED_WEIGHT", kept)
     fast, through_hooks = train(dtype, scaled), train(dtype, scaled, hook=True)
     plain_conversions()
     plain = train(dtype, scaled)

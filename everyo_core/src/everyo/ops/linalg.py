@@ -6,7 +6,7 @@ import numpy as np
 
 from everyo.autograd import Op, unbroadcast
 from everyo.dispatch import dispatch
-from everyo.dtypes import FLOAT32, HALF_DTYPES, result_dtype
+from everyo.dtypes import FLOAT16, FLOAT32, HALF_DTYPES, result_dtype
 from everyo.errors import EveryOError
 from everyo.half_precision import narrow, rounded_float32, widen
 from everyo.ops.graph_math import swap_last, unbroadcast_tensor
@@ -44,6 +44,13 @@ def _check_shapes(a: np.ndarray, b: np.ndarray) -> None:
     if inner_a != inner_b:
         raise EveryOError(f"matmul: {a.shape} @ {b.shape}: inner dimensions "
                           f"{inner_a} and {inner_b} differ")
+
+
+#: 16-bit formats whose products keep the rounded float32 weight for backward (for the input
+#: gradient) instead of rounding the weight again there. float16's rounding costs ~1.4 ns per
+#: element, ~0.1x of an mlp_large step when redone; bfloat16's costs a third of that and
+#: keeping it measured no faster (docs/benchmarks.md), so bfloat16 keeps nothing.
+KEEPS_ROUNDED_WEIGHT = frozenset({FLOAT16})
 
 
 def _lowered(x: np.ndarray, lower: np.dtype) -> np.ndarray:
@@ -104,19 +111,23 @@ class MatMul(Op):
         if lower not in HALF_DTYPES or a.ndim < 2 or b.ndim != 2:
             raise EveryOError(f"matmul(lower={lower}): lower must be float16 or bfloat16 and "
                               f"the operands at least 2-D @ 2-D, got {a.shape} @ {b.shape}")
-        # NOTE: the operands themselves are saved (no copies): backward rounds them again.
-        self.saved = (a, b)
         if bias is not None:
             self.bias_shape = bias.shape
             bias = _lowered(bias, lower)
-        return blas_matmul(_lowered(a, lower), _lowered(b, lower), bias, out_dtype=lower)
+        lowered_b = _lowered(b, lower)
+        # NOTE: the operands themselves are saved (no copies), and backward rounds the weight
+        # again for the input gradient, unless the format is one whose rounded weight is kept.
+        keep = lower in KEEPS_ROUNDED_WEIGHT and self.needs_input_grad[0] and b.dtype == FLOAT32
+        self.saved = (a, b, lowered_b if keep else None)
+        return blas_matmul(_lowered(a, lower), lowered_b, bias, out_dtype=lower)
 
     def _backward_lowered(self, g, lower):
-        a, b = self.saved
+        a, b, held = self.saved
         na, nb = self.needs_input_grad[:2]
         ga = gb = gbias = None
         if na:
-            product = blas_matmul(g, _lowered(b, lower).T, out_dtype=FLOAT32)
+            lowered_b = _lowered(b, lower) if held is None else held
+            product = blas_matmul(g, lowered_b.T, out_dtype=FLOAT32)
             ga = _lowered_gradient(product, a.dtype, lower)
         if nb:  # (one GEMM over the flattened batch, as in backward)
             rows = a.size // a.shape[-1] if a.shape[-1] else int(np.prod(a.shape[:-1]))

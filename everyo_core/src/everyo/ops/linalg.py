@@ -6,7 +6,7 @@ import numpy as np
 
 from everyo.autograd import Op, unbroadcast
 from everyo.dispatch import dispatch
-from everyo.dtypes import FLOAT16, FLOAT32, HALF_DTYPES, result_dtype
+from everyo.dtypes import FLOAT32, HALF_DTYPES, result_dtype
 from everyo.errors import EveryOError
 from everyo.half_precision import narrow, rounded_float32, widen
 from everyo.ops.graph_math import swap_last, unbroadcast_tensor
@@ -46,11 +46,11 @@ def _check_shapes(a: np.ndarray, b: np.ndarray) -> None:
                           f"{inner_a} and {inner_b} differ")
 
 
-#: 16-bit formats whose products keep the rounded float32 weight for backward (for the input
-#: gradient) instead of rounding the weight again there. float16's rounding costs ~1.4 ns per
-#: element, ~0.1x of an mlp_large step when redone; bfloat16's costs a third of that and
-#: keeping it measured no faster (docs/benchmarks.md), so bfloat16 keeps nothing.
-KEEPS_ROUNDED_WEIGHT = frozenset({FLOAT16})
+#: 16-bit formats whose ``lower`` products keep the rounded float32 weight for backward (the
+#: input gradient's product) instead of rounding the weight again there: 4 bytes per weight
+#: element held between forward and backward, for ~0.1x (float16) and ~0.07x (bfloat16) of an
+#: mlp_large step (docs/benchmarks.md). ``frozenset()`` keeps nothing (same numbers).
+KEEPS_ROUNDED_WEIGHT = HALF_DTYPES
 
 
 def _lowered(x: np.ndarray, lower: np.dtype) -> np.ndarray:
@@ -125,6 +125,7 @@ class MatMul(Op):
         a, b, held = self.saved
         na, nb = self.needs_input_grad[:2]
         ga = gb = gbias = None
+        g = widen(g)  # (once: both products and the bias gradient read it)
         if na:
             lowered_b = _lowered(b, lower) if held is None else held
             product = blas_matmul(g, lowered_b.T, out_dtype=FLOAT32)
@@ -135,8 +136,10 @@ class MatMul(Op):
                                   g.reshape(rows, g.shape[-1]), out_dtype=FLOAT32)
             gb = _lowered_gradient(product, b.dtype, lower)
         if len(self.needs_input_grad) > 2 and self.needs_input_grad[2]:
-            gbias = unbroadcast(g, self.bias_shape)
-            gbias = widen(gbias) if self.parents[2].data.dtype == FLOAT32 else gbias
+            # (summed in float32 and rounded once, as unbroadcast does with a 16-bit gradient)
+            summed = unbroadcast(g, self.bias_shape)
+            summed = summed.copy() if summed is g or summed.base is g else summed
+            gbias = _lowered_gradient(summed, self.parents[2].data.dtype, lower)
         return ga, gb, gbias
 
     def backward(self, g):

@@ -32,6 +32,7 @@ def _schedules(torch):
                                                            lambda e: 0.9 ** e])),
         ("multiplicative", lambda o, ns: ns.MultiplicativeLR(o, lambda e: 0.95 + 0.01 * (e % 3))),
         ("step", lambda o, ns: ns.StepLR(o, step_size=7, gamma=0.3)),
+        ("multistep", lambda o, ns: ns.MultiStepLR(o, milestones=[30, 10, 60, 60], gamma=0.4)),
         ("linear", lambda o, ns: ns.LinearLR(o, start_factor=0.1, end_factor=0.9,
                                              total_iters=30)),
         ("exponential", lambda o, ns: ns.ExponentialLR(o, gamma=0.97)),
@@ -172,3 +173,54 @@ def test_scheduler_errors():
 class _NoMomentum:
     param_groups = [{"lr": 0.1}]
     defaults = {"lr": 0.1}
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda o: eo.StepLR(o, step_size="2"), "StepLR: step_size must be a positive int"),
+    (lambda o: eo.StepLR(o, step_size=1.5), "StepLR: step_size must be a positive int"),
+    (lambda o: eo.StepLR(o, step_size=2, gamma="x"), "StepLR: gamma"),
+    (lambda o: eo.StepLR(o, 2, last_epoch="a"), "StepLR: last_epoch must be an int"),
+    (lambda o: eo.StepLR(o, 2, last_epoch=-2), "StepLR: last_epoch must be -1"),
+    (lambda o: eo.MultiStepLR(o, milestones=5), "MultiStepLR: milestones must be a list"),
+    (lambda o: eo.MultiStepLR(o, milestones=[2, 2.5]), "MultiStepLR: milestones must be"),
+    (lambda o: eo.LinearLR(o, start_factor="a"), "LinearLR: start_factor"),
+    (lambda o: eo.LinearLR(o, start_factor=0), r"LinearLR: start_factor must be in \(0, 1\]"),
+    (lambda o: eo.LinearLR(o, total_iters=0), "LinearLR: total_iters must be a positive int"),
+    (lambda o: eo.ExponentialLR(o, gamma=None), "ExponentialLR: gamma"),
+    (lambda o: eo.CosineAnnealingLR(o, T_max="3"), "CosineAnnealingLR: T_max"),
+    (lambda o: eo.CosineAnnealingLR(o, T_max=3, eta_min="a"), "CosineAnnealingLR: eta_min"),
+    (lambda o: eo.CosineAnnealingWarmRestarts(o, T_0=2.0), "T_0 must be a positive int"),
+    (lambda o: eo.CosineAnnealingWarmRestarts(o, T_0=2).step("a"), "epoch must be a finite"),
+    (lambda o: eo.LambdaLR(o, 3), "LambdaLR: lr_lambda must be a function"),
+    (lambda o: eo.MultiplicativeLR(o, None), "MultiplicativeLR: lr_lambda must be a function"),
+    (lambda o: eo.OneCycleLR(o, max_lr="a", total_steps=10), "OneCycleLR: max_lr"),
+    (lambda o: eo.OneCycleLR(o, max_lr=1, total_steps=10, div_factor=0), "div_factor"),
+    (lambda o: eo.OneCycleLR(o, max_lr=1, epochs=2.5, steps_per_epoch=3), "epochs"),
+    (lambda o: eo.SequentialLR(o, [eo.StepLR(o, 2), eo.StepLR(o, 2)], milestones="a"),
+     "SequentialLR: milestones must be a list"),
+    (lambda o: eo.SequentialLR(o, [eo.StepLR(o, 2)] * 3, milestones=[5, 2]),
+     "SequentialLR: milestones must increase"),
+    (lambda o: eo.ReduceLROnPlateau(o, patience="a"), "ReduceLROnPlateau: patience"),
+    (lambda o: eo.ReduceLROnPlateau(o, factor="a"), "ReduceLROnPlateau: factor"),
+    (lambda o: eo.ReduceLROnPlateau(o).step("abc"), "metrics must be one number"),
+    (lambda o: eo.ReduceLROnPlateau(None), "NoneType is not an optimizer"),
+])
+def test_bad_scheduler_arguments_are_named(make, message):
+    """Wrong types and ranges raise an EveryOError naming the scheduler and the argument (a
+    TypeError too, as PyTorch's argument errors are), never a raw exception later on."""
+    opt = eo.SGD([eo.Parameter([1.0])], lr=1.0)
+    with pytest.raises(eo.EveryOError, match=message):
+        make(opt)
+    assert opt.lr == 1.0 or math.isfinite(opt.lr)
+
+
+def test_multistep_resumes_from_its_closed_form(tmp_path):
+    opt = eo.SGD([eo.Parameter([1.0])], lr=1.0)
+    sched = eo.MultiStepLR(opt, milestones=[2, 4, 4], gamma=0.5)
+    for _ in range(5):
+        sched.step()
+    assert opt.lr == 1.0 * 0.5 ** 3
+    resumed_opt = eo.SGD([eo.Parameter([1.0])], lr=1.0)
+    resumed_opt.load_state_dict(opt.state_dict())
+    resumed = eo.MultiStepLR(resumed_opt, milestones=[2, 4, 4], gamma=0.5, last_epoch=4)
+    assert resumed.get_last_lr() == sched.get_last_lr()

@@ -108,7 +108,7 @@ def test_scheduler_state_dict_round_trip():
 
 def test_scheduler_bad_arguments():
     opt = eo.SGD([eo.Parameter([1.0])], lr=1.0)
-    with pytest.raises(eo.EveryOError, match="step_size must be positive"):
+    with pytest.raises(eo.EveryOError, match="step_size must be a positive int"):
         eo.StepLR(opt, step_size=0)
-    with pytest.raises(eo.EveryOError, match="T_max must be positive"):
+    with pytest.raises(eo.EveryOError, match="T_max must be a positive number"):
         eo.CosineAnnealingLR(opt, T_max=0)

@@ -15,7 +15,7 @@ from everyo_layers.checks import (
     normalized_shape_argument,
     optional_argument,
 )
-from everyo_layers.norm_stats import moments
+from everyo_layers.norm_stats import mean_over, moments
 from everyo_layers.precision import accumulation_dtype
 
 
@@ -53,10 +53,13 @@ class GroupNormOp(Op):
             gxhat = gy * weight if weight is not None else gy
             grouped = self._grouped()
             gxhat, xh = gxhat.reshape(grouped), xhat.reshape(grouped)
-            mean_g = gxhat.mean(axis=(1, 3), keepdims=True)
-            mean_gx = (gxhat * xh).mean(axis=(1, 3), keepdims=True)
-            gx = (inv_std * (gxhat - mean_g - xh * mean_gx)).reshape(self.shape)
-            gx = gx.astype(g.dtype, copy=False)
+            mean_g = mean_over(gxhat, (1, 3))
+            mean_gx = mean_over(gxhat * xh, (1, 3))
+            # inv_std * (gxhat - mean_g - xh * mean_gx), the same operations in one buffer
+            gx = np.subtract(gxhat, mean_g)
+            gx -= xh * mean_gx
+            gx *= inv_std
+            gx = gx.reshape(self.shape).astype(g.dtype, copy=False)
         if len(needs) > 1 and needs[1]:
             gw = (gy * xhat).sum(axis=lead).astype(g.dtype, copy=False)
         if len(needs) > 2 and needs[2]:

@@ -21,23 +21,29 @@ def moments(x: np.ndarray, axes: tuple, keepdims: bool = True) -> tuple:
         ([[2.0]], [[-1.0, 1.0]], [[1.0]])
     """
     wide = np.float64 if x.dtype != np.float64 else None
-    mean = _mean(x, axes, keepdims, wide)
+    mean = mean_over(x, axes, keepdims, wide)
     # NOTE: the mean rounded to float32 is off by up to half an ulp of the mean (4e-6 at 100),
     # an offset every centered value would keep: subtract the rounding residue as well.
     high = mean.astype(x.dtype, copy=False)
     centered = x - high
     if wide is not None:
         centered -= (mean - high).astype(x.dtype)
-    var = _mean(np.square(centered), axes, keepdims, wide)
+    var = mean_over(np.square(centered), axes, keepdims, wide)
     return high, centered, var.astype(x.dtype, copy=False)
 
 
-def _mean(x: np.ndarray, axes: tuple, keepdims: bool, dtype) -> np.ndarray:
-    """Mean over ``axes`` accumulated in ``dtype``, one axis at a time, largest first.
+def mean_over(x: np.ndarray, axes: tuple, keepdims: bool = True, dtype=None) -> np.ndarray:
+    """Mean over ``axes`` accumulated in ``dtype`` (None: ``x``'s), one axis at a time,
+    largest first.
 
-    NOTE: one NumPy reduction over several non-adjacent axes with a dtype conversion runs
-    ~3x slower than reducing the largest axis first (into a much smaller float64 array) and
-    then the others.
+    NOTE: one NumPy reduction over several non-adjacent axes runs 3-5x slower than reducing
+    the largest axis first (into a much smaller array) and then the others, with or without
+    a dtype conversion (measured: GroupNorm's (1, 3) axes of a (32, 1024, 8, 8) float32 array,
+    4.1 ms against 0.74 ms).
+
+    Example:
+        >>> mean_over(np.ones((2, 3, 4), np.float32), (0, 2)).shape
+        (1, 3, 1)
     """
     total = x
     for axis in sorted(axes, key=lambda a: -x.shape[a]):

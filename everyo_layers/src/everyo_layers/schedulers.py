@@ -14,18 +14,49 @@ The arithmetic follows PyTorch's operation for operation, so the sequences agree
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 
 from everyo import EveryOError
+from everyo_layers.checks import LayerArgumentError, argument
 
 
-def per_group(name: str, optimizer, value) -> list:
-    """``value`` for every parameter group: a list of one per group, or one for all."""
+def per_group(name: str, optimizer, value, kind: str | None = None,
+              scheduler: str = "") -> list:
+    """``value`` for every parameter group: a list of one per group, or one for all.
+
+    Args:
+        name: the argument's name, for errors.
+        optimizer: the scheduler's optimizer.
+        value: one value, or a list/tuple of one per parameter group.
+        kind: when given, every value is checked as :func:`~everyo_layers.checks.argument`
+            checks it (``"function"`` asks for a callable).
+        scheduler: the scheduler's class name, for errors.
+    Returns:
+        A list with one value per parameter group.
+
+    Example:
+        >>> import everyo as eo
+        >>> per_group("max_lr", eo.SGD([eo.Parameter([1.0])], lr=1.0), 0.5)
+        [0.5]
+    """
+    if not hasattr(optimizer, "param_groups"):
+        raise EveryOError(f"{scheduler or name}: {type(optimizer).__name__} is not an "
+                          f"optimizer (it has no param_groups)")
     if isinstance(value, (list, tuple)):
         if len(value) != len(optimizer.param_groups):
             raise EveryOError(f"{name} has {len(value)} values, the optimizer "
                               f"{len(optimizer.param_groups)} parameter groups")
-        return list(value)
-    return [value] * len(optimizer.param_groups)
+        values = list(value)
+    else:
+        values = [value] * len(optimizer.param_groups)
+    if kind == "function":
+        for fn in values:
+            if not callable(fn):
+                raise LayerArgumentError(f"{scheduler}: {name} must be a function of the "
+                                         f"epoch, got {fn!r} ({type(fn).__name__})")
+    elif kind is not None:
+        values = [argument(scheduler, name, v, kind) for v in values]
+    return values
 
 
 def current_lrs(optimizer) -> list:
@@ -47,6 +78,11 @@ class LRScheduler:
             raise EveryOError(f"{type(self).__name__}: {type(optimizer).__name__} is not an "
                               f"optimizer (it has no param_groups)")
         self.optimizer = optimizer
+        last_epoch = argument(type(self).__name__, "last_epoch", last_epoch, "int")
+        if last_epoch < -1:
+            raise LayerArgumentError(f"{type(self).__name__}: last_epoch must be -1 (a new "
+                                     f"schedule) or the index of the last epoch run, got "
+                                     f"{last_epoch}")
         if last_epoch == -1:
             for group in optimizer.param_groups:
                 group.setdefault("initial_lr", group["lr"])
@@ -120,7 +156,7 @@ class LambdaLR(LRScheduler):
     """
 
     def __init__(self, optimizer, lr_lambda, last_epoch: int = -1):
-        self.lr_lambdas = per_group("lr_lambda", optimizer, lr_lambda)
+        self.lr_lambdas = per_group("lr_lambda", optimizer, lr_lambda, "function", "LambdaLR")
         super().__init__(optimizer, last_epoch)
 
     def get_lr(self):
@@ -140,11 +176,8 @@ class MultiplicativeLR(LRScheduler):
     """
 
     def __init__(self, optimizer, lr_lambda, last_epoch: int = -1):
-        self.lr_lambdas = per_group("lr_lambda", optimizer, lr_lambda)
-        for fn in self.lr_lambdas:
-            if not callable(fn):
-                raise EveryOError(f"MultiplicativeLR: lr_lambda must be a function, got "
-                                  f"{type(fn).__name__}")
+        self.lr_lambdas = per_group("lr_lambda", optimizer, lr_lambda, "function",
+                                    "MultiplicativeLR")
         super().__init__(optimizer, last_epoch)
 
     def get_lr(self):
@@ -169,9 +202,8 @@ class StepLR(LRScheduler):
     """
 
     def __init__(self, optimizer, step_size: int, gamma: float = 0.1, last_epoch: int = -1):
-        if step_size <= 0:
-            raise EveryOError(f"StepLR: step_size must be positive, got {step_size}")
-        self.step_size, self.gamma = int(step_size), gamma
+        self.step_size = argument("StepLR", "step_size", step_size, "positive int")
+        self.gamma = argument("StepLR", "gamma", gamma, "non-negative float")
         super().__init__(optimizer, last_epoch)
 
     def get_lr(self):
@@ -181,6 +213,41 @@ class StepLR(LRScheduler):
 
     def closed_form_lr(self):
         return [base_lr * self.gamma ** (self.last_epoch // self.step_size)
+                for base_lr in self.base_lrs]
+
+
+class MultiStepLR(LRScheduler):
+    """Multiply the learning rate by ``gamma`` at each epoch listed in ``milestones`` (an epoch
+    listed twice multiplies twice, as in PyTorch).
+
+    Example:
+        >>> import everyo as eo
+        >>> opt = eo.SGD([eo.Parameter([1.0])], lr=1.0)
+        >>> sched = eo.MultiStepLR(opt, milestones=[2, 3], gamma=0.5)
+        >>> lrs = []
+        >>> for _ in range(4):
+        ...     lrs.append(opt.lr); sched.step()
+        >>> lrs
+        [1.0, 1.0, 0.5, 0.25]
+    """
+
+    def __init__(self, optimizer, milestones, gamma: float = 0.1, last_epoch: int = -1):
+        if not isinstance(milestones, (list, tuple, set, frozenset)):
+            raise LayerArgumentError(f"MultiStepLR: milestones must be a list of epochs, got "
+                                     f"{milestones!r}")
+        self.milestones = sorted(argument("MultiStepLR", "milestones", m, "positive int")
+                                 for m in milestones)
+        self.gamma = argument("MultiStepLR", "gamma", gamma, "non-negative float")
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self):
+        hits = self.milestones.count(self.last_epoch)
+        if hits == 0:
+            return current_lrs(self.optimizer)
+        return [group["lr"] * self.gamma ** hits for group in self.optimizer.param_groups]
+
+    def closed_form_lr(self):
+        return [base_lr * self.gamma ** bisect_right(self.milestones, self.last_epoch)
                 for base_lr in self.base_lrs]
 
 
@@ -201,12 +268,12 @@ class LinearLR(LRScheduler):
 
     def __init__(self, optimizer, start_factor: float = 1.0 / 3, end_factor: float = 1.0,
                  total_iters: int = 5, last_epoch: int = -1):
-        if not 0 < start_factor <= 1:
-            raise EveryOError(f"LinearLR: start_factor must be in (0, 1], got {start_factor}")
-        if not 0 <= end_factor <= 1:
-            raise EveryOError(f"LinearLR: end_factor must be in [0, 1], got {end_factor}")
-        self.start_factor, self.end_factor = start_factor, end_factor
-        self.total_iters = total_iters
+        start_factor = argument("LinearLR", "start_factor", start_factor, "probability")
+        if start_factor == 0:
+            raise LayerArgumentError("LinearLR: start_factor must be in (0, 1], got 0")
+        self.start_factor = start_factor
+        self.end_factor = argument("LinearLR", "end_factor", end_factor, "probability")
+        self.total_iters = argument("LinearLR", "total_iters", total_iters, "positive int")
         super().__init__(optimizer, last_epoch)
 
     def get_lr(self):
@@ -237,7 +304,7 @@ class ExponentialLR(LRScheduler):
     """
 
     def __init__(self, optimizer, gamma: float, last_epoch: int = -1):
-        self.gamma = gamma
+        self.gamma = argument("ExponentialLR", "gamma", gamma, "non-negative float")
         super().__init__(optimizer, last_epoch)
 
     def get_lr(self):
@@ -263,9 +330,9 @@ class CosineAnnealingLR(LRScheduler):
 
     def __init__(self, optimizer, T_max: int, eta_min: float = 0.0,  # T_max: PyTorch's name
                  last_epoch: int = -1):
-        if T_max <= 0:
-            raise EveryOError(f"CosineAnnealingLR: T_max must be positive, got {T_max}")
-        self.T_max, self.eta_min = T_max, eta_min
+        argument("CosineAnnealingLR", "T_max", T_max, "positive float")  # PyTorch takes floats
+        self.T_max = T_max
+        self.eta_min = argument("CosineAnnealingLR", "eta_min", eta_min, "non-negative float")
         super().__init__(optimizer, last_epoch)
 
     def get_lr(self):
@@ -303,12 +370,10 @@ class CosineAnnealingWarmRestarts(LRScheduler):
 
     def __init__(self, optimizer, T_0: int, T_mult: int = 1,  # T_0, T_mult: PyTorch's names
                  eta_min: float = 0.0, last_epoch: int = -1):
-        if not isinstance(T_0, int) or T_0 <= 0:
-            raise EveryOError(f"CosineAnnealingWarmRestarts: T_0 must be a positive integer, "
-                              f"got {T_0}")
-        if not isinstance(T_mult, int) or T_mult < 1:
-            raise EveryOError(f"CosineAnnealingWarmRestarts: T_mult must be an integer >= 1, "
-                              f"got {T_mult}")
+        name = "CosineAnnealingWarmRestarts"
+        T_0 = argument(name, "T_0", T_0, "positive int")
+        T_mult = argument(name, "T_mult", T_mult, "positive int")
+        eta_min = argument(name, "eta_min", eta_min, "non-negative float")
         self.T_0, self.T_i, self.T_mult, self.eta_min = T_0, T_0, T_mult, eta_min
         self.T_cur = last_epoch
         super().__init__(optimizer, last_epoch)
@@ -329,8 +394,8 @@ class CosineAnnealingWarmRestarts(LRScheduler):
             if self.T_cur >= self.T_i:
                 self.T_cur %= self.T_i
                 self.T_i *= self.T_mult
-        elif epoch < 0:
-            raise EveryOError(f"CosineAnnealingWarmRestarts.step: epoch must be >= 0, got "
+        elif argument("CosineAnnealingWarmRestarts.step", "epoch", epoch, "float") < 0:
+            raise LayerArgumentError(f"CosineAnnealingWarmRestarts.step: epoch must be >= 0, got "
                               f"{epoch}")
         elif epoch >= self.T_0:
             if self.T_mult == 1:
@@ -349,6 +414,6 @@ class CosineAnnealingWarmRestarts(LRScheduler):
 
 OPS: dict = {}
 LAYERS = {"LRScheduler": LRScheduler, "LambdaLR": LambdaLR, "MultiplicativeLR": MultiplicativeLR,
-          "StepLR": StepLR, "LinearLR": LinearLR, "ExponentialLR": ExponentialLR,
+          "StepLR": StepLR, "MultiStepLR": MultiStepLR, "LinearLR": LinearLR, "ExponentialLR": ExponentialLR,
           "CosineAnnealingLR": CosineAnnealingLR,
           "CosineAnnealingWarmRestarts": CosineAnnealingWarmRestarts}

@@ -8,6 +8,7 @@ import math
 from bisect import bisect_right
 
 from everyo import EveryOError
+from everyo_layers.checks import LayerArgumentError, argument
 from everyo_layers.schedulers import LRScheduler, current_lrs, per_group
 
 
@@ -33,12 +34,14 @@ class OneCycleLR(LRScheduler):
         if total_steps is None:
             if epochs is None or steps_per_epoch is None:
                 raise EveryOError("OneCycleLR: give total_steps, or epochs and steps_per_epoch")
-            total_steps = epochs * steps_per_epoch
-        if not isinstance(total_steps, int) or total_steps <= 0:
-            raise EveryOError(f"OneCycleLR: total_steps must be a positive integer, got "
-                              f"{total_steps}")
-        if not 0 <= pct_start <= 1:
-            raise EveryOError(f"OneCycleLR: pct_start must be in [0, 1], got {pct_start}")
+            total_steps = (argument("OneCycleLR", "epochs", epochs, "positive int")
+                           * argument("OneCycleLR", "steps_per_epoch", steps_per_epoch,
+                                      "positive int"))
+        total_steps = argument("OneCycleLR", "total_steps", total_steps, "positive int")
+        pct_start = argument("OneCycleLR", "pct_start", pct_start, "probability")
+        div_factor = argument("OneCycleLR", "div_factor", div_factor, "positive float")
+        final_div_factor = argument("OneCycleLR", "final_div_factor", final_div_factor,
+                                    "positive float")
         if anneal_strategy not in ("cos", "linear"):
             raise EveryOError(f"OneCycleLR: anneal_strategy must be 'cos' or 'linear', got "
                               f"{anneal_strategy!r}")
@@ -56,7 +59,8 @@ class OneCycleLR(LRScheduler):
                             "max_momentum")]
         groups = optimizer.param_groups
         if last_epoch == -1:
-            for group, top in zip(groups, per_group("max_lr", optimizer, max_lr)):
+            tops = per_group("max_lr", optimizer, max_lr, "non-negative float", "OneCycleLR")
+            for group, top in zip(groups, tops):
                 group["initial_lr"] = top / div_factor
                 group["max_lr"] = top
                 group["min_lr"] = group["initial_lr"] / final_div_factor
@@ -68,8 +72,10 @@ class OneCycleLR(LRScheduler):
                                   f"momentum nor betas; pass cycle_momentum=False")
             self.use_beta1 = "betas" in defaults
             if last_epoch == -1:
-                tops = per_group("max_momentum", optimizer, max_momentum)
-                bottoms = per_group("base_momentum", optimizer, base_momentum)
+                tops = per_group("max_momentum", optimizer, max_momentum, "float",
+                                 "OneCycleLR")
+                bottoms = per_group("base_momentum", optimizer, base_momentum, "float",
+                                    "OneCycleLR")
                 for group, top, bottom in zip(groups, tops, bottoms):
                     self._set_momentum(group, top)
                     group["max_momentum"], group["base_momentum"] = top, bottom
@@ -133,6 +139,14 @@ class SequentialLR(LRScheduler):
             if getattr(scheduler, "optimizer", None) is not optimizer:
                 raise EveryOError(f"SequentialLR: scheduler {i} "
                                   f"({type(scheduler).__name__}) belongs to another optimizer")
+        if not isinstance(milestones, (list, tuple)):
+            raise LayerArgumentError(f"SequentialLR: milestones must be a list of epochs, got "
+                                     f"{milestones!r}")
+        milestones = [argument("SequentialLR", "milestones", m, "positive int")
+                      for m in milestones]
+        if milestones != sorted(milestones):
+            raise LayerArgumentError(f"SequentialLR: milestones must increase, got "
+                                     f"{milestones}")
         if len(milestones) != len(schedulers) - 1:
             raise EveryOError(f"SequentialLR: {len(schedulers)} schedulers need "
                               f"{len(schedulers) - 1} milestones, got {len(milestones)}")
@@ -200,18 +214,20 @@ class ReduceLROnPlateau(LRScheduler):
     def __init__(self, optimizer, mode: str = "min", factor: float = 0.1, patience: int = 10,
                  threshold: float = 1e-4, threshold_mode: str = "rel", cooldown: int = 0,
                  min_lr=0, eps: float = 1e-8):
-        if factor >= 1.0:
-            raise EveryOError(f"ReduceLROnPlateau: factor must be < 1, got {factor}")
+        name = "ReduceLROnPlateau"
+        if argument(name, "factor", factor, "non-negative float") >= 1.0:
+            raise LayerArgumentError(f"ReduceLROnPlateau: factor must be < 1, got {factor}")
+        patience = argument(name, "patience", patience, "non-negative int")
+        threshold = argument(name, "threshold", threshold, "non-negative float")
+        cooldown = argument(name, "cooldown", cooldown, "non-negative int")
+        eps = argument(name, "eps", eps, "non-negative float")
         if mode not in ("min", "max"):
             raise EveryOError(f"ReduceLROnPlateau: mode must be 'min' or 'max', got {mode!r}")
         if threshold_mode not in ("rel", "abs"):
             raise EveryOError(f"ReduceLROnPlateau: threshold_mode must be 'rel' or 'abs', "
                               f"got {threshold_mode!r}")
-        if not hasattr(optimizer, "param_groups"):
-            raise EveryOError(f"ReduceLROnPlateau: {type(optimizer).__name__} is not an "
-                              f"optimizer")
+        self.min_lrs = per_group("min_lr", optimizer, min_lr, "non-negative float", name)
         self.optimizer, self.factor = optimizer, factor
-        self.min_lrs = per_group("min_lr", optimizer, min_lr)
         self.patience, self.cooldown, self.eps = patience, cooldown, eps
         self.mode, self.threshold, self.threshold_mode = mode, threshold, threshold_mode
         self.last_epoch = 0
@@ -230,7 +246,11 @@ class ReduceLROnPlateau(LRScheduler):
 
     def step(self, metrics) -> None:  # one argument, named as in PyTorch
         """Record this epoch's metric; reduce the learning rate after a plateau."""
-        current = float(metrics.item() if hasattr(metrics, "item") else metrics)
+        try:
+            current = float(metrics.item() if hasattr(metrics, "item") else metrics)
+        except (TypeError, ValueError):
+            raise LayerArgumentError(f"ReduceLROnPlateau.step: metrics must be one number "
+                                     f"(e.g. the validation loss), got {metrics!r}") from None
         self.last_epoch += 1
         if self._is_better(current, self.best):
             self.best, self.num_bad_epochs = current, 0

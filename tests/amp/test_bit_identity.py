@@ -200,7 +200,11 @@ def test_a_weight_changed_in_place_before_backward_is_refused():
         y.astype("float32").sum().backward()
 
 
-def test_float64_inputs_and_tensor_weights_keep_cast_nodes():
+def test_float64_inputs_small_and_tensor_weights_keep_cast_nodes():
+    small = eo.Linear(8, 3, seed=0)  # below FOLD_MIN_ELEMENTS
+    with eo.autocast():
+        y = small(eo.ones(2, 8, requires_grad=True))
+    assert "lower" not in y._ctx.attrs and type(y._ctx.parents[1]._ctx).name == "cast"
     layer, x = linear("float64")
     with eo.autocast():
         y = layer(x)

@@ -19,13 +19,14 @@ keyed by the parameter would go stale when an optimizer updates ``param.data`` i
 the block (see docs/mixed_precision.md for the measured cost of recasting).
 
 Folded weight casts: when autocast is the only interceptor, a ``matmul`` whose weight is a
-float32 parameter gets the parameter itself and ``lower=<dtype>`` instead of a cast node for
-it (and for its bias): the product rounds the weight to 16-bit values in float32 without
-making the 16-bit array, rounds it again in backward instead of keeping a copy, and returns
-the weight's gradient already rounded and in float32. The numbers are bit for bit those of
-the cast nodes (``tests/amp/test_bit_identity.py``); what differs is that the graph holds no
-16-bit weight copy (nothing else could see one: no other interceptor is active, and a tensor
-no user holds can carry no hook).
+float32 parameter (of at least ``FOLD_MIN_ELEMENTS`` elements) gets the parameter itself and
+``lower=<dtype>`` instead of a cast node for it (and for its bias): the product rounds the
+weight to 16-bit values in float32 without making the 16-bit array (keeping that rounded
+weight for backward, see ``everyo.ops.linalg.KEEPS_ROUNDED_WEIGHT``) and returns the weight's
+gradient already rounded and in float32. The numbers are bit for bit those of the cast nodes
+(``tests/amp/test_bit_identity.py``); what differs is that the graph holds no 16-bit weight
+copy (nothing else could see one: no other interceptor is active, and a tensor no user holds
+can carry no hook).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import numpy as np
 
 from everyo import EveryOError, Tensor, dispatch, registry
 from everyo.dispatch import active_interceptors, pop_interceptor, push_interceptor
+from everyo.half_precision import BLOCK
 from everyo.kernels import is_floating
 from everyo_amp.policy import AutocastPolicy
 
@@ -68,6 +70,9 @@ def _cast_operand(operand, target: np.dtype, lowering: bool):
 #: Fold the casts of float32 parameters into the products that use them (see the module
 #: docstring); False: every operand goes through a cast node (for comparisons).
 FOLD_WEIGHT_CASTS = True
+#: Weights with fewer elements keep their cast nodes: their conversions are small either way,
+#: and on cnn_cifar (a 40,960-weight Linear) folding measured no faster (docs/benchmarks.md).
+FOLD_MIN_ELEMENTS = 2 * BLOCK
 
 _F32 = np.dtype(np.float32)
 
@@ -93,8 +98,8 @@ class _Casting:
         """``(operands, attrs)`` of a ``matmul`` whose weight cast is folded, else None."""
         if not (self.folds and name == "matmul" and FOLD_WEIGHT_CASTS and "lower" not in attrs
                 and len(operands) in (2, 3) and _is_master_weight(operands[1])
-                and operands[1].ndim == 2 and isinstance(operands[0], Tensor)
-                and operands[0].ndim >= 2):
+                and operands[1].ndim == 2 and operands[1].data.size >= FOLD_MIN_ELEMENTS
+                and isinstance(operands[0], Tensor) and operands[0].ndim >= 2):
             return None
         # (a float64 input stays float64 under autocast: such a product keeps its cast nodes)
         bias = operands[2] if len(operands) == 3 else None

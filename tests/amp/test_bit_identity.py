@@ -221,3 +221,20 @@ def test_matmul_lower_refuses_what_it_cannot_compute():
                      (eo.ones(4, 3), "float32"), (eo.ones(4, 3, dtype="bfloat16"), "float16")]:
         with pytest.raises(EveryOError, match="lower"):
             eo.dispatch("matmul", a, w, lower=np.dtype(lower) if lower != "bfloat16" else lower)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_a_batched_input_folds_to_the_same_bits(dtype, monkeypatch):
+    def run(fold: bool):
+        monkeypatch.setattr(autocast_mode, "FOLD_WEIGHT_CASTS", fold)
+        layer, _ = linear()
+        x = eo.tensor(np.random.default_rng(4).standard_normal((3, 5, 600)).astype(np.float32),
+                      requires_grad=True)
+        with eo.autocast(dtype=dtype):
+            y = layer(x)
+        y.astype("float32").sum().backward()
+        return [y.data.view(np.uint16), x.grad.view(np.uint32),
+                layer.weight.grad.view(np.uint32), layer.bias.grad.view(np.uint32)]
+
+    for got, expected in zip(run(True), run(False)):
+        assert np.array_equal(got, expected)

@@ -174,6 +174,6 @@ def test_rounded_float32_of_a_small_or_16_bit_array():
     small = np.array([1.00048828125, -1e-8, 7e4, 3.0], np.float32)
     with np.errstate(over="ignore"):
         got = rounded_float32(small, FLOAT16)
+        assert rounded_float32(small.astype(FLOAT16), FLOAT16).dtype == np.float32
     np.testing.assert_array_equal(bits_of(got), bits_of(np.array(
         [1.0, -0.0, np.inf, 3.0], np.float32)))
-    assert rounded_float32(small.astype(FLOAT16), FLOAT16).dtype == np.float32

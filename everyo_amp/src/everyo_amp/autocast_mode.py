@@ -39,7 +39,6 @@ import numpy as np
 
 from everyo import EveryOError, Tensor, dispatch, registry
 from everyo.dispatch import active_interceptors, pop_interceptor, push_interceptor
-from everyo.half_precision import BLOCK
 from everyo.kernels import is_floating
 from everyo_amp.policy import AutocastPolicy
 
@@ -70,9 +69,10 @@ def _cast_operand(operand, target: np.dtype, lowering: bool):
 #: Fold the casts of float32 parameters into the products that use them (see the module
 #: docstring); False: every operand goes through a cast node (for comparisons).
 FOLD_WEIGHT_CASTS = True
-#: Weights with fewer elements keep their cast nodes: their conversions are small either way,
-#: and on cnn_cifar (a 40,960-weight Linear) folding measured no faster (docs/benchmarks.md).
-FOLD_MIN_ELEMENTS = 2 * BLOCK
+#: Weights with fewer elements keep their cast nodes: their conversions are small either way
+#: (below this size the core converts with plain astype calls), and on cnn_cifar (a 40,960-
+#: weight Linear) folding measured no faster (docs/benchmarks.md).
+FOLD_MIN_ELEMENTS = 1 << 17
 
 _F32 = np.dtype(np.float32)
 

@@ -74,14 +74,15 @@ def model_and_data():
     return model, x, y
 
 
-def train(dtype: str, scaled: bool, steps: int = 3, hook: bool = False) -> list:
+def train(dtype: str, scaled: bool, steps: int = 3, hook: bool = False,
+          init_scale: float = 2.0**12) -> list:
     """Every parameter gradient and value after each step, as raw bits."""
     model, x, y = model_and_data()
     params = list(model.parameters())
     if hook:  # (any hook sends backward through the general engine)
         params[2].register_hook(lambda g: None)
     optimizer = eo.SGD(params, lr=0.05, momentum=0.9)
-    scaler = eo.GradScaler(init_scale=2.0**12) if scaled else None
+    scaler = eo.GradScaler(init_scale=init_scale) if scaled else None
     record = []
     for _ in range(steps):
         optimizer.zero_grad()
@@ -119,6 +120,16 @@ def test_training_steps_are_bit_identical_to_cast_nodes_with_plain_conversions(
     plain = train(dtype, scaled)
     assert_same_bits(fast, plain)
     assert_same_bits(through_hooks, plain)
+
+
+def test_overflowing_loss_scales_take_the_same_steps(plain_conversions):
+    # (gradients scaled into float16's top binade and beyond it: inf, skipped steps)
+    fast = [train("float16", True, steps=4, init_scale=2.0**s) for s in (20, 26)]
+    plain_conversions()
+    plain = [train("float16", True, steps=4, init_scale=2.0**s) for s in (20, 26)]
+    for got, expected in zip(fast, plain):
+        assert_same_bits(got, expected)
+    assert False in fast[1][::len(fast[1]) // 4]  # (the guard: some step was skipped)
 
 
 def test_the_plain_reference_differs_from_float32_training():

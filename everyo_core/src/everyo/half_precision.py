@@ -138,7 +138,8 @@ def rounded_float32(x: np.ndarray, dtype: np.dtype, out: np.ndarray | None = Non
 _EXPONENT_BITS = np.uint32(0x7F800000)
 _FLOAT16_SMALLEST_NORMAL = np.uint32((127 - 14) << 23)  # 2**-14: below it, fixed spacing 2**-24
 _FLOAT16_MANTISSA_SHIFT = np.uint32(13 << 23)  # float32 keeps 13 mantissa bits more
-_FLOAT16_LARGE = (127 + 15) << 23  # 2**15: where overflow to inf starts to matter
+_FLOAT16_TOP_BINADE = (127 + 15) << 23  # [2**15, 2**16): may round up to 2**16, i.e. inf
+_FLOAT16_BEYOND = (127 + 16) << 23  # 2**16 and more (inf, NaN included): astype
 
 
 def _round_block_float16(source, target, exponents, scratch) -> None:
@@ -148,11 +149,13 @@ def _round_block_float16(source, target, exponents, scratch) -> None:
     binade where float32's spacing is float16's spacing at |x|, so the addition itself rounds
     |x| to nearest, ties to even, exactly as astype would; subtracting C again is exact
     (Sterbenz). copysign puts back the sign (including that of a result rounded to zero).
-    Blocks holding |x| >= 2**15, inf or NaN (overflow to inf, NaN payloads: rare) go through
-    astype instead.
+    In float16's top binade a value rounds up to 2**16 exactly when astype overflows it to inf
+    (|x| >= 65520), so 2**16 becomes inf there; blocks holding |x| >= 2**16, inf or NaN (NaN
+    payloads: rare; loss-scaled gradients that overflowed) go through astype instead.
     """
     np.bitwise_and(source.view(np.uint32), _EXPONENT_BITS, out=exponents)
-    if exponents.max() >= _FLOAT16_LARGE:
+    largest = exponents.max()
+    if largest >= _FLOAT16_BEYOND:
         target[...] = source.astype(FLOAT16)
         return
     np.maximum(exponents, _FLOAT16_SMALLEST_NORMAL, out=exponents)
@@ -161,6 +164,8 @@ def _round_block_float16(source, target, exponents, scratch) -> None:
     np.abs(source, out=scratch)
     scratch += magic
     scratch -= magic
+    if largest >= _FLOAT16_TOP_BINADE:
+        scratch[scratch == 2.0**16] = np.inf  # (|x| >= 65520: float16 overflows to inf)
     np.copysign(scratch, source, out=target)
 
 

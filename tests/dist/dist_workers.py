@@ -255,3 +255,33 @@ def tied_weights_accumulated(group, inputs, use_ddp: bool):
     else:
         average_gradients(model.parameters(), group)
     return [p.grad for p in model.parameters()]
+
+
+WIDE_LENGTHS = (0, 1, 2, 7, 1001, 70001)
+
+
+def wide_data(rank: int, dtype, length: int, seed: int = 0) -> np.ndarray:
+    """Rank ``rank``'s contribution, spanning sixteen orders of magnitude (floats; float16 a
+    few, to stay finite) or the whole range (integers, so sums wrap): the order of the
+    float64 additions shows in the last bits."""
+    rng = np.random.default_rng([seed, rank, length])
+    dtype = np.dtype(dtype)
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        return rng.integers(info.min, info.max, length, dtype=dtype, endpoint=True)
+    spread = 2 if dtype.itemsize == 2 else 8
+    return (rng.standard_normal(length) * 10.0 ** rng.integers(-spread, spread + 1, length)
+            ).astype(dtype)
+
+
+def wide_reductions(group, dtypes=("float64", "float32", "float16", "int32", "int64",
+                                   "uint64"), lengths=WIDE_LENGTHS):
+    """Sum (and, for floats, mean) of :func:`wide_data` for every dtype and length."""
+    out = {}
+    for dtype in dtypes:
+        for length in lengths:
+            mine = wide_data(group.rank, dtype, length)
+            out[f"sum-{dtype}-{length}"] = group.all_reduce_sum(mine)
+            if np.dtype(dtype).kind == "f":
+                out[f"mean-{dtype}-{length}"] = group.all_reduce_mean(mine)
+    return out

@@ -4,7 +4,9 @@ LOCAL_RANK PORT FLAT_PORT OUTDIR [HIERARCHY]``.
 ``MODE`` ``reduce``: join the hierarchical group (rendezvous on ``PORT``), all-reduce every case
 of :data:`CASES`, then (unless ``FLAT_PORT`` is 0) join a plain tcp group there and do the same; save both to
 ``OUTDIR/rank<K>.npz``. ``kill``: one all-reduce, then the last rank SIGKILLs itself while the
-others start a second. Errors go to ``OUTDIR/rank<K>.err``. ``run_ranks`` starts the workers.
+others start a second. ``die_before_segment``: every leader but rank 0 SIGKILLs itself where it
+would create its machine's shared segment. ``HIERARCHY`` may list one choice per rank,
+comma-separated. Errors go to ``OUTDIR/rank<K>.err``. ``run_ranks`` starts the workers.
 """
 
 from __future__ import annotations
@@ -46,15 +48,32 @@ def _reduce_all(group) -> dict:
     return results
 
 
+def _die_before_creating_the_segment():
+    """Make this leader SIGKILL itself where it would create its machine's shared segment."""
+    from everyo_dist.backends.hierarchical import group as hierarchical
+
+    def killed(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    hierarchical.ShmTransport = killed
+
+
 def main(mode, rank, world, local_rank, port, flat_port, outdir, hierarchy="auto"):
     import everyo.distributed as dist
 
     rank, world = int(rank), int(world)
+    if "," in hierarchy:  # one choice per rank (a misconfigured job)
+        hierarchy = hierarchy.split(",")[rank]
+    if mode == "die_before_segment" and int(local_rank) == 0 and rank > 0:
+        _die_before_creating_the_segment()
     try:
         group = dist.init(backend="tcp_hierarchical", rank=rank, world_size=world,
                           local_rank=int(local_rank), master_addr="127.0.0.1",
                           master_port=int(port), token=TOKEN, timeout=60, hierarchy=hierarchy)
         with group:
+            if mode == "die_before_segment":
+                group.all_reduce_sum(np.ones(10, np.float32))
+                return
             if mode == "kill":
                 group.all_reduce_sum(np.ones(300001, np.float32))
                 if rank == world - 1:

@@ -28,6 +28,8 @@ def main(mode: str, outdir: Path) -> None:
     group = dist.init(backend="mpi", timeout=30)
     if mode == "primitives":
         result = dist_workers.primitives(group, [(5, 7), (1,), (0,), (1001,)])
+    elif mode == "wide":
+        result = dist_workers.wide_reductions(group)
     elif mode == "train":
         inputs, targets = dist_workers.make_data()
         weights = dist_workers.train_worker(group, inputs, targets)

@@ -27,11 +27,15 @@ from everyo_dist.errors import DistributedError
 from everyo_dist.reduction import reduce_rows_f64
 
 
-def _run(mode, local_ranks, outdir, hierarchy="always", timeout=90):
+def _run(mode, local_ranks, outdir, hierarchy="always", timeout=90, flat=False):
+    """Run the workers; with ``flat`` they also run every case on a plain tcp ring."""
     from everyo.distributed_tcp import TCPRendezvousServer
 
-    with TCPRendezvousServer(world_size=len(local_ranks), token=TOKEN) as server:
-        procs = start_ranks(mode, local_ranks, server.port, 0, outdir, hierarchy)
+    world = len(local_ranks)
+    with TCPRendezvousServer(world_size=world, token=TOKEN) as server, \
+            TCPRendezvousServer(world_size=world, token=TOKEN) as flat_server:
+        procs = start_ranks(mode, local_ranks, server.port, flat_server.port if flat else 0,
+                            outdir, hierarchy)
         started = time.monotonic()
         outputs = [proc.communicate(timeout=timeout)[0] for proc in procs]
     return procs, outputs, time.monotonic() - started
@@ -43,17 +47,19 @@ def _run(mode, local_ranks, outdir, hierarchy="always", timeout=90):
     ([0, 1, 0, 0], "always")])
 def test_all_reduce_is_the_canonical_reduction_bit_for_bit(tmp_path, clean_shm, local_ranks,
                                                            hierarchy):
-    procs, outputs, _ = _run("reduce", local_ranks, tmp_path, hierarchy)
+    procs, outputs, _ = _run("reduce", local_ranks, tmp_path, hierarchy, flat=True)
     assert [proc.returncode for proc in procs] == [0] * len(procs), outputs
     world = len(local_ranks)
     results = [np.load(tmp_path / f"rank{rank}.npz") for rank in range(world)]
     for dtype, length, mean in CASES:
-        key = f"hier_{dtype}_{length}_{'mean' if mean else 'sum'}"
+        case = f"{dtype}_{length}_{'mean' if mean else 'sum'}"
         expected = reduce_rows_f64([rank_data(r, dtype, length) for r in range(world)], mean,
                                    dtype)
         for rank, result in enumerate(results):
-            assert result[key].dtype == expected.dtype
-            assert result[key].tobytes() == expected.tobytes(), (key, rank)
+            # the hierarchy, and the flat tcp ring of the same ranks: both the canonical bits
+            for key in (f"hier_{case}", f"flat_{case}"):
+                assert result[key].dtype == expected.dtype
+                assert result[key].tobytes() == expected.tobytes(), (key, rank)
 
 
 def test_a_killed_rank_fails_every_rank_quickly_and_leaves_no_shared_memory(tmp_path,
@@ -65,6 +71,28 @@ def test_a_killed_rank_fails_every_rank_quickly_and_leaves_no_shared_memory(tmp_
     errors = [(tmp_path / f"rank{rank}.err").read_text() for rank in range(3)]
     assert "rank 3 was lost" in errors[2], errors[2]  # its machine's leader names it
     assert all("PeerLostError" in error for error in errors), errors
+
+
+def test_a_leader_dying_before_it_creates_its_machines_segment_fails_the_job_quickly(
+        tmp_path, clean_shm):
+    procs, outputs, seconds = _run("die_before_segment", [0, 1, 0, 1], tmp_path, timeout=60)
+    assert procs[2].returncode == -signal.SIGKILL
+    assert [proc.returncode for proc in (procs[0], procs[1], procs[3])] == [1, 1, 1], outputs
+    assert seconds < 20, f"the survivors took {seconds:.1f}s to fail (timeout is 60s)"
+    waiting = (tmp_path / "rank3.err").read_text()  # rank 3 waited for rank 2's segment
+    assert "PeerLostError" in waiting and "rank 2 was lost" in waiting, waiting
+    assert "exited before creating it" in waiting, waiting
+
+
+def test_ranks_passing_different_hierarchy_choices_fail_at_start_up_naming_them(tmp_path):
+    procs, outputs, seconds = _run("reduce", [0, 1, 0, 1], tmp_path,
+                                   hierarchy="auto,auto,auto,never", timeout=60)
+    assert [proc.returncode for proc in procs] == [1, 1, 1, 1], outputs
+    assert seconds < 20, f"the ranks took {seconds:.1f}s to fail (timeout is 60s)"
+    for rank in range(4):
+        error = (tmp_path / f"rank{rank}.err").read_text()
+        assert "every rank must pass the same hierarchy=" in error, error
+        assert "rank 2: 'auto', rank 3: 'never'" in error, error
 
 
 @pytest.mark.parametrize("tls", [False, True])
@@ -118,13 +146,16 @@ def test_machines_must_be_contiguous_blocks_of_local_ranks():
 
 def test_the_hierarchy_is_chosen_only_where_it_sends_fewer_bytes():
     count = 10 ** 7
-    # two machines of two float32 ranks: 6 bytes per element on the busiest link against 8
+    # two machines of two float32 ranks: 6 bytes per element on the busiest link against the
+    # flat ring's 9 (its rank-order ring: raw rows until a chunk passes rank 0)
     assert hierarchical_bytes(count, [2, 2], 4) == 6 * count
-    assert flat_ring_bytes(count, 4, 4) == 8 * count
+    assert flat_ring_bytes(count, 4, 4) == 9 * count
+    assert flat_ring_bytes(count, 8, 4) == 12 * count  # the chain: 8 + 4 bytes per element
     assert hierarchy_pays(count, [2, 2], 4) and hierarchy_pays(count, [3], 8)
-    assert not hierarchy_pays(count, [4, 4], 4)  # raw rows outweigh float64 partial sums
-    assert not hierarchy_pays(count, [2, 2, 2], 4)  # rows travel several hops round the ring
-    assert not hierarchy_pays(count, [2, 2], 8)  # float64 rows cost what partial sums cost
+    assert hierarchy_pays(count, [4, 4], 4)  # 10 against the chain's 12
+    assert hierarchy_pays(count, [2, 2], 8)  # 12 against the chain's 16
+    assert not hierarchy_pays(count, [2, 1, 1], 4)  # rows travel several hops: 9.3 against 9
+    assert not hierarchy_pays(count, [3, 3], 8)  # float64 rows: 16 against 16
 
 
 def test_an_unknown_hierarchy_choice_is_refused():

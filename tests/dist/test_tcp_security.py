@@ -160,9 +160,10 @@ def test_a_connection_that_never_finishes_the_handshake_is_dropped_after_the_tim
         assert any("timed out" in reason for _, reason in server.refusals)
 
 
-def test_a_sigkilled_rank_is_named_by_the_others_within_the_timeout(tmp_path):
-    with TCPRendezvousServer(world_size=3, token="test-token") as server:
-        procs = start_ranks("hammer", 3, server.port, tmp_path, extra=(1, tmp_path))
+@pytest.mark.parametrize("world_size", [3, 6])  # 6 float32 ranks run the chain schedule
+def test_a_sigkilled_rank_is_named_by_the_others_within_the_timeout(tmp_path, world_size):
+    with TCPRendezvousServer(world_size=world_size, token="test-token") as server:
+        procs = start_ranks("hammer", world_size, server.port, tmp_path, extra=(1, tmp_path))
         ready = tmp_path / "ready"
         deadline = time.monotonic() + 30
         while not ready.exists() and time.monotonic() < deadline:
@@ -172,7 +173,7 @@ def test_a_sigkilled_rank_is_named_by_the_others_within_the_timeout(tmp_path):
         killed_at = time.time()
         os.kill(int(ready.read_text()), signal.SIGKILL)
         outputs = finish(procs, 30)
-    for rank in (0, 2):
+    for rank in (0, *range(2, world_size)):
         error_file = tmp_path / f"rank{rank}.err"
         assert error_file.exists(), f"rank {rank} saw no error: {outputs}"
         kind, when, message = error_file.read_text().split("|", 2)

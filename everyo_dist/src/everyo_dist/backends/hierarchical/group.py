@@ -13,9 +13,9 @@ vector. An all-reduce runs in four steps:
    block by block while the owner is still reducing;
 4. each leader broadcasts the result inside its machine through shared memory.
 
-Raw rows cost ``k`` times the input's bytes where the flat ring sends float64 partial sums, so
-the hierarchy pays only for few ranks per machine and few machines (``layout.hierarchy_pays``);
-otherwise the same call runs on the flat tcp ring every rank also joined. Barrier, broadcast and
+Raw rows cost ``k`` times the input's bytes per machine, so the hierarchy pays only for few
+ranks per machine and few machines (``layout.hierarchy_pays``); otherwise the same call runs on
+the flat tcp ring every rank also joined, which sums in rank order too: the same bits. Barrier, broadcast and
 all-gather always use the flat ring. The pieces are the shm and tcp backends' own: the shared
 segments, the authenticated ring with its validated frames and ABORT relay, and the reduction.
 """
@@ -30,9 +30,10 @@ import numpy as np
 from everyo_dist.backends.hierarchical.layout import hierarchy_pays, machines_of
 from everyo_dist.backends.shm.group import ShmTransport, check_store_ordering
 from everyo_dist.backends.shm.segments import new_job_id, segment_name, unlink
+from everyo_dist.backends.tcp.allreduce import chunk_bounds
 from everyo_dist.backends.tcp.auth import DEFAULT_HANDSHAKE_TIMEOUT, token_key
 from everyo_dist.backends.tcp.group import _connect_ring, init_tcp_process_group
-from everyo_dist.backends.tcp.ring import Ring, chunk_bounds
+from everyo_dist.backends.tcp.ring import Ring
 from everyo_dist.backends.tcp.sockets import listen
 from everyo_dist.backends.tcp.tls import tls_contexts_from_environment
 from everyo_dist.contract import Collective
@@ -257,6 +258,18 @@ def _leader_address(rank: int, record, address) -> tuple[str, int]:
     return host.decode("ascii"), port
 
 
+def _check_same_hierarchy(records) -> None:
+    """Every rank must run each all-reduce the same way: a rank on the flat ring and one in
+    the hierarchy would wait on different connections until the timeout, so a mixed
+    ``hierarchy=`` is refused at start-up, on every rank, with every rank's choice."""
+    choices = [int(r[4]) for r in records]
+    if len(set(choices)) > 1:
+        raise DistributedError(
+            "tcp_hierarchical: every rank must pass the same hierarchy=, got " + ", ".join(
+                f"rank {rank}: {HIERARCHY_CHOICES[c]!r}" if 0 <= c < len(HIERARCHY_CHOICES)
+                else f"rank {rank}: invalid ({c})" for rank, c in enumerate(choices)))
+
+
 def create_hierarchical_group(rank: int, world_size: int, local_rank: int | None = None,
                               master_addr: str | None = None, master_port: int | None = None,
                               token: str | None = None, timeout: float | None = None,
@@ -324,8 +337,9 @@ def create_hierarchical_group(rank: int, world_size: int, local_rank: int | None
         listener = listen(host, 0) if leads else None
         job = new_job_id() if leads else "0"
         record = np.int64([local_rank, listener.getsockname()[1] if leads else 0,
-                           int(job, 16), os.getpid()])
+                           int(job, 16), os.getpid(), HIERARCHY_CHOICES.index(hierarchy)])
         records = flat.all_gather(record)
+        _check_same_hierarchy(records)
         address = np.zeros(_HOST_BYTES, np.uint8)
         address[:len(host)] = np.frombuffer(host.encode("ascii"), np.uint8)
         addresses = flat.all_gather(address)

@@ -5,10 +5,8 @@ Pure functions (no sockets), so the rule that picks the algorithm is easy to rea
 
 from __future__ import annotations
 
-from everyo_dist.backends.tcp.ring import chunk_bounds
+from everyo_dist.backends.tcp.allreduce import chunk_bounds, link_bytes
 from everyo_dist.errors import DistributedError
-
-FLOAT64_BYTES = 8  # the flat ring forwards float64 partial sums after its first hop
 
 
 def machines_of(local_ranks) -> list[range]:
@@ -40,11 +38,14 @@ def machines_of(local_ranks) -> list[range]:
 
 
 def flat_ring_bytes(count: int, world_size: int, itemsize: int) -> int:
-    """Bytes the busiest link of the flat ring carries for one all-reduce of ``count`` items:
-    one chunk in the input dtype, ``world_size - 2`` chunks of float64 partial sums, then
-    ``world_size - 1`` finished chunks."""
-    chunk = -(-count // world_size)
-    return chunk * (itemsize + (world_size - 2) * FLOAT64_BYTES + (world_size - 1) * itemsize)
+    """Bytes the busiest link of the flat tcp ring carries for one all-reduce of ``count``
+    items, with the schedule it picks (``allreduce.plan``).
+
+    Example:
+        >>> flat_ring_bytes(1000, 4, 4), flat_ring_bytes(1000, 8, 4)
+        (9000, 12000)
+    """
+    return min(link_bytes(count, world_size, itemsize).values())
 
 
 def hierarchical_bytes(count: int, machine_sizes, itemsize: int) -> int:
@@ -56,7 +57,7 @@ def hierarchical_bytes(count: int, machine_sizes, itemsize: int) -> int:
 
     Example:
         >>> hierarchical_bytes(1000, [2, 2], 4), flat_ring_bytes(1000, 4, 4)
-        (6000, 8000)
+        (6000, 9000)
     """
     machines = len(machine_sizes)
     bounds = chunk_bounds(count, machines)
@@ -76,11 +77,11 @@ def hierarchical_bytes(count: int, machine_sizes, itemsize: int) -> int:
 
 def hierarchy_pays(count: int, machine_sizes, itemsize: int) -> bool:
     """Whether the hierarchical all-reduce sends fewer bytes over the busiest link than the
-    flat ring: true for two machines of two ranks each, false once raw rows outweigh the flat
-    ring's float64 partial sums (e.g. two machines of four float32 ranks, or many machines).
+    flat ring: true for two machines of two ranks each, false once raw rows outweigh what the
+    flat ring sends (e.g. machines of 2, 1 and 1 ranks, or float64 on two machines of 3).
 
     Example:
-        >>> hierarchy_pays(10**6, [2, 2], 4), hierarchy_pays(10**6, [4, 4], 4)
+        >>> hierarchy_pays(10**6, [2, 2], 4), hierarchy_pays(10**6, [2, 1, 1], 4)
         (True, False)
     """
     if len(machine_sizes) == 1:

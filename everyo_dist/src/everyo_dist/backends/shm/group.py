@@ -167,6 +167,8 @@ class ShmTransport:
                 return Segment(name, size, create=True)
             except FileExistsError:
                 pass  # created by the spawn parent
+        owner = parse_name(name)[0]  # the process that creates it (its pid is in the name)
+        next_check = time.monotonic() + LIVENESS_INTERVAL
         while True:  # peers may start before rank 0 created it
             try:
                 control = Segment(name, size, create=False)
@@ -177,6 +179,12 @@ class ShmTransport:
                 pass
             if joining.remaining() <= 0:
                 raise joining.timeout_error([0], f"shared segment {name} never appeared")
+            if time.monotonic() >= next_check:  # a dead creator: fail now, not at the timeout
+                next_check = time.monotonic() + LIVENESS_INTERVAL
+                if not process_alive(owner):
+                    raise joining.peer_lost_error(
+                        0, f"the process that creates the shared segment {name} (pid {owner})"
+                           f" exited before creating it")
             time.sleep(0.01)
 
     # -- synchronisation ---------------------------------------------------------------------

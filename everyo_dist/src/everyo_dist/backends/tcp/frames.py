@@ -27,7 +27,7 @@ from everyo_dist.errors import DistributedError
 from everyo_dist.fingerprint import DTYPE_CODES, DTYPE_NAMES, FINGERPRINT_SIZE, CollectiveOp, Fingerprint
 
 MAGIC = b"EOTC"
-VERSION = 1
+VERSION = 2  # 2: the ring all-reduce sums in rank order (raw rows, several frames per step)
 _PREFIX = struct.Struct("<4sBBBxIQ")
 HEADER_SIZE = _PREFIX.size + FINGERPRINT_SIZE
 # Control frames (registration, peer table, abort reasons) are small JSON documents.

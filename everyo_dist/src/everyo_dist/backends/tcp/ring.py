@@ -2,9 +2,9 @@
 
 Rank ``r`` sends only to ``next = (r + 1) % n`` and receives only from ``prev = (r - 1) % n``,
 each over its own connection, so one rank never reads and writes the same socket. Every step
-of a collective sends one frame and receives one frame *at the same time* (non-blocking
-sockets, one ``select`` loop): two ranks both pushing 20 MB at each other would otherwise
-deadlock on full kernel buffers.
+of a collective sends its frames and receives its frames *at the same time* (non-blocking
+sockets, one ``poll`` loop): two ranks both pushing 20 MB at each other would otherwise
+deadlock on full kernel buffers. The all-reduce's schedules are in ``allreduce.py``.
 
 Every received header is checked against the collective this rank is running (its
 fingerprint), so a rank that called something else is named in a ``CollectiveMismatchError``
@@ -22,6 +22,7 @@ import time
 
 import numpy as np
 
+from everyo_dist.backends.tcp.allreduce import all_reduce
 from everyo_dist.backends.tcp.frames import (
     CONTROL_LIMIT,
     DTYPE_CODE_OF,
@@ -56,29 +57,15 @@ from everyo_dist.errors import (
     PeerLostError,
 )
 from everyo_dist.fingerprint import Fingerprint
-from everyo_dist.reduction import accumulator_dtype, reduce_rows
 
 _WOULD_BLOCK = (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
 _EMPTY = np.empty(0, dtype=np.uint8)
+_NO_STEP = 0xFFFFFFFF  # a step no frame carries: reading on only to catch an ABORT
 _ABORT_SECONDS = 2.0  # how long a failing rank tries to tell the next one why
 _KINDS = frozenset(int(kind) for kind in FrameKind)
 _RELAYED_ERRORS = {"CollectiveMismatchError": CollectiveMismatchError,
                    "CollectiveTimeoutError": CollectiveTimeoutError,
                    "PeerLostError": PeerLostError}
-
-
-def chunk_bounds(count: int, parts: int) -> list[int]:
-    """Start offsets of ``parts`` nearly equal chunks of ``count`` items, plus the end.
-
-    Example:
-        >>> chunk_bounds(10, 3)
-        [0, 4, 7, 10]
-    """
-    base, extra = divmod(count, parts)
-    bounds = [0]
-    for index in range(parts):
-        bounds.append(bounds[-1] + base + (1 if index < extra else 0))
-    return bounds
 
 
 def _peer_host(sock) -> str:
@@ -93,36 +80,6 @@ def _own_host(sock) -> str:
         return str(sock.getsockname()[0])
     except OSError:
         return "?"
-
-
-_BLOCK = 131072  # float64 items: the reduction's 1 MB working set stays in cache
-
-
-class _Finisher:
-    """Computes ``out = cast((partial + own) / divisor)`` in float64, one block at a time, as
-    fast as ``partial`` arrives; tells the sender how much of ``out`` is ready."""
-
-    __slots__ = ("partial", "own", "divisor", "out", "done", "scratch", "item")
-
-    def __init__(self, partial, own, divisor, out):
-        self.partial, self.own, self.divisor, self.out = partial, own, divisor, out
-        self.done, self.item = 0, partial.itemsize
-        self.scratch = np.empty(2 * min(_BLOCK, max(out.size, 1)),
-                                dtype=accumulator_dtype(out.dtype))
-
-    def work(self, received) -> bool:
-        arrived = min(received[0] // self.item, self.out.size)
-        if arrived < self.out.size and arrived - self.done < _BLOCK:
-            return False  # wait for a whole block (or the end)
-        if self.done >= arrived:
-            return False
-        start, self.done = self.done, arrived
-        reduce_rows([self.partial[start:arrived], self.own[start:arrived]],
-                    self.out[start:arrived], self.divisor, self.scratch)
-        return True
-
-    def ready_bytes(self) -> int:
-        return self.done * self.out.itemsize
 
 
 class Ring:
@@ -159,51 +116,9 @@ class Ring:
             self.transfer(step, _EMPTY, np.empty(0, np.uint8))
 
     def all_reduce(self, flat: np.ndarray, mean: bool, out: np.ndarray) -> np.ndarray:
-        """Ring reduce-scatter in float64, then ring all-gather of the finished chunks.
-
-        Chunk ``c`` starts on rank ``c`` and collects one addend per hop, so it is summed
-        exactly once, on its owner ``c - 1``, and copied everywhere else: bit-identical on all
-        ranks. The first hop carries the caller's dtype, later hops float64 partial sums
-        (int64 for integers, exact).
-        ``out`` must not overlap ``flat``.
-        """
-        bounds = chunk_bounds(flat.size, self.size)
-        widest = max(b - a for a, b in zip(bounds, bounds[1:]))
-        incoming_raw = self._scratch("raw", flat.dtype, widest)
-        wide = accumulator_dtype(flat.dtype)  # partial sums: float64, or int64 for integers
-        if self.size > 2:
-            acc = self._scratch("acc", wide, widest)
-            incoming_f64 = self._scratch("f64", wide, widest)
-
-        def chunk(array, index):
-            return array[bounds[index]:bounds[index + 1]]
-
-        for step in range(self.size - 2):  # all but the last reduce-scatter step
-            send_index, recv_index = (self.rank - step) % self.size, (self.rank - step - 1) % self.size
-            length = bounds[recv_index + 1] - bounds[recv_index]
-            outgoing = chunk(flat, send_index) if step == 0 else \
-                acc[:bounds[send_index + 1] - bounds[send_index]]
-            incoming = (incoming_raw if step == 0 else incoming_f64)[:length]
-            self.transfer(step, outgoing, incoming)
-            np.add(incoming, chunk(flat, recv_index), out=acc[:length], dtype=wide,
-                   casting="unsafe")  # uint64 -> int64 keeps the bits
-        # Last reduce-scatter step and first all-gather step at once: the owned chunk is
-        # finished block by block as prev's partial sums arrive and sent on as it is finished.
-        step = self.size - 2
-        send_index, owned = (self.rank - step) % self.size, (self.rank + 1) % self.size
-        outgoing = chunk(flat, send_index) if step == 0 else \
-            acc[:bounds[send_index + 1] - bounds[send_index]]
-        partial = (incoming_raw if step == 0 else incoming_f64)[:bounds[owned + 1] - bounds[owned]]
-        finisher = _Finisher(partial, chunk(flat, owned), self.size if mean else 1,
-                             chunk(out, owned))
-        first_gathered = (owned - 1) % self.size
-        self.pump([(step, outgoing, None), (step + 1, chunk(out, owned), finisher.ready_bytes)],
-                  [(step, partial), (step + 1, chunk(out, first_gathered))], finisher.work)
-        for gather_step in range(1, self.size - 1):
-            send_index, recv_index = (owned - gather_step) % self.size, \
-                (owned - gather_step - 1) % self.size
-            self.transfer(step + 1 + gather_step, chunk(out, send_index), chunk(out, recv_index))
-        return out
+        """Sum (or average) ``flat`` over the ranks into ``out``, in rank order: see
+        :mod:`everyo_dist.backends.tcp.allreduce`. ``out`` must not overlap ``flat``."""
+        return all_reduce(self, flat, mean, out)
 
     def broadcast(self, flat: np.ndarray, src: int) -> np.ndarray:
         """Pass ``src``'s array round the ring; the rank before ``src`` does not forward it."""
@@ -225,7 +140,7 @@ class Ring:
                           out[(self.rank - step - 1) % self.size])
         return out
 
-    def _scratch(self, name: str, dtype, length: int) -> np.ndarray:
+    def scratch(self, name: str, dtype, length: int) -> np.ndarray:
         """A reusable work buffer: allocating (and page-faulting) tens of MB per call would
         cost as much as the transfer itself."""
         buffer = self._buffers.get(name)
@@ -259,7 +174,10 @@ class Ring:
             progressed = work(incoming.received) if work is not None else False
             views = outgoing.views()
             if views:
-                progressed = self._send(outgoing, views) or progressed
+                try:
+                    progressed = self._send(outgoing, views) or progressed
+                except PeerLostError as error:
+                    raise self._cause_upstream(incoming, error) from None
             if not incoming.finished:
                 progressed = self._receive(incoming) or progressed
             if not progressed and (views or not incoming.finished):
@@ -280,6 +198,26 @@ class Ring:
         if sent:
             outgoing.advance(sent)
         return bool(sent)
+
+    def _cause_upstream(self, incoming: "Incoming", error: PeerLostError) -> Exception:
+        """Sending to next failed. Next may have stopped because a rank further round the ring
+        failed, whose ABORT is travelling towards this rank from prev: wait briefly for it, so
+        the error names the rank that failed first rather than next (which only gave up)."""
+        deadline = time.monotonic() + min(_ABORT_SECONDS, max(self.call.remaining(), 0.0))
+        while time.monotonic() < deadline:
+            if incoming.finished:  # read on: an ABORT header, if one comes
+                incoming = Incoming([(_NO_STEP, _EMPTY)])
+            try:
+                if not self._receive(incoming):
+                    poller = select.poll()
+                    poller.register(self.from_prev, select.POLLIN)
+                    poller.poll(50)
+            except DistributedError as cause:
+                relayed = getattr(cause, "relayed", False)
+                if relayed and getattr(cause, "rank", None) != self.next:
+                    return cause
+                break  # prev broke too, or reports next itself: this rank's view says it
+        return error
 
     def _receive(self, incoming: "Incoming") -> bool:
         """One non-blocking read from prev into the frame being received; whether anything
@@ -397,14 +335,17 @@ class Ring:
         message = f"{document['message']} (relayed by rank {self.prev})"
         kind = _RELAYED_ERRORS.get(document.get("error"), DistributedError)
         if kind is PeerLostError:
-            return PeerLostError(message, document.get("rank"))
-        if kind is CollectiveTimeoutError:
-            return CollectiveTimeoutError(message, document.get("missing_ranks", []))
-        if kind is DistributedError:
-            origin = document.get("origin")
-            message = f"{mine.describe() if mine else 'collective'}: rank " \
-                      f"{self.prev if origin is None else origin} failed: {message}"
-        return kind(message)
+            error = PeerLostError(message, document.get("rank"))
+        elif kind is CollectiveTimeoutError:
+            error = CollectiveTimeoutError(message, document.get("missing_ranks", []))
+        else:
+            if kind is DistributedError:
+                origin = document.get("origin")
+                message = f"{mine.describe() if mine else 'collective'}: rank " \
+                          f"{self.prev if origin is None else origin} failed: {message}"
+            error = kind(message)
+        error.relayed = True  # another rank's failure, not this rank's view of its links
+        return error
 
     # -- teardown --------------------------------------------------------------------------
     def abort(self, error: BaseException) -> None:

@@ -24,13 +24,18 @@ Memory is measured two ways:
 Also measured: what casting every weight to float16 once costs, relative to one autocast step.
 That is the most a per-region cache of weight casts could save (see docs/mixed_precision.md).
 
-Run:  python benchmarks/bench_amp.py [--repeats N] [--model mlp_large|cnn_cifar]
+``--cast-nodes`` adds, in the same interleaved run, the 16-bit steps with autocast's folded
+weight casts switched off (every weight through a cast node, as before they existed): an A/B
+of that change on the same heap and load.
+
+Run:  python benchmarks/bench_amp.py [--repeats N] [--model mlp_large|cnn_cifar] [--cast-nodes]
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import os
 import statistics
 import time
 import tracemalloc
@@ -38,6 +43,7 @@ import tracemalloc
 import numpy as np
 
 import everyo as eo
+import everyo_amp.autocast_mode as autocast_mode
 
 
 def mlp_large() -> tuple:
@@ -67,14 +73,18 @@ MODELS = {"mlp_large": mlp_large, "cnn_cifar": cnn_cifar}
 PRECISIONS = {"float32": (None, False), "float16": ("float16", True),
               "bfloat16": ("bfloat16", False)}
 TARGETS = {"float16": 1.6, "bfloat16": 1.3}
+#: suffix of the --cast-nodes variants (weight casts not folded into the products)
+UNFOLDED = " (cast nodes)"
 
 
 def make_step(model, x, y, precision: str):
-    dtype, scaled = PRECISIONS[precision]
+    dtype, scaled = PRECISIONS[precision.removesuffix(UNFOLDED)]
+    fold = not precision.endswith(UNFOLDED)
     optimizer = eo.SGD(list(model.parameters()), lr=1e-3)
     scaler = eo.GradScaler(init_scale=2.0**10) if scaled else None
 
     def step():
+        autocast_mode.FOLD_WEIGHT_CASTS = fold
         optimizer.zero_grad()
         with eo.autocast(enabled=dtype is not None, dtype=dtype):
             logits = model(x)
@@ -86,22 +96,29 @@ def make_step(model, x, y, precision: str):
             scaler.backward(loss)
             scaler.step(optimizer)
             scaler.update()
+        autocast_mode.FOLD_WEIGHT_CASTS = True
 
     return step
 
 
 def interleaved_median_times(fns: dict, repeats: int) -> dict:
-    """``median_times`` of several functions, their calls taken in turn (a, b, c, a, b, c...).
+    """``median_times`` of several functions, their calls taken in turn, the order rotated
+    every round (a, b, c, b, c, a, c, a, b...).
 
     NOTE: on a shared machine the load drifts over a run; interleaving exposes every variant
-    to the same drift, so their ratios stay meaningful when the absolute times do not.
+    to the same drift, so their ratios stay meaningful when the absolute times do not. The
+    rotation gives each variant every position: a step's time depends on what ran before it
+    (a step allocates and frees arrays of 8-25 MB, and whether the allocator hands back fresh
+    pages, at a page fault each, depends on the heap's history).
     """
     for fn in fns.values():
         fn()  # warm-up
     walls: dict = {name: [] for name in fns}
     cpus: dict = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
+    names = list(fns)
+    for turn in range(repeats):
+        for name in names[turn % len(names):] + names[:turn % len(names)]:
+            fn = fns[name]
             gc.collect()
             wall, cpu = time.perf_counter(), time.process_time()
             fn()
@@ -144,6 +161,13 @@ def _arrays(saved):
             yield from _arrays(item)
 
 
+def _held_rounded_weight(op):
+    """The rounded float32 weight a folded product keeps for backward (see MatMul), or None."""
+    if getattr(op, "attrs", {}).get("lower") is None or not isinstance(op.saved, tuple):
+        return None
+    return op.saved[2] if len(op.saved) == 3 else None
+
+
 def graph_saved_bytes(root: eo.Tensor, params) -> dict:
     """Bytes the graph under ``root`` keeps for backward: activations and weight copies."""
     param_buffers = {id(_root(p.data)) for p in params}
@@ -163,8 +187,9 @@ def graph_saved_bytes(root: eo.Tensor, params) -> dict:
                 weight_copies.add(id(_root(parent.data)))
             stack.append(ctx)
     counted: dict[int, int] = {}
-    kinds = {"activations": 0, "weight copies": 0}
+    kinds = {"activations": 0, "weight copies": 0, "held float32 weights": 0}
     for op in ops:
+        held = _held_rounded_weight(op)
         for array in _arrays(op.saved):
             owner = _root(array)
             key = id(owner)
@@ -172,7 +197,8 @@ def graph_saved_bytes(root: eo.Tensor, params) -> dict:
                 continue
             size = owner.nbytes if isinstance(owner, np.ndarray) else array.nbytes
             counted[key] = size
-            kinds["weight copies" if key in weight_copies else "activations"] += size
+            kind = "weight copies" if key in weight_copies else "activations"
+            kinds["held float32 weights" if array is held else kind] += size
     return kinds
 
 
@@ -203,13 +229,14 @@ def weight_cast_time(model, dtype: str, repeats: int) -> float:
     return median_times(lambda: [a.astype(dtype) for a in arrays], repeats)[1]
 
 
-def run(name: str, repeats: int) -> None:
+def run(name: str, repeats: int, cast_nodes: bool = False) -> None:
     model, x, y = MODELS[name]()
     # NOTE: memory first, on a fresh process state, so that the timing loops' leftovers
     # (allocator caches, the last graph) do not shift the traced peak.
     mem = {p: memory(model, x, y, p) for p in PRECISIONS}
     # NOTE: one model per precision, so that each step sees the weights its own loop trains.
-    steps = {p: make_step(*MODELS[name](), p) for p in PRECISIONS}
+    variants = list(PRECISIONS) + ([p + UNFOLDED for p in TARGETS] if cast_nodes else [])
+    steps = {p: make_step(*MODELS[name](), p) for p in variants}
     times = interleaved_median_times(steps, repeats)
     mb = 2.0**20
     (wall32, cpu32), act32 = times["float32"], mem["float32"]["activations"]
@@ -226,23 +253,33 @@ def run(name: str, repeats: int) -> None:
         act = used["activations"]
         print(f"    graph-saved activations {act / mb:7.2f} MiB   ratio {act / act32:.2f}x  "
               f"(target <= 0.6x)")
-        both = act + used["weight copies"]
+        both = act + used["weight copies"] + used["held float32 weights"]
         print(f"    + 16-bit weight copies  {used['weight copies'] / mb:7.2f} MiB   "
+              f"+ held float32 weights {used['held float32 weights'] / mb:6.2f} MiB   "
               f"activations+copies ratio {both / act32:.2f}x")
         peak = used["tracemalloc peak"]
         print(f"    tracemalloc peak fwd+bwd {peak / mb:7.2f} MiB   ratio {peak / peak32:.2f}x")
         cast = weight_cast_time(model, precision, repeats)
         print(f"    casting all weights to {precision} once: {cast * 1e3:.1f} ms CPU "
               f"= {cast / cpu:.0%} of the step")
+        if cast_nodes:
+            wall_c, cpu_c = times[precision + UNFOLDED]
+            print(f"    same step, weights through cast nodes: wall {wall_c * 1e3:.1f} ms "
+                  f"ratio {wall_c / wall32:.2f}x, CPU {cpu_c * 1e3:.1f} ms ratio "
+                  f"{cpu_c / cpu32:.2f}x")
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description="autocast vs float32 training step")
-    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--repeats", type=int, default=21)
     parser.add_argument("--model", choices=sorted(MODELS), action="append")
+    parser.add_argument("--cast-nodes", action="store_true",
+                        help="also time the 16-bit steps without folded weight casts")
     args = parser.parse_args(argv)
+    print(f"load average {' '.join(f'{v:.2f}' for v in os.getloadavg())} at start")
     for name in args.model or ["mlp_large", "cnn_cifar"]:
-        run(name, args.repeats)
+        run(name, args.repeats, args.cast_nodes)
+    print(f"load average {' '.join(f'{v:.2f}' for v in os.getloadavg())} at end")
 
 
 if __name__ == "__main__":

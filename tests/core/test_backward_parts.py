@@ -22,9 +22,9 @@ def _array(*shape):
 def _record_matmuls(monkeypatch, events):
     real = linalg.blas_matmul
 
-    def recording(a, b, bias=None):
+    def recording(a, b, *args, **kwargs):
         events.append(f"matmul {a.shape}x{b.shape}")
-        return real(a, b, bias)
+        return real(a, b, *args, **kwargs)
 
     monkeypatch.setattr(linalg, "blas_matmul", recording)
 

@@ -9,7 +9,7 @@ import pytest
 
 import everyo as eo
 from everyo.dtypes import FLOAT16, HALF_DTYPES
-from everyo.half_precision import BLOCK, narrow, widen
+from everyo.half_precision import BLOCK, narrow, rounded_float32, widen
 from everyo.ops.linalg import blas_matmul
 
 HALVES = sorted(HALF_DTYPES, key=lambda d: d.name)
@@ -122,3 +122,65 @@ def test_blas_matmul_rounds_the_float32_product_once(half):
     with_bias = blas_matmul(a, b, bias.astype(half))
     expected = (exact + bias.astype(half).astype(np.float32)).astype(half)
     np.testing.assert_array_equal(bits_of(with_bias), bits_of(expected))
+
+
+# -- rounded_float32: a float32 array rounded to 16-bit values without the 16-bit array ----------
+
+
+def near_every_16_bit_value_and_midpoint(half: np.dtype) -> np.ndarray:
+    """float32 patterns within 4 ulps of every finite 16-bit value and of every midpoint
+    between consecutive ones (both signs), below 2**16 in magnitude: arrays that take the fast
+    path in every block (larger values, infs and NaNs send their block to astype), float16's
+    overflow threshold 65520 and the values up to 2**16 included."""
+    values = widen(ALL_16_BIT.view(half))
+    finite = np.unique(np.abs(values[np.isfinite(values)]))
+    midpoints = ((finite[:-1].astype(np.float64) + finite[1:]) / 2).astype(np.float32)
+    centres = np.concatenate([finite, midpoints]).view(np.uint32).astype(np.int64)
+    near = (centres[:, None] + np.arange(-4, 5)).reshape(-1)
+    near = near[(near >= 0) & (near < 0x7F800000)].astype(np.uint32)
+    overflow = np.arange(np.float32(65504).view(np.uint32), np.float32(2.0**16).view(
+        np.uint32), dtype=np.uint32)  # (every float32 from float16's max up to 2**16)
+    near = np.concatenate([near, overflow])
+    near = np.concatenate([near, near | 0x80000000]).view(np.float32)
+    return near[np.abs(near) < 2.0**16]
+
+
+@pytest.mark.parametrize("half", HALVES, ids=lambda d: d.name)
+def test_rounded_float32_near_every_16_bit_value_and_midpoint(half):
+    values = near_every_16_bit_value_and_midpoint(half)
+    np.random.default_rng(3).shuffle(values)  # (blocks mixing subnormals, normals, signs)
+    # below 2**15 (no block reaches float16's top binade), then everything up to 2**16
+    for part in (values[np.abs(values) < 2.0**15], values):
+        assert part.size > 2 * BLOCK
+        with np.errstate(over="ignore"):  # (astype overflows float16 to inf from 65520 on)
+            expected = part.astype(half).astype(np.float32)
+        np.testing.assert_array_equal(bits_of(rounded_float32(part, half)), bits_of(expected))
+        in_place = part.copy()
+        assert rounded_float32(in_place, half, out=in_place) is in_place
+        np.testing.assert_array_equal(bits_of(in_place), bits_of(expected))
+
+
+@pytest.mark.parametrize("half", HALVES, ids=lambda d: d.name)
+def test_rounded_float32_matches_astype_on_float32_edge_cases(half):
+    # overflow to inf, infs, NaN payloads (their blocks go through astype), subnormals, ties
+    with np.errstate(over="ignore", invalid="ignore"):
+        expected = EDGES.astype(half).astype(np.float32)
+        got = rounded_float32(EDGES, half)
+        np.testing.assert_array_equal(bits_of(got), bits_of(expected))
+        shaped = EDGES[: 4 * BLOCK].reshape(512, -1)
+        in_place = shaped.copy()
+        rounded_float32(in_place, half, out=in_place)
+        np.testing.assert_array_equal(bits_of(in_place), bits_of(shaped.astype(half).astype(
+            np.float32)))
+        strided = shaped[:, ::2]  # non-contiguous input: rounded through a contiguous copy
+        np.testing.assert_array_equal(bits_of(rounded_float32(strided, half)),
+                                      bits_of(strided.astype(half).astype(np.float32)))
+
+
+def test_rounded_float32_of_a_small_or_16_bit_array():
+    small = np.array([1.00048828125, -1e-8, 7e4, 3.0], np.float32)
+    with np.errstate(over="ignore"):
+        got = rounded_float32(small, FLOAT16)
+        assert rounded_float32(small.astype(FLOAT16), FLOAT16).dtype == np.float32
+    np.testing.assert_array_equal(bits_of(got), bits_of(np.array(
+        [1.0, -0.0, np.inf, 3.0], np.float32)))

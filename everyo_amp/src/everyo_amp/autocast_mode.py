@@ -16,8 +16,17 @@ when no block is active dispatch pays one ``ContextVar.get()``.
 
 Weight casts are not cached: every use of a float32 parameter casts its current value. A cache
 keyed by the parameter would go stale when an optimizer updates ``param.data`` in place inside
-the block, and the core keeps no version counter to detect that (see docs/mixed_precision.md
-for the measured cost of recasting).
+the block (see docs/mixed_precision.md for the measured cost of recasting).
+
+Folded weight casts: when autocast is the only interceptor, a ``matmul`` whose weight is a
+float32 parameter (of at least ``FOLD_MIN_ELEMENTS`` elements) gets the parameter itself and
+``lower=<dtype>`` instead of a cast node for it (and for its bias): the product rounds the
+weight to 16-bit values in float32 without making the 16-bit array (keeping that rounded
+weight for backward, see ``everyo.ops.linalg.KEEPS_ROUNDED_WEIGHT``) and returns the weight's
+gradient already rounded and in float32. The numbers are bit for bit those of the cast nodes
+(``tests/amp/test_bit_identity.py``); what differs is that the graph holds no 16-bit weight
+copy (nothing else could see one: no other interceptor is active, and a tensor no user holds
+can carry no hook).
 """
 
 from __future__ import annotations
@@ -57,15 +66,52 @@ def _cast_operand(operand, target: np.dtype, lowering: bool):
     return operand.astype(target)
 
 
+#: Fold the casts of float32 parameters into the products that use them (see the module
+#: docstring); False: every operand goes through a cast node (for comparisons).
+FOLD_WEIGHT_CASTS = True
+#: Weights with fewer elements keep their cast nodes: their conversions are small either way
+#: (below this size the core converts with plain astype calls), and on cnn_cifar (a 40,960-
+#: weight Linear) folding measured no faster (docs/benchmarks.md).
+FOLD_MIN_ELEMENTS = 1 << 17
+
+_F32 = np.dtype(np.float32)
+
+
+def _is_master_weight(operand) -> bool:
+    """A float32 parameter: a leaf that requires a gradient (its cast is folded)."""
+    return (isinstance(operand, Tensor) and operand._ctx is None and operand.requires_grad
+            and operand.data.dtype == _F32)
+
+
 class _Casting:
     """A policy prepared for the hot path: its op sets and its two dtypes."""
 
-    __slots__ = ("policy", "lower_ops", "upcast_ops", "lower", "upper")
+    __slots__ = ("policy", "lower_ops", "upcast_ops", "lower", "upper", "folds")
 
     def __init__(self, policy: AutocastPolicy):
         self.policy = policy
         self.lower_ops, self.upcast_ops = policy.ops, policy.upcast
         self.lower, self.upper = np.dtype(policy.dtype), np.dtype(policy.upcast_dtype)
+        self.folds = "matmul" in self.lower_ops and self.lower.itemsize == 2
+
+    def fold(self, name: str, operands: tuple, attrs: dict):
+        """``(operands, attrs)`` of a ``matmul`` whose weight cast is folded, else None."""
+        if not (self.folds and name == "matmul" and FOLD_WEIGHT_CASTS and "lower" not in attrs
+                and len(operands) in (2, 3) and _is_master_weight(operands[1])
+                and operands[1].ndim == 2 and operands[1].data.size >= FOLD_MIN_ELEMENTS
+                and isinstance(operands[0], Tensor) and operands[0].ndim >= 2):
+            return None
+        # (a float64 input stays float64 under autocast: such a product keeps its cast nodes)
+        bias = operands[2] if len(operands) == 3 else None
+        lowerable = (_F32, self.lower)
+        if operands[0].data.dtype not in lowerable or not (
+                bias is None or isinstance(bias, Tensor) and bias.data.dtype in lowerable):
+            return None
+        folded = [_cast_operand(operands[0], self.lower, True), operands[1]]
+        if bias is not None:
+            folded.append(bias if _is_master_weight(bias)
+                          else _cast_operand(bias, self.lower, True))
+        return tuple(folded), {**attrs, "lower": self.lower}
 
     def cast(self, name: str, operands: tuple) -> tuple:
         if name in self.lower_ops:
@@ -81,6 +127,12 @@ _casting: ContextVar[_Casting | None] = ContextVar("everyo_autocast_policy", def
 def _autocast_interceptor(name, operands, attrs, proceed):
     casting = _casting.get()
     if casting is not None:
+        # NOTE: folding only when no other interceptor would see the float32 weight operand
+        # (an exporter's tracer records what the op receives).
+        folded = casting.fold(name, operands, attrs) if len(active_interceptors()) == 1 \
+            else None
+        if folded is not None:
+            return proceed(*folded)
         operands = casting.cast(name, operands)
     return proceed(operands, attrs)
 

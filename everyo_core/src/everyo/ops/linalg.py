@@ -6,22 +6,27 @@ import numpy as np
 
 from everyo.autograd import Op, unbroadcast
 from everyo.dispatch import dispatch
-from everyo.dtypes import HALF_DTYPES, result_dtype
+from everyo.dtypes import FLOAT32, HALF_DTYPES, result_dtype
 from everyo.errors import EveryOError
-from everyo.half_precision import narrow, widen
+from everyo.half_precision import narrow, rounded_float32, widen
 from everyo.ops.graph_math import swap_last, unbroadcast_tensor
 
 
-def blas_matmul(a: np.ndarray, b: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
+def blas_matmul(a: np.ndarray, b: np.ndarray, bias: np.ndarray | None = None,
+                out_dtype: np.dtype | None = None) -> np.ndarray:
     """``a @ b (+ bias)``; 16-bit operands multiply through float32 BLAS and round once.
+
+    ``out_dtype`` forces that path and the result's dtype: for float32 operands that stand for
+    16-bit values (see ``MatMul``'s ``lower``); ``FLOAT32`` returns the unrounded product.
 
     NOTE: NumPy has no float16 or bfloat16 BLAS path (its float16 matmul is a slow scalar
     loop). Rounding the inputs to 16 bits, accumulating in float32 (bias included) and rounding
     the result once is what GPU tensor cores do, and is at least as accurate as accumulating in
     16 bits.
     """
-    if a.dtype in HALF_DTYPES or b.dtype in HALF_DTYPES:
-        out_dtype = result_dtype(a, b) if bias is None else result_dtype(a, b, bias)
+    if out_dtype is not None or a.dtype in HALF_DTYPES or b.dtype in HALF_DTYPES:
+        if out_dtype is None:
+            out_dtype = result_dtype(a, b) if bias is None else result_dtype(a, b, bias)
         out = np.matmul(widen(a), widen(b))
         if bias is not None:
             bias = widen(bias)
@@ -41,17 +46,52 @@ def _check_shapes(a: np.ndarray, b: np.ndarray) -> None:
                           f"{inner_a} and {inner_b} differ")
 
 
+#: 16-bit formats whose ``lower`` products keep the rounded float32 weight for backward (the
+#: input gradient's product) instead of rounding the weight again there: 4 bytes per weight
+#: element held between forward and backward, for ~0.1x (float16) and ~0.07x (bfloat16) of an
+#: mlp_large step (docs/benchmarks.md). ``frozenset()`` keeps nothing (same numbers).
+KEEPS_ROUNDED_WEIGHT = HALF_DTYPES
+
+
+def _lowered(x: np.ndarray, lower: np.dtype) -> np.ndarray:
+    """An operand of a ``lower`` product: a float32 one rounded to ``lower``'s values (still
+    float32), a ``lower`` one as it is (widened by ``blas_matmul``)."""
+    if x.dtype == FLOAT32:
+        return rounded_float32(x, lower)
+    if x.dtype != lower:
+        raise EveryOError(f"matmul(lower={lower.name}): operands must be float32 or "
+                          f"{lower.name}, got {x.dtype.name}")
+    return x
+
+
+def _lowered_gradient(product: np.ndarray, operand_dtype: np.dtype, lower: np.dtype):
+    """The float32 ``product`` as the gradient of an operand of a ``lower`` product: rounded
+    to ``lower`` (the gradient of its 16-bit value), in float32 for a float32 operand."""
+    if operand_dtype == FLOAT32:
+        return rounded_float32(product, lower, out=product)  # (the product is ours)
+    return narrow(product, operand_dtype)
+
+
 class MatMul(Op):
     """``a @ b (+ bias)``. With a bias the whole affine map is one op, so a precision policy
-    casting matmul's operands sees the bias too."""
+    casting matmul's operands sees the bias too.
+
+    ``lower`` (float16 or bfloat16): the product of the operands cast to ``lower``, as if each
+    float32 operand went through a cast node first, with no 16-bit copy of it made: the
+    result is ``lower``, and a float32 operand's gradient is its 16-bit gradient in float32.
+    Autocast passes it for master weights (see everyo_amp.autocast_mode); ``a`` must have
+    at least two dimensions and ``b`` two.
+    """
 
     precision = "lower"  # BLAS-shaped: float16 is safe, products accumulate in float32
     __slots__ = ("bias_shape",)
     saved_inputs = (0, 1)
     saves_output = False
 
-    def forward(self, a, b, bias=None):
+    def forward(self, a, b, bias=None, lower=None):
         _check_shapes(a, b)
+        if lower is not None:
+            return self._forward_lowered(a, b, bias, np.dtype(lower))
         # NOTE: 1-D operands follow NumPy: promote to a matrix, drop the axis afterwards.
         a2 = a[None, :] if a.ndim == 1 else a
         b2 = b[:, None] if b.ndim == 1 else b
@@ -67,7 +107,45 @@ class MatMul(Op):
             out = out[..., 0, :] if b.ndim > 1 else out[..., 0]
         return out if bias is None else out + bias
 
+    def _forward_lowered(self, a, b, bias, lower):
+        if lower not in HALF_DTYPES or a.ndim < 2 or b.ndim != 2:
+            raise EveryOError(f"matmul(lower={lower}): lower must be float16 or bfloat16 and "
+                              f"the operands at least 2-D @ 2-D, got {a.shape} @ {b.shape}")
+        if bias is not None:
+            self.bias_shape = bias.shape
+            bias = _lowered(bias, lower)
+        lowered_b = _lowered(b, lower)
+        # NOTE: the operands themselves are saved (no copies), and backward rounds the weight
+        # again for the input gradient, unless the format is one whose rounded weight is kept.
+        keep = lower in KEEPS_ROUNDED_WEIGHT and self.needs_input_grad[0] and b.dtype == FLOAT32
+        self.saved = (a, b, lowered_b if keep else None)
+        return blas_matmul(_lowered(a, lower), lowered_b, bias, out_dtype=lower)
+
+    def _backward_lowered(self, g, lower):
+        a, b, held = self.saved
+        na, nb = self.needs_input_grad[:2]
+        ga = gb = gbias = None
+        g = widen(g)  # (once: both products and the bias gradient read it)
+        if na:
+            lowered_b = _lowered(b, lower) if held is None else held
+            product = blas_matmul(g, lowered_b.T, out_dtype=FLOAT32)
+            ga = _lowered_gradient(product, a.dtype, lower)
+        if nb:  # (one GEMM over the flattened batch, as in backward)
+            rows = a.size // a.shape[-1] if a.shape[-1] else int(np.prod(a.shape[:-1]))
+            product = blas_matmul(_lowered(a.reshape(rows, a.shape[-1]), lower).T,
+                                  g.reshape(rows, g.shape[-1]), out_dtype=FLOAT32)
+            gb = _lowered_gradient(product, b.dtype, lower)
+        if len(self.needs_input_grad) > 2 and self.needs_input_grad[2]:
+            # (summed in float32 and rounded once, as unbroadcast does with a 16-bit gradient)
+            summed = unbroadcast(g, self.bias_shape)
+            summed = summed.copy() if summed is g or summed.base is g else summed
+            gbias = _lowered_gradient(summed, self.parents[2].data.dtype, lower)
+        return ga, gb, gbias
+
     def backward(self, g):
+        lower = self.attrs.get("lower")
+        if lower is not None:
+            return self._backward_lowered(g, np.dtype(lower))
         needs = self.needs_input_grad
         a2, b2, g2 = self._matrices(g)
         return (self._a_grad(a2, b2, g2) if needs[0] else None,
@@ -77,6 +155,13 @@ class MatMul(Op):
     def backward_parts(self, g):
         # NOTE: the bias, then b (a Linear layer's weight), then a: a weight's gradient is
         # final, and can be sent by data-parallel training, before the input's is computed.
+        lower = self.attrs.get("lower")
+        if lower is not None:  # (computed together: the order only, no earlier weight)
+            grads = self._backward_lowered(g, np.dtype(lower))
+            for index in (2, 1, 0):
+                if index < len(grads) and grads[index] is not None:
+                    yield index, grads[index]
+            return
         needs = self.needs_input_grad
         if len(needs) > 2 and needs[2]:
             yield 2, unbroadcast(g, self.bias_shape)
@@ -118,6 +203,9 @@ class MatMul(Op):
 
     def backward_graph(self, g, out):
         a, b = self.parents[:2]
+        lower = self.attrs.get("lower")
+        if lower is not None:  # (the same graph as through cast nodes)
+            a, b = (_cast_graph(t, lower) for t in (a, b))
         na, nb = self.needs_input_grad[:2]
         ga = gb = gbias = None
         a2 = a.reshape((1,) + a.shape) if a.ndim == 1 else a
@@ -135,7 +223,19 @@ class MatMul(Op):
             gb = gb.reshape(b.shape)
         if len(self.needs_input_grad) > 2 and self.needs_input_grad[2]:
             gbias = unbroadcast_tensor(g, self.bias_shape)
+        if lower is not None:
+            grads = [None if gi is None else _uncast_graph(gi, t)
+                     for gi, t in zip((ga, gb, gbias), self.parents)]
+            return tuple(grads) + (None,) * (3 - len(grads))
         return ga, gb, gbias
+
+
+def _cast_graph(t, lower):
+    return dispatch("cast", t, dtype=np.dtype(lower)) if t.data.dtype == FLOAT32 else t
+
+
+def _uncast_graph(gi, t):
+    return dispatch("cast", gi, dtype=FLOAT32) if t.data.dtype == FLOAT32 else gi
 
 
 OPS = {"matmul": MatMul}

@@ -179,3 +179,17 @@ def test_backward_is_assembled_from_backward_parts():
     Swap.apply(a, b).sum().backward()
     assert order == ["b", "a"]
     assert a.grad.tolist() == [2.0, 2.0] and b.grad.tolist() == [3.0, 3.0]
+
+
+def test_the_lowered_matmul_autocast_uses_gives_the_same_bits_with_hooks():
+    x_values, w_values, b_values = _array(4, 3), _array(3, 2), _array(2)
+    grads = []
+    for hooked in (False, True):
+        x = eo.tensor(x_values, requires_grad=True)
+        w, b = eo.Parameter(w_values), eo.Parameter(b_values)
+        if hooked:
+            w.register_post_accumulate_grad_hook(lambda p: None)
+        out = eo.dispatch("matmul", eo.tanh(x), w, b, lower="float16")
+        out.astype("float32").sum().backward()
+        grads.append([t.grad.tobytes() for t in (x, w, b)])
+    assert grads[0] == grads[1]

@@ -193,3 +193,14 @@ def test_the_lowered_matmul_autocast_uses_gives_the_same_bits_with_hooks():
         out.astype("float32").sum().backward()
         grads.append([t.grad.tobytes() for t in (x, w, b)])
     assert grads[0] == grads[1]
+
+
+def test_a_gradient_a_leaf_hook_kept_is_not_the_leaf_grad():
+    # (a hook that records the gradient it is handed: later in-place updates of .grad, by a
+    # second backward, a GradScaler or clipping, must not rewrite what it recorded; PyTorch too)
+    w = eo.Parameter(np.ones(3, np.float32))
+    seen: list = []
+    w.register_hook(lambda g: seen.append(g))
+    (w * 2.0).sum().backward()
+    (w * 3.0).sum().backward()
+    assert np.array_equal(seen[0], [2.0, 2.0, 2.0]) and np.array_equal(w.grad, [5.0, 5.0, 5.0])

@@ -231,10 +231,10 @@ def _early_leaves(order: list, by_step: dict) -> dict:
 
 def _finish_leaf(entry, wanted, captured, accumulate, run_hooks, create_graph) -> None:
     t, g, aliased = entry
-    if run_hooks and hooks.tensor_hooks:
-        replaced = _run_tensor_hooks(hooks.tensor_hooks.get(id(t)), g, create_graph)
-        aliased = aliased or replaced is not g  # the hook's array may be kept by its author
-        g = replaced
+    fns = hooks.tensor_hooks.get(id(t)) if run_hooks and hooks.tensor_hooks else None
+    if fns:
+        g = _run_tensor_hooks(fns, g, create_graph)
+        aliased = True  # (the hooks were handed the array, or returned one: either may be kept)
     position = wanted.get(id(t))
     if position is not None:
         captured[position] = g

@@ -201,3 +201,21 @@ def test_an_evaluation_graph_keeps_the_statistics_it_used():
     np.testing.assert_array_equal(x.grad, fresh.grad)
     second, = eo.grad((late_out ** 2).sum(), [late], create_graph=True)
     np.testing.assert_array_equal(second.data, expected_second)
+
+
+def test_batchnorm_input_gradient_is_rounded_once_with_a_wider_weight():
+    # (float16 input, float64 weight: the float64 gradient goes to float16 in one rounding, not
+    # through a float32 buffer first; double rounding differs in ~5e-5 of the elements)
+    rng = np.random.default_rng(0)
+    x = eo.tensor(rng.standard_normal((50000, 8)).astype(np.float16), requires_grad=True)
+    w = eo.tensor(rng.standard_normal(8) * 3, requires_grad=True)
+    b = eo.tensor(rng.standard_normal(8), requires_grad=True)
+    y = eo.dispatch("batch_norm", x, w, b, training=True)
+    xhat, inv_std, weight = y._ctx.saved
+    g = rng.standard_normal(y.shape).astype(np.float16)
+    gy = g.astype(xhat.dtype)
+    total = np.einsum("nc,nc->c", gy, xhat)
+    expected = (gy - (gy.sum(axis=0) + xhat * total) / x.shape[0]) * (inv_std * weight)
+    y.backward(g)
+    assert expected.dtype == np.float64
+    assert np.array_equal(x.grad, expected.astype(np.float16))

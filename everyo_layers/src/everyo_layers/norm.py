@@ -124,7 +124,8 @@ class BatchNormOp(_NormalizeOp):
                 gx += sum_gy
                 gx /= g.size // g.shape[-1]
                 np.subtract(gy, gx, out=gx)
-                gx *= scale
+                # (a wider scale, e.g. a float64 weight: a wider result, rounded once later)
+                gx = np.multiply(gx, scale, out=gx if scale.dtype == gx.dtype else None)
             else:
                 gx = gy * scale
         gw = sum_gy_xhat if len(needs) > 1 and needs[1] else None

@@ -249,3 +249,38 @@ def test_a_batched_input_folds_to_the_same_bits(dtype, monkeypatch):
 
     for got, expected in zip(run(True), run(False)):
         assert np.array_equal(got, expected)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_a_weight_used_three_times_sums_its_contributions_in_another_order(dtype, monkeypatch):
+    # NOTE: what docs/mixed_precision.md states: folded, the products reach the weight directly,
+    # so with three or more uses its float32 contributions are summed in another order than
+    # through cast nodes: last-bit differences in its gradient only; hooks change nothing.
+    rng = np.random.default_rng(5)
+    weight = (rng.standard_normal((600, 600)) * 0.05).astype(np.float32)
+    start = rng.standard_normal((4, 600)).astype(np.float32)
+
+    def run(fold: bool, steps: int, hook: bool = False):
+        monkeypatch.setattr(autocast_mode, "FOLD_WEIGHT_CASTS", fold)
+        w = eo.Parameter(weight.copy())
+        if hook:
+            w.register_post_accumulate_grad_hook(lambda p: None)
+        x = eo.tensor(start.copy(), requires_grad=True)
+        h = x
+        with eo.autocast(dtype=dtype):
+            for _ in range(steps):  # (an unrolled recurrence: one weight, `steps` products)
+                h = eo.tanh(h @ w)
+        (h.astype("float32") ** 2).sum().backward()
+        return x.grad, w.grad
+
+    for steps in (2, 4):
+        (gx, gw), (gx_cast, gw_cast) = run(True, steps), run(False, steps)
+        assert np.array_equal(gx, gx_cast)
+        assert np.array_equal(gw, run(True, steps, hook=True)[1])
+        if steps == 2:
+            assert np.array_equal(gw, gw_cast)
+        else:  # (a float32 sum of 4 terms in another order: a few ulps of the largest term;
+            # bfloat16's 8-bit terms mostly sum exactly in either order)
+            assert (dtype == "float16") <= np.count_nonzero(gw != gw_cast) < gw.size // 1000
+            np.testing.assert_allclose(gw, gw_cast, rtol=0, atol=8 * np.spacing(
+                np.abs(gw_cast).max()))

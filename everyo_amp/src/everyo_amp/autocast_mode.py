@@ -24,7 +24,9 @@ float32 parameter (of at least ``FOLD_MIN_ELEMENTS`` elements) gets the paramete
 weight to 16-bit values in float32 without making the 16-bit array (keeping that rounded
 weight for backward, see ``everyo.ops.linalg.KEEPS_ROUNDED_WEIGHT``) and returns the weight's
 gradient already rounded and in float32. The numbers are bit for bit those of the cast nodes
-(``tests/amp/test_bit_identity.py``); what differs is that the graph holds no 16-bit weight
+(``tests/amp/test_bit_identity.py``), except the last bits of the gradient of a weight used by
+three or more products, whose contributions are summed in another order (see
+docs/mixed_precision.md); what differs otherwise is that the graph holds no 16-bit weight
 copy (nothing else could see one: no other interceptor is active, and a tensor no user holds
 can carry no hook).
 """

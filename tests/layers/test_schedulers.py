@@ -224,3 +224,20 @@ def test_multistep_resumes_from_its_closed_form(tmp_path):
     resumed_opt.load_state_dict(opt.state_dict())
     resumed = eo.MultiStepLR(resumed_opt, milestones=[2, 4, 4], gamma=0.5, last_epoch=4)
     assert resumed.get_last_lr() == sched.get_last_lr()
+
+
+@pytest.mark.parametrize("milestones", [range(3, 12, 4), np.array([3, 7, 7]), {7, 3}])
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_milestones_may_be_any_iterable_of_epochs_as_in_pytorch(milestones, torch):
+    ours_opt, theirs_opt = _optimizers(torch)
+    ours = eo.MultiStepLR(ours_opt, milestones, gamma=0.5)
+    theirs = torch.optim.lr_scheduler.MultiStepLR(theirs_opt, milestones, gamma=0.5)
+    np.testing.assert_array_equal(_run(ours_opt, ours, 15)[0], _run(theirs_opt, theirs, 15)[0])
+    ours_opt, theirs_opt = _optimizers(torch)
+    ours = eo.SequentialLR(ours_opt, [eo.ExponentialLR(ours_opt, 0.9), eo.StepLR(ours_opt, 2)],
+                           milestones=np.array([4]))
+    schedulers = torch.optim.lr_scheduler
+    theirs = schedulers.SequentialLR(
+        theirs_opt, [schedulers.ExponentialLR(theirs_opt, 0.9), schedulers.StepLR(theirs_opt, 2)],
+        milestones=np.array([4]))
+    np.testing.assert_array_equal(_run(ours_opt, ours, 10)[0], _run(theirs_opt, theirs, 10)[0])

@@ -59,6 +59,27 @@ def per_group(name: str, optimizer, value, kind: str | None = None,
     return values
 
 
+def epoch_list(scheduler: str, milestones) -> list:
+    """``milestones`` as a list of positive epoch ints, each checked.
+
+    Args:
+        scheduler: the scheduler's class name, for errors.
+        milestones: any iterable of epochs, as PyTorch takes (a list, tuple, set, ``range``
+            or 1-D integer array).
+    Returns:
+        The epochs as a list, in the given order.
+
+    Example:
+        >>> epoch_list("MultiStepLR", range(10, 40, 10))
+        [10, 20, 30]
+    """
+    if isinstance(milestones, (str, bytes, dict)) or not hasattr(milestones, "__iter__") \
+            or getattr(milestones, "ndim", 1) != 1:
+        raise LayerArgumentError(f"{scheduler}: milestones must be a list of epochs, got "
+                                 f"{milestones!r}")
+    return [argument(scheduler, "milestones", m, "positive int") for m in milestones]
+
+
 def current_lrs(optimizer) -> list:
     return [group["lr"] for group in optimizer.param_groups]
 
@@ -232,11 +253,7 @@ class MultiStepLR(LRScheduler):
     """
 
     def __init__(self, optimizer, milestones, gamma: float = 0.1, last_epoch: int = -1):
-        if not isinstance(milestones, (list, tuple, set, frozenset)):
-            raise LayerArgumentError(f"MultiStepLR: milestones must be a list of epochs, got "
-                                     f"{milestones!r}")
-        self.milestones = sorted(argument("MultiStepLR", "milestones", m, "positive int")
-                                 for m in milestones)
+        self.milestones = sorted(epoch_list("MultiStepLR", milestones))
         self.gamma = argument("MultiStepLR", "gamma", gamma, "non-negative float")
         super().__init__(optimizer, last_epoch)
 

@@ -9,7 +9,7 @@ from bisect import bisect_right
 
 from everyo import EveryOError
 from everyo_layers.checks import LayerArgumentError, argument
-from everyo_layers.schedulers import LRScheduler, current_lrs, per_group
+from everyo_layers.schedulers import LRScheduler, current_lrs, epoch_list, per_group
 
 
 class OneCycleLR(LRScheduler):
@@ -139,11 +139,7 @@ class SequentialLR(LRScheduler):
             if getattr(scheduler, "optimizer", None) is not optimizer:
                 raise EveryOError(f"SequentialLR: scheduler {i} "
                                   f"({type(scheduler).__name__}) belongs to another optimizer")
-        if not isinstance(milestones, (list, tuple)):
-            raise LayerArgumentError(f"SequentialLR: milestones must be a list of epochs, got "
-                                     f"{milestones!r}")
-        milestones = [argument("SequentialLR", "milestones", m, "positive int")
-                      for m in milestones]
+        milestones = epoch_list("SequentialLR", milestones)
         if milestones != sorted(milestones):
             raise LayerArgumentError(f"SequentialLR: milestones must increase, got "
                                      f"{milestones}")

@@ -73,7 +73,7 @@ def test_conv2d_weight_and_bias_are_final_before_the_input_gradient(monkeypatch)
     second.weight.register_post_accumulate_grad_hook(lambda p: events.append("weight final"))
     second.bias.register_post_accumulate_grad_hook(lambda p: events.append("bias final"))
     layers(eo.tensor(_array(2, 5, 5, 2))).sum().backward()
-    assert events == ["weight final", "bias final", "input gradient of (3, 3, 3, 4)"]
+    assert events == ["bias final", "weight final", "input gradient of (3, 3, 3, 4)"]
 
 
 def _model():
@@ -204,3 +204,51 @@ def test_a_gradient_a_leaf_hook_kept_is_not_the_leaf_grad():
     (w * 2.0).sum().backward()
     (w * 3.0).sum().backward()
     assert np.array_equal(seen[0], [2.0, 2.0, 2.0]) and np.array_equal(w.grad, [5.0, 5.0, 5.0])
+
+
+def _optimizer_in_backward(params, lr=0.5):
+    """PyTorch's optimizer-in-backward pattern: each parameter steps as soon as it is final."""
+    for p in params:
+        optimizer = eo.SGD([p], lr=lr)
+
+        def step(p, optimizer=optimizer):
+            optimizer.step()
+            optimizer.zero_grad()
+
+        p.register_post_accumulate_grad_hook(step)
+
+
+def test_a_hook_writing_a_weight_its_op_still_reads_raises_instead_of_a_stale_gradient():
+    # (the weight's hook runs before matmul computes the input's gradient, which reads the
+    # weight: an optimizer step there would silently change that gradient)
+    x = eo.tensor(_array(4, 3), requires_grad=True)
+    weight, bias = eo.Parameter(_array(3, 2)), eo.Parameter(_array(2))
+    _optimizer_in_backward([weight, bias])
+    out = eo.dispatch("matmul", eo.tanh(x), weight, bias)
+    with pytest.raises(EveryOError, match="post-accumulate-grad hook"):
+        (out * out).sum().backward()
+    assert x.grad is None
+
+
+def test_hooks_writing_parameters_no_later_part_reads_give_the_plain_gradients():
+    # (optimizer in backward where nothing stale can be read: the first layer's input needs
+    # no gradient, and a bias is read by no other operand's gradient)
+    def run(in_backward: bool):
+        model = eo.Sequential(eo.Conv2D(2, 3, 3, padding="same", seed=0), eo.ReLU(),
+                              eo.Flatten(), eo.Linear(3 * 4 * 4, 5, seed=1))
+        conv, linear = model[0], model[3]
+        if in_backward:
+            _optimizer_in_backward([conv.weight, conv.bias, linear.bias])
+        loss = (model(eo.tensor(RNG_FIXED)) ** 2).sum()
+        loss.backward()
+        if not in_backward:
+            for p in (conv.weight, conv.bias, linear.bias):
+                optimizer = eo.SGD([p], lr=0.5)
+                optimizer.step()
+        return [p.data for p in model.parameters()] + [linear.weight.grad]
+
+    for got, expected in zip(run(True), run(False)):
+        assert np.array_equal(got, expected)
+
+
+RNG_FIXED = np.random.default_rng(11).standard_normal((2, 4, 4, 2)).astype(np.float32)

@@ -31,6 +31,7 @@ class Conv2DOp(Op):
 
     precision = "lower"  # BLAS-shaped: float16 is safe, products accumulate in float32
     __slots__ = ("stride", "dilation", "pads", "x_shape", "out_hw", "w_shape")
+    saved_inputs = (0, 1)  # (backward never reads the bias)
 
     def forward(self, x, weight, bias=None, stride=(1, 1), padding=((0, 0), (0, 0)),
                 dilation=(1, 1)):
@@ -82,19 +83,21 @@ class Conv2DOp(Op):
         return gradients_from_parts(self, g)
 
     def backward_parts(self, g):
-        # NOTE: the weight and bias first: with hooks registered (data-parallel training) the
-        # engine finalises them before the costlier input gradient is computed.
+        # NOTE: the bias and weight first: with hooks registered (data-parallel training) the
+        # engine finalises them before the costlier input gradient is computed. (The bias
+        # before the weight, whose part reads the saved input: a hook that writes the bias in
+        # place leaves no part of this op stale.)
         cols, w2 = self.saved
         needs = self.needs_input_grad
         g2 = g.reshape(-1, g.shape[-1])
+        if len(needs) > 2 and needs[2]:
+            yield 2, _sum_rows(g2)
         if needs[1]:
             if g.dtype in HALF_DTYPES:  # cols holds the 16-bit input: regather it in float32
                 yield 1, narrow(np.matmul(self._columns(widen(cols)).T, widen(g2)),
                                 g.dtype).reshape(self.w_shape)
             else:
                 yield 1, blas_matmul(cols.T, g2).reshape(self.w_shape)
-        if len(needs) > 2 and needs[2]:
-            yield 2, _sum_rows(g2)
         if needs[0]:
             yield 0, self._input_grad(g2, w2)
 

@@ -242,9 +242,7 @@ def test_hooks_writing_parameters_no_later_part_reads_give_the_plain_gradients()
         loss = (model(eo.tensor(RNG_FIXED)) ** 2).sum()
         loss.backward()
         if not in_backward:
-            for p in (conv.weight, conv.bias, linear.bias):
-                optimizer = eo.SGD([p], lr=0.5)
-                optimizer.step()
+            _step_each([conv.weight, conv.bias, linear.bias])
         return [p.data for p in model.parameters()] + [linear.weight.grad]
 
     for got, expected in zip(run(True), run(False)):
@@ -252,3 +250,31 @@ def test_hooks_writing_parameters_no_later_part_reads_give_the_plain_gradients()
 
 
 RNG_FIXED = np.random.default_rng(11).standard_normal((2, 4, 4, 2)).astype(np.float32)
+
+
+def test_optimizer_in_backward_on_a_folded_autocast_product_is_exact():
+    # (the 16-bit product of a float32 weight computes its parts together before yielding
+    # them: a weight updated by its hook cannot make another part stale, so nothing raises)
+    rng = np.random.default_rng(3)
+    start = rng.standard_normal((4, 600)).astype(np.float32)
+
+    def run(in_backward: bool):
+        layer = eo.Linear(600, 300, seed=0)  # (large enough for autocast to fold its cast)
+        x = eo.tensor(start, requires_grad=True)
+        if in_backward:
+            _optimizer_in_backward(list(layer.parameters()))
+        with eo.autocast():
+            out = layer(eo.tanh(x))
+        assert "lower" in out._ctx.attrs
+        out.astype("float32").sum().backward()
+        if not in_backward:
+            _step_each(layer.parameters())
+        return [x.grad] + [p.data for p in layer.parameters()]
+
+    for got, expected in zip(run(True), run(False)):
+        assert np.array_equal(got, expected)
+
+
+def _step_each(params, lr=0.5):
+    for p in params:
+        eo.SGD([p], lr=lr).step()

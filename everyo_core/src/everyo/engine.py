@@ -188,10 +188,7 @@ def _walk(roots, starts, retain_graph, create_graph, inputs, stop_at_inputs, acc
             else:
                 parts = op.backward_parts(g)
             parents, needs = op.parents, op.needs_input_grad
-            stamp = clock[0]
             for index, gi in parts:
-                if clock[0] != stamp:  # a hook finalised inside this op wrote in place
-                    _check_not_written_by_hooks(op)
                 if gi is None or not needs[index]:
                     continue
                 t = parents[index]
@@ -230,26 +227,6 @@ def _early_leaves(order: list, by_step: dict) -> dict:
         if len({id(t) for t in parents}) == len(parents):
             early[i] = set(keys)
     return early
-
-
-def _check_not_written_by_hooks(op) -> None:
-    """Raise if a post-accumulate hook that ran inside ``op``'s ``backward_parts`` wrote in
-    place into a tensor ``op`` saved: the part just computed may have read the new values.
-
-    NOTE: checked after the part is computed, so that an op whose remaining parts read
-    nothing the hook wrote (e.g. a first layer, whose input needs no gradient) still runs:
-    ``check_saved`` passed before the first part, so a write it finds now is the hook's.
-    """
-    try:
-        check_saved(op)
-    except EveryOError as error:
-        raise EveryOError(
-            f"{error} The write was made by a post-accumulate-grad hook (e.g. an optimizer "
-            f"step in the hook): with hooks registered, op {op_name(op)!r} finalises a "
-            f"parameter as soon as its gradient is ready, before it computes its other "
-            f"operands' gradients, which still read the saved values (see docs/autograd.md). "
-            f"Update parameters after backward(), or only those whose op reads them no more."
-        ) from None
 
 
 def _finish_leaf(entry, wanted, captured, accumulate, run_hooks, create_graph) -> None:

@@ -32,8 +32,9 @@ from everyo.ops.graph_math import broadcast_tensor, expand_reduced, swap_last, u
 from everyo.ops.linalg import blas_matmul
 from everyo.ops.reduction import log_softmax_array
 from everyo.ops.unary import keep_where, stable_sigmoid
+from everyo.versioning import check_operand_unchanged
 
-__all__ = ["HALF_DTYPES", "as_tensors", "blas_matmul", "broadcast_tensor", "expand_reduced",
-           "gradients_from_parts", "is_floating", "keep_where", "log_softmax_array", "narrow",
-           "parse_einsum_equation", "resolve_dtype", "stable_sigmoid", "swap_last",
-           "unbroadcast_tensor", "widen"]
+__all__ = ["HALF_DTYPES", "as_tensors", "blas_matmul", "broadcast_tensor",
+           "check_operand_unchanged", "expand_reduced", "gradients_from_parts", "is_floating",
+           "keep_where", "log_softmax_array", "narrow", "parse_einsum_equation",
+           "resolve_dtype", "stable_sigmoid", "swap_last", "unbroadcast_tensor", "widen"]

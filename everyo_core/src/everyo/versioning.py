@@ -92,6 +92,36 @@ def check_saved(op, output=None) -> None:
         _raise(op, output, "its output")
 
 
+def check_operand_unchanged(op, index: int) -> None:
+    """Raise if ``op``'s operand ``index`` was written in place since ``op``'s forward.
+
+    For ``backward_parts``: call it before computing a part that reads that operand. With
+    hooks registered the engine finalises a parameter as soon as its part is yielded, and its
+    post-accumulate hooks (e.g. an optimizer step: PyTorch's "optimizer in backward") may
+    write it before the op computes its other operands' gradients from the saved values.
+
+    Args:
+        op: the op whose backward is running.
+        index: the operand the next part reads.
+
+    Example:
+        >>> import everyo as eo
+        >>> w = eo.ones(2, 2, requires_grad=True)
+        >>> y = eo.ones(1, 2, requires_grad=True) @ w
+        >>> check_operand_unchanged(y._ctx, 1)  # (nothing written: returns)
+    """
+    if clock[0] != op.epoch and _written_since(op.parents[index], op.epoch):
+        tensor = op.parents[index]
+        raise EveryOError(
+            f"backward through op {op_name(op)!r}: its operand {index} (shape {tensor.shape}, "
+            f"{tensor.dtype}) was written in place by a post-accumulate-grad hook (e.g. an "
+            f"optimizer step in the hook) while the op still needed it for its other operands' "
+            f"gradients: with hooks registered, a parameter is finalised as soon as its "
+            f"gradient is ready, inside its op's backward (see docs/autograd.md). Update "
+            f"that parameter after backward() instead."
+        )
+
+
 def _raise(op, tensor, which: str) -> None:
     raise EveryOError(
         f"backward through op {op_name(op)!r}: {which} (shape {tensor.shape}, "

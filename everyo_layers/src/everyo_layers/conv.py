@@ -5,7 +5,14 @@ from __future__ import annotations
 import numpy as np
 
 from everyo import EveryOError, Module, Op, dispatch
-from everyo.kernels import HALF_DTYPES, blas_matmul, gradients_from_parts, narrow, widen
+from everyo.kernels import (
+    HALF_DTYPES,
+    blas_matmul,
+    check_operand_unchanged,
+    gradients_from_parts,
+    narrow,
+    widen,
+)
 from everyo_layers.checks import argument, check_float, check_groups
 from everyo_layers.initializers import fan_in_bound, layer_generator, uniform_parameter
 from everyo_layers.padding import output_size, resolve_padding
@@ -93,12 +100,14 @@ class Conv2DOp(Op):
         if len(needs) > 2 and needs[2]:
             yield 2, _sum_rows(g2)
         if needs[1]:
+            check_operand_unchanged(self, 0)  # (hooks run on the bias's part may write)
             if g.dtype in HALF_DTYPES:  # cols holds the 16-bit input: regather it in float32
                 yield 1, narrow(np.matmul(self._columns(widen(cols)).T, widen(g2)),
                                 g.dtype).reshape(self.w_shape)
             else:
                 yield 1, blas_matmul(cols.T, g2).reshape(self.w_shape)
         if needs[0]:
+            check_operand_unchanged(self, 1)  # (e.g. an optimizer step in the weight's hook)
             yield 0, self._input_grad(g2, w2)
 
     def _input_grad(self, g2: np.ndarray, w2: np.ndarray) -> np.ndarray:

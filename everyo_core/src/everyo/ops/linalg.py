@@ -10,6 +10,7 @@ from everyo.dtypes import FLOAT32, HALF_DTYPES, result_dtype
 from everyo.errors import EveryOError
 from everyo.half_precision import narrow, rounded_float32, widen
 from everyo.ops.graph_math import swap_last, unbroadcast_tensor
+from everyo.versioning import check_operand_unchanged
 
 
 def blas_matmul(a: np.ndarray, b: np.ndarray, bias: np.ndarray | None = None,
@@ -167,8 +168,10 @@ class MatMul(Op):
             yield 2, unbroadcast(g, self.bias_shape)
         a2, b2, g2 = self._matrices(g)
         if needs[1]:
+            check_operand_unchanged(self, 0)  # (hooks run on the bias's part may write)
             yield 1, self._b_grad(a2, b2, g2)
         if needs[0]:
+            check_operand_unchanged(self, 1)  # (e.g. an optimizer step in the weight's hook)
             yield 0, self._a_grad(a2, b2, g2)
 
     def _matrices(self, g) -> tuple:

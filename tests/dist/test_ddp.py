@@ -205,3 +205,26 @@ def test_a_forward_without_backward_does_not_keep_its_graph_alive():
             assert model.extra.weight.grad is not None
         finally:
             ddp.close()
+
+
+class _ExtraFirst(_TwoBranches):
+    def __init__(self):
+        eo.Module.__init__(self)
+        self.extra = eo.Linear(2, 1, seed=1)  # registered first: its buckets are reduced last
+        self.body = eo.Linear(2, 1, seed=0)
+
+
+def test_a_gradient_arriving_after_its_bucket_was_reduced_is_refused_not_lost():
+    # two forwards, then one backward each: the first backward finishes `body`'s buckets, which
+    # leave with only its gradient; the second adds more to `body` (and finishes `extra`).
+    # Writing the averages back would silently drop that second contribution to `body`.
+    with init(backend="shm", rank=0, world_size=1) as group:
+        model = _ExtraFirst()
+        ddp = DistributedDataParallel(model, group, bucket_cap_mb=1e-6)
+        try:
+            first, second = ddp(eo.ones((3, 2)), False), ddp(eo.ones((3, 2)), True)
+            first.sum().backward()
+            with pytest.raises(DistributedError, match=r"body\.(bias|weight).*already"):
+                second.sum().backward()
+        finally:
+            ddp.close()

@@ -266,6 +266,14 @@ class DistributedDataParallel:
             return  # a forward inside no_sync, or none yet: plain accumulation
         self._started = True
         bucket = self._bucket_of[id(param)]
+        if bucket.index < self._next_launch:  # its bucket left with the gradient it had then
+            name = self._names.get(id(param), f"a parameter of shape {param.shape}")
+            raise DistributedError(
+                f"DistributedDataParallel: a gradient for {name} arrived after its bucket was "
+                f"already all-reduced, so it would be lost: its earlier backward (of another "
+                f"forward since the last reduction) counted it as final. Backward the sum of "
+                f"the losses of all the forwards once, or run each backward right after its "
+                f"forward")
         bucket.pending.discard(id(param))
         self._expected.discard(id(param))
         if self._expected:

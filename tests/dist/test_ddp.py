@@ -228,3 +228,10 @@ def test_a_gradient_arriving_after_its_bucket_was_reduced_is_refused_not_lost():
                 second.sum().backward()
         finally:
             ddp.close()
+
+
+@pytest.mark.parametrize("cap", [float("inf"), float("nan"), 0, -1, True, "25"])
+def test_a_bucket_cap_that_is_not_a_finite_positive_number_is_refused_by_name(cap):
+    with init(backend="shm", rank=0, world_size=1) as group:
+        with pytest.raises(DistributedError, match="bucket_cap_mb"):
+            DistributedDataParallel(eo.Linear(2, 1, seed=0), group, bucket_cap_mb=cap)

@@ -155,8 +155,8 @@ class DistributedDataParallel:
                                    f"{type(module).__name__}")
         if bucket_cap_mb is not None and (
                 isinstance(bucket_cap_mb, bool) or not isinstance(bucket_cap_mb, (
-                    int, float, np.integer, np.floating)) or not bucket_cap_mb > 0):
-            raise DistributedError(f"bucket_cap_mb must be a positive number of MiB (or None "
+                    int, float, np.integer, np.floating)) or not 0 < bucket_cap_mb < float("inf")):
+            raise DistributedError(f"bucket_cap_mb must be a finite positive number of MiB (or None "
                                    f"for PyTorch's default), got {bucket_cap_mb!r}")
         self.module, self.group = module, group
         self.bucket_cap_mb = bucket_cap_mb

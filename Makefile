@@ -11,6 +11,9 @@ SMOKE_TESTS := tests/packaging tests/plugins tests/core/test_tensor.py
 .PHONY: install demo test test-oracle test-smoke bench lint typecheck clean
 
 $(STAMP): pyproject.toml everyo_*/pyproject.toml VERSION
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 10))' || { \
+	  echo "EveryO needs CPython 3.10 or newer; $(PYTHON) is $$($(PYTHON) -V 2>&1)." >&2; \
+	  echo "Pick another interpreter: make PYTHON=python3.12 ..." >&2; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --upgrade --quiet pip
 	$(BIN)/python -m pip install --quiet $(PACKAGES) -e ".[all,test,examples]"

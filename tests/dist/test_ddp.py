@@ -235,3 +235,18 @@ def test_a_bucket_cap_that_is_not_a_finite_positive_number_is_refused_by_name(ca
     with init(backend="shm", rank=0, world_size=1) as group:
         with pytest.raises(DistributedError, match="bucket_cap_mb"):
             DistributedDataParallel(eo.Linear(2, 1, seed=0), group, bucket_cap_mb=cap)
+
+
+def test_a_parameter_frozen_after_wrapping_is_not_waited_for():
+    # requires_grad turned off after the wrapper was built (fine-tuning a frozen layer): the
+    # backward gives it no gradient, so waiting for it would leave the step unaveraged
+    with init(backend="shm", rank=0, world_size=1) as group:
+        model = _TwoBranches()
+        ddp = DistributedDataParallel(model, group)
+        try:
+            model.body.weight.requires_grad = False
+            for _ in range(2):
+                ddp(eo.ones((3, 2)), True).sum().backward()
+            assert model.extra.weight.grad is not None and model.body.weight.grad is None
+        finally:
+            ddp.close()

@@ -15,7 +15,9 @@ The averages are exactly :func:`~everyo_dist.gradients.average_gradients`'s: the
 element-wise, so cutting the vector into buckets changes no bit. A parameter the forward did
 not use (found by walking the graph from the outputs, as PyTorch's
 ``find_unused_parameters=True`` does) contributes its current gradient, or zeros, and receives
-the average, as ``average_gradients`` does. Buckets are all-reduced strictly in bucket order on
+the average, as ``average_gradients`` does; one whose ``requires_grad`` was turned off after
+wrapping gets no gradient from backward, so it is not waited for and its ``.grad`` is left
+alone. Buckets are all-reduced strictly in bucket order on
 every rank, so ranks whose backward finishes parameters in a different order still match.
 """
 
@@ -59,6 +61,8 @@ class _Bucket:
 
     def write_back(self) -> None:
         for param, start, stop in zip(self.params, self.offsets, self.offsets[1:]):
+            if not param.requires_grad:  # frozen after wrapping: backward leaves it alone
+                continue
             target = param.data.dtype if param.grad is None else param.grad.dtype
             param.grad = self.result[start:stop].reshape(param.data.shape).astype(
                 target, copy=False)
@@ -99,7 +103,8 @@ def _buckets(params: list, cap_bytes: int,
 
 
 def _reachable_parameters(outputs, candidates: dict[int, object]) -> set[int]:
-    """ids of the ``candidates`` (id -> parameter) the autograd graph of ``outputs`` reaches."""
+    """ids of the ``candidates`` (id -> parameter) the autograd graph of ``outputs`` reaches
+    and backward will give a gradient (``requires_grad``)."""
     found: set[int] = set()
     stack = [t for t in outputs]
     seen: set[int] = set()
@@ -107,7 +112,7 @@ def _reachable_parameters(outputs, candidates: dict[int, object]) -> set[int]:
         tensor = stack.pop()
         ctx = getattr(tensor, "_ctx", None)
         if ctx is None:
-            if id(tensor) in candidates:
+            if id(tensor) in candidates and tensor.requires_grad:
                 found.add(id(tensor))
             continue
         if id(ctx) in seen:

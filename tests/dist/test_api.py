@@ -153,3 +153,24 @@ def test_shm_refuses_cpus_whose_store_ordering_it_does_not_cover():
     check_store_ordering(1, machine="aarch64")  # one rank shares nothing
     with pytest.raises(DistributedError, match="'aarch64'.*backend='tcp'"):
         check_store_ordering(2, machine="aarch64")
+
+
+def test_shm_ranks_wait_for_rank_0_whatever_pid_the_segment_name_carries(clean_shm):
+    """A launcher may build the name in a helper process that has exited since: rank 0 creates
+    the segment, so the others wait for it even when the pid in its name is dead."""
+    from everyo_dist.backends.shm.segments import new_job_id, segment_name
+
+    helper = subprocess.Popen([sys.executable, "-c", "pass"])
+    helper.wait()
+    segment = segment_name(new_job_id(), "ctl", owner_pid=helper.pid)
+    env = dict(os.environ, EVERYO_BACKEND="shm", EVERYO_WORLD_SIZE="2", EVERYO_TIMEOUT="20",
+               EVERYO_SHM_SEGMENT=segment)
+    late = "import time; time.sleep(1.5)\n" + RANK_SCRIPT  # rank 0 creates it a while later
+    ranks = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True,
+                              env=dict(env, EVERYO_RANK=str(rank)))
+             for rank, script in ((1, RANK_SCRIPT), (0, late))]
+    outputs = [process.communicate(timeout=60) for process in ranks]
+    assert all(process.returncode == 0 for process in ranks), [err for _, err in outputs]
+    assert sorted(out.split() for out, _ in outputs) == [["shm", "0", "2", "3.0"],
+                                                         ["shm", "1", "2", "3.0"]]

@@ -205,3 +205,48 @@ def test_a_forward_without_backward_does_not_keep_its_graph_alive():
             assert model.extra.weight.grad is not None
         finally:
             ddp.close()
+
+
+class _ExtraFirst(_TwoBranches):
+    def __init__(self):
+        eo.Module.__init__(self)
+        self.extra = eo.Linear(2, 1, seed=1)  # registered first: its buckets are reduced last
+        self.body = eo.Linear(2, 1, seed=0)
+
+
+def test_a_gradient_arriving_after_its_bucket_was_reduced_is_refused_not_lost():
+    # two forwards, then one backward each: the first backward finishes `body`'s buckets, which
+    # leave with only its gradient; the second adds more to `body` (and finishes `extra`).
+    # Writing the averages back would silently drop that second contribution to `body`.
+    with init(backend="shm", rank=0, world_size=1) as group:
+        model = _ExtraFirst()
+        ddp = DistributedDataParallel(model, group, bucket_cap_mb=1e-6)
+        try:
+            first, second = ddp(eo.ones((3, 2)), False), ddp(eo.ones((3, 2)), True)
+            first.sum().backward()
+            with pytest.raises(DistributedError, match=r"body\.(bias|weight).*already"):
+                second.sum().backward()
+        finally:
+            ddp.close()
+
+
+@pytest.mark.parametrize("cap", [float("inf"), float("nan"), 0, -1, True, "25"])
+def test_a_bucket_cap_that_is_not_a_finite_positive_number_is_refused_by_name(cap):
+    with init(backend="shm", rank=0, world_size=1) as group:
+        with pytest.raises(DistributedError, match="bucket_cap_mb"):
+            DistributedDataParallel(eo.Linear(2, 1, seed=0), group, bucket_cap_mb=cap)
+
+
+def test_a_parameter_frozen_after_wrapping_is_not_waited_for():
+    # requires_grad turned off after the wrapper was built (fine-tuning a frozen layer): the
+    # backward gives it no gradient, so waiting for it would leave the step unaveraged
+    with init(backend="shm", rank=0, world_size=1) as group:
+        model = _TwoBranches()
+        ddp = DistributedDataParallel(model, group)
+        try:
+            model.body.weight.requires_grad = False
+            for _ in range(2):
+                ddp(eo.ones((3, 2)), True).sum().backward()
+            assert model.extra.weight.grad is not None and model.body.weight.grad is None
+        finally:
+            ddp.close()

@@ -227,3 +227,23 @@ def test_every_frame_of_the_chain_is_validated():
     assert plan(vector.size, 8, 4) == "chain"
     message = _reduce_against(1, 8, vector, [(0, vector.astype(np.float64))])
     assert "rank 0 sent step 0 with 128 bytes" in message and "float32" in message, message
+
+
+def test_non_native_byte_order_and_strided_inputs_reduce_like_their_native_values():
+    # big-endian rows (e.g. loaded from a file written elsewhere) and strided views travel as
+    # native contiguous copies: the same bits as the native rows, in a native-order result
+    world_size, length = 3, 1001
+
+    def job(group):
+        mine = wide_data(group.rank, "float64", length)
+        swapped = mine.astype(mine.dtype.newbyteorder())
+        strided = np.repeat(mine, 2)[::2]
+        return (group.all_reduce_sum(swapped), group.all_reduce_mean(swapped),
+                group.all_reduce_sum(strided))
+
+    results = _over_threads(world_size, job)
+    rows = [wide_data(rank, "float64", length) for rank in range(world_size)]
+    expected = [reduce_rows_f64(rows, mean, "float64") for mean in (False, True, False)]
+    for result in results:
+        for got, want in zip(result, expected):
+            assert got.dtype == want.dtype and got.tobytes() == want.tobytes()

@@ -15,7 +15,9 @@ The averages are exactly :func:`~everyo_dist.gradients.average_gradients`'s: the
 element-wise, so cutting the vector into buckets changes no bit. A parameter the forward did
 not use (found by walking the graph from the outputs, as PyTorch's
 ``find_unused_parameters=True`` does) contributes its current gradient, or zeros, and receives
-the average, as ``average_gradients`` does. Buckets are all-reduced strictly in bucket order on
+the average, as ``average_gradients`` does; one whose ``requires_grad`` was turned off after
+wrapping gets no gradient from backward, so it is not waited for and its ``.grad`` is left
+alone. Buckets are all-reduced strictly in bucket order on
 every rank, so ranks whose backward finishes parameters in a different order still match.
 """
 
@@ -59,6 +61,8 @@ class _Bucket:
 
     def write_back(self) -> None:
         for param, start, stop in zip(self.params, self.offsets, self.offsets[1:]):
+            if not param.requires_grad:  # frozen after wrapping: backward leaves it alone
+                continue
             target = param.data.dtype if param.grad is None else param.grad.dtype
             param.grad = self.result[start:stop].reshape(param.data.shape).astype(
                 target, copy=False)
@@ -99,7 +103,8 @@ def _buckets(params: list, cap_bytes: int,
 
 
 def _reachable_parameters(outputs, candidates: dict[int, object]) -> set[int]:
-    """ids of the ``candidates`` (id -> parameter) the autograd graph of ``outputs`` reaches."""
+    """ids of the ``candidates`` (id -> parameter) the autograd graph of ``outputs`` reaches
+    and backward will give a gradient (``requires_grad``)."""
     found: set[int] = set()
     stack = [t for t in outputs]
     seen: set[int] = set()
@@ -107,7 +112,7 @@ def _reachable_parameters(outputs, candidates: dict[int, object]) -> set[int]:
         tensor = stack.pop()
         ctx = getattr(tensor, "_ctx", None)
         if ctx is None:
-            if id(tensor) in candidates:
+            if id(tensor) in candidates and tensor.requires_grad:
                 found.add(id(tensor))
             continue
         if id(ctx) in seen:
@@ -155,8 +160,8 @@ class DistributedDataParallel:
                                    f"{type(module).__name__}")
         if bucket_cap_mb is not None and (
                 isinstance(bucket_cap_mb, bool) or not isinstance(bucket_cap_mb, (
-                    int, float, np.integer, np.floating)) or not bucket_cap_mb > 0):
-            raise DistributedError(f"bucket_cap_mb must be a positive number of MiB (or None "
+                    int, float, np.integer, np.floating)) or not 0 < bucket_cap_mb < float("inf")):
+            raise DistributedError(f"bucket_cap_mb must be a finite positive number of MiB (or None "
                                    f"for PyTorch's default), got {bucket_cap_mb!r}")
         self.module, self.group = module, group
         self.bucket_cap_mb = bucket_cap_mb
@@ -266,6 +271,14 @@ class DistributedDataParallel:
             return  # a forward inside no_sync, or none yet: plain accumulation
         self._started = True
         bucket = self._bucket_of[id(param)]
+        if bucket.index < self._next_launch:  # its bucket left with the gradient it had then
+            name = self._names.get(id(param), f"a parameter of shape {param.shape}")
+            raise DistributedError(
+                f"DistributedDataParallel: a gradient for {name} arrived after its bucket was "
+                f"already all-reduced, so it would be lost: its earlier backward (of another "
+                f"forward since the last reduction) counted it as final. Backward the sum of "
+                f"the losses of all the forwards once, or run each backward right after its "
+                f"forward")
         bucket.pending.discard(id(param))
         self._expected.discard(id(param))
         if self._expected:

@@ -187,6 +187,8 @@ class ProcessGroup:
             data = np.asarray(data)
             if data.dtype == np.float64 and not isinstance(array, np.generic):
                 data = data.astype(np.float32)  # Python floats follow EveryO's float32 default
+        if not data.dtype.isnative:  # the wire and the dtype codes are native-order only
+            data = data.astype(data.dtype.newbyteorder("="))
         return np.ascontiguousarray(data).reshape(-1), data.shape
 
     def _run(self, fingerprint: Fingerprint, primitive):

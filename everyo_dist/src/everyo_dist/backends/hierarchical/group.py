@@ -359,7 +359,7 @@ def create_hierarchical_group(rank: int, world_size: int, local_rank: int | None
             leader = records[machine.start]
             name = segment_name(f"{int(leader[2]):012x}", "ctl", owner_pid=int(leader[3]))
             shm = ShmTransport(local_rank, len(machine), name,
-                               SubgroupCollective.of(joining, machine))
+                               SubgroupCollective.of(joining, machine), int(leader[3]))
     except BaseException:
         for part in (leaders, flat):
             if part is not None:

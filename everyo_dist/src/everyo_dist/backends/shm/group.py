@@ -109,11 +109,15 @@ class ShmTransport:
         world_size: number of ranks.
         segment: the control segment's name (see :func:`create_shm_group`).
         joining: the start-up pseudo-collective whose deadline bounds joining the group.
+        creator_pid: the pid of rank 0's process when the caller knows it: the others then
+            fail as soon as it exits without creating the segment, not at the timeout. (The
+            pid in a name a launcher chose need not be rank 0's, so it is not used for this.)
     """
 
     name = "shm"
 
-    def __init__(self, rank: int, world_size: int, segment: str | None, joining: Collective):
+    def __init__(self, rank: int, world_size: int, segment: str | None, joining: Collective,
+                 creator_pid: int | None = None):
         self.rank, self.world_size = rank, world_size
         if segment is None:
             if world_size != 1:
@@ -137,7 +141,7 @@ class ShmTransport:
         self._published = 0  # the epoch of the last publish()
         self._data: Segment | None = None
         self._scratch = np.empty(2 * REDUCE_BLOCK, np.float64)
-        self._control = self._open_control(segment, joining)
+        self._control = self._open_control(segment, joining, creator_pid)
         self._words = self._control.buf.cast("q")
         self._my_word = rank * _WORDS + _EPOCH
         self._peer_words = [r * _WORDS + _EPOCH for r in range(world_size) if r != rank]
@@ -159,7 +163,8 @@ class ShmTransport:
         self._spin = SPIN_SECONDS if world_size <= available_workers() \
             else SHARED_CORE_SPIN_SECONDS
 
-    def _open_control(self, name: str, joining: Collective) -> Segment:
+    def _open_control(self, name: str, joining: Collective,
+                      creator_pid: int | None) -> Segment:
         size = self.world_size * BLOCK
         if self.rank == 0:
             sweep_stale_segments()
@@ -167,7 +172,6 @@ class ShmTransport:
                 return Segment(name, size, create=True)
             except FileExistsError:
                 pass  # created by the spawn parent
-        owner = parse_name(name)[0]  # the process that creates it (its pid is in the name)
         next_check = time.monotonic() + LIVENESS_INTERVAL
         while True:  # peers may start before rank 0 created it
             try:
@@ -179,12 +183,12 @@ class ShmTransport:
                 pass
             if joining.remaining() <= 0:
                 raise joining.timeout_error([0], f"shared segment {name} never appeared")
-            if time.monotonic() >= next_check:  # a dead creator: fail now, not at the timeout
-                next_check = time.monotonic() + LIVENESS_INTERVAL
-                if not process_alive(owner):
+            if creator_pid is not None and time.monotonic() >= next_check:
+                next_check = time.monotonic() + LIVENESS_INTERVAL  # dead: fail now, not later
+                if not process_alive(creator_pid):
                     raise joining.peer_lost_error(
-                        0, f"the process that creates the shared segment {name} (pid {owner})"
-                           f" exited before creating it")
+                        0, f"the process that creates the shared segment {name} (pid "
+                           f"{creator_pid}) exited before creating it")
             time.sleep(0.01)
 
     # -- synchronisation ---------------------------------------------------------------------

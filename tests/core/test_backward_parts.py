@@ -37,8 +37,8 @@ def test_a_weight_is_final_before_its_op_computes_the_input_gradient(monkeypatch
     out = eo.dispatch("matmul", hidden, weight, bias)
     events: list = []
     _record_matmuls(monkeypatch, events)
-    weight.register_post_accumulate_grad_hook(lambda p: events.append("weight final"))
-    bias.register_post_accumulate_grad_hook(lambda p: events.append("bias final"))
+    weight.register_post_accumulate_grad_hook(lambda p: events.append("weight final"), early=True)
+    bias.register_post_accumulate_grad_hook(lambda p: events.append("bias final"), early=True)
     out.sum().backward()
     # bias (no product), then the weight's product and its hook, then the input's product
     assert events == ["bias final", "matmul (3, 4)x(4, 2)", "weight final",
@@ -70,8 +70,10 @@ def test_conv2d_weight_and_bias_are_final_before_the_input_gradient(monkeypatch)
         return real(self, g2, w2)
 
     monkeypatch.setattr(Conv2DOp, "_input_grad", recording)
-    second.weight.register_post_accumulate_grad_hook(lambda p: events.append("weight final"))
-    second.bias.register_post_accumulate_grad_hook(lambda p: events.append("bias final"))
+    second.weight.register_post_accumulate_grad_hook(lambda p: events.append("weight final"),
+                                                     early=True)
+    second.bias.register_post_accumulate_grad_hook(lambda p: events.append("bias final"),
+                                                   early=True)
     layers(eo.tensor(_array(2, 5, 5, 2))).sum().backward()
     assert events == ["bias final", "weight final", "input gradient of (3, 3, 3, 4)"]
 
@@ -82,14 +84,15 @@ def _model():
                          eo.Linear(8, 5, seed=2))
 
 
-def test_gradients_are_bit_identical_with_and_without_hooks():
+@pytest.mark.parametrize("early", [False, True])
+def test_gradients_are_bit_identical_with_and_without_hooks(early):
     x, y = _array(6, 4, 4, 2), RNG.integers(0, 5, 6)
     grads = []
     for hooked in (False, True):
         model = _model()
         params = list(model.parameters())
         calls: list = []
-        handles = [p.register_post_accumulate_grad_hook(calls.append) for p in params] \
+        handles = [p.register_post_accumulate_grad_hook(calls.append, early=early) for p in params] \
             if hooked else []
         for _ in range(2):  # the second backward accumulates into existing .grad
             eo.cross_entropy(model(eo.tensor(x)), y).backward()
@@ -174,8 +177,8 @@ def test_backward_is_assembled_from_backward_parts():
 
     a, b = eo.Parameter(_array(2)), eo.Parameter(_array(2))
     order: list = []
-    a.register_post_accumulate_grad_hook(lambda p: order.append("a"))
-    b.register_post_accumulate_grad_hook(lambda p: order.append("b"))
+    a.register_post_accumulate_grad_hook(lambda p: order.append("a"), early=True)
+    b.register_post_accumulate_grad_hook(lambda p: order.append("b"), early=True)
     Swap.apply(a, b).sum().backward()
     assert order == ["b", "a"]
     assert a.grad.tolist() == [2.0, 2.0] and b.grad.tolist() == [3.0, 3.0]
@@ -206,7 +209,7 @@ def test_a_gradient_a_leaf_hook_kept_is_not_the_leaf_grad():
     assert np.array_equal(seen[0], [2.0, 2.0, 2.0]) and np.array_equal(w.grad, [5.0, 5.0, 5.0])
 
 
-def _optimizer_in_backward(params, lr=0.5):
+def _optimizer_in_backward(params, lr=0.5, early=False):
     """PyTorch's optimizer-in-backward pattern: each parameter steps as soon as it is final."""
     for p in params:
         optimizer = eo.SGD([p], lr=lr)
@@ -215,19 +218,36 @@ def _optimizer_in_backward(params, lr=0.5):
             optimizer.step()
             optimizer.zero_grad()
 
-        p.register_post_accumulate_grad_hook(step)
+        p.register_post_accumulate_grad_hook(step, early=early)
 
 
-def test_a_hook_writing_a_weight_its_op_still_reads_raises_instead_of_a_stale_gradient():
-    # (the weight's hook runs before matmul computes the input's gradient, which reads the
-    # weight: an optimizer step there would silently change that gradient)
-    x = eo.tensor(_array(4, 3), requires_grad=True)
-    weight, bias = eo.Parameter(_array(3, 2)), eo.Parameter(_array(2))
-    _optimizer_in_backward([weight, bias])
+def _linear_in_backward(in_backward: bool, early: bool = False):
+    x = eo.tensor(np.linspace(-1, 1, 12, dtype=np.float32).reshape(4, 3), requires_grad=True)
+    weight = eo.Parameter(np.linspace(0.5, -0.5, 6, dtype=np.float32).reshape(3, 2))
+    bias = eo.Parameter(np.float32([0.1, -0.2]))
+    if in_backward:
+        _optimizer_in_backward([weight, bias], early=early)
     out = eo.dispatch("matmul", eo.tanh(x), weight, bias)
+    (out * out).sum().backward()
+    if not in_backward:
+        _step_each([weight, bias])
+    return x, weight, bias
+
+
+def test_optimizer_in_backward_is_exact_with_hooks_registered_as_in_pytorch():
+    # (a hook registered without early=True runs after the op's whole backward, as in
+    # PyTorch: the input's gradient is computed from the weight the forward used)
+    got, expected = _linear_in_backward(True), _linear_in_backward(False)
+    assert np.array_equal(got[0].grad, expected[0].grad)
+    for p, q in zip(got[1:], expected[1:]):
+        assert np.array_equal(p.data, q.data)
+
+
+def test_an_early_hook_writing_a_weight_its_op_still_reads_raises_not_a_stale_gradient():
+    # (early=True promises no in-place writes; a hook breaking it on a weight the input's
+    # gradient still reads would silently change that gradient)
     with pytest.raises(EveryOError, match="post-accumulate-grad hook"):
-        (out * out).sum().backward()
-    assert x.grad is None
+        _linear_in_backward(True, early=True)
 
 
 def test_hooks_writing_parameters_no_later_part_reads_give_the_plain_gradients():
@@ -238,7 +258,7 @@ def test_hooks_writing_parameters_no_later_part_reads_give_the_plain_gradients()
                               eo.Flatten(), eo.Linear(3 * 4 * 4, 5, seed=1))
         conv, linear = model[0], model[3]
         if in_backward:
-            _optimizer_in_backward([conv.weight, conv.bias, linear.bias])
+            _optimizer_in_backward([conv.weight, conv.bias, linear.bias], early=True)
         loss = (model(eo.tensor(RNG_FIXED)) ** 2).sum()
         loss.backward()
         if not in_backward:
@@ -262,7 +282,7 @@ def test_optimizer_in_backward_on_a_folded_autocast_product_is_exact():
         layer = eo.Linear(600, 300, seed=0)  # (large enough for autocast to fold its cast)
         x = eo.tensor(start, requires_grad=True)
         if in_backward:
-            _optimizer_in_backward(list(layer.parameters()))
+            _optimizer_in_backward(list(layer.parameters()), early=True)
         with eo.autocast():
             out = layer(eo.tanh(x))
         assert "lower" in out._ctx.attrs

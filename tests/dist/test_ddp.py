@@ -250,3 +250,36 @@ def test_a_parameter_frozen_after_wrapping_is_not_waited_for():
             assert model.extra.weight.grad is not None and model.body.weight.grad is None
         finally:
             ddp.close()
+
+
+def test_a_weight_bucket_leaves_before_its_layer_computes_the_input_gradient(monkeypatch):
+    # (DDP's hooks are registered early=True: the middle layer's weight is handed to the
+    # bucket inside the layer's backward, before its input's gradient product runs)
+    from everyo.ops import linalg
+    from everyo_dist import ddp as ddp_module
+
+    events: list = []
+    real_matmul, real_ready = linalg.blas_matmul, ddp_module.DistributedDataParallel._on_grad_ready
+
+    def recording_matmul(a, b, *args, **kwargs):
+        events.append(("matmul", a.shape, b.shape))
+        return real_matmul(a, b, *args, **kwargs)
+
+    def recording_ready(self, param):
+        events.append(("ready", param.shape))
+        return real_ready(self, param)
+
+    model = eo.Sequential(eo.Linear(3, 4, seed=0), eo.Tanh(), eo.Linear(4, 5, seed=1))
+    with init(backend="shm", rank=0, world_size=1) as group:
+        monkeypatch.setattr(ddp_module.DistributedDataParallel, "_on_grad_ready",
+                            recording_ready)
+        ddp = DistributedDataParallel(model, group)
+        try:
+            out = ddp(eo.ones((2, 3)))
+            monkeypatch.setattr(linalg, "blas_matmul", recording_matmul)
+            out.sum().backward()
+        finally:
+            ddp.close()
+    second_weight_ready = events.index(("ready", (4, 5)))
+    input_gradient_product = events.index(("matmul", (2, 5), (5, 4)))
+    assert second_weight_ready < input_gradient_product

@@ -224,8 +224,13 @@ def _early_leaves(order: list, by_step: dict) -> dict:
         if type(op).backward_parts is None:
             continue
         parents = op.parents
-        if len({id(t) for t in parents}) == len(parents):
-            early[i] = set(keys)
+        if len({id(t) for t in parents}) != len(parents):
+            continue
+        # NOTE: a hook not registered with early=True may write tensors (an optimizer step in
+        # backward): it runs after the op's whole backward, as in PyTorch
+        keys = {key for key in keys if hooks.only_early_hooks(key)}
+        if keys:
+            early[i] = keys
     return early
 
 

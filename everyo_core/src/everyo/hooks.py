@@ -68,14 +68,53 @@ def register_hook(tensor, fn) -> RemovableHandle:
     return add_hook(tensor_hooks, owner, fn)
 
 
-def register_post_accumulate_grad_hook(param, fn) -> RemovableHandle:
-    """Run ``fn(param)`` once per backward pass, right after ``param.grad`` is final."""
+class EarlyHook:
+    """A post-accumulate hook registered with ``early=True``: it promises to write no tensor
+    in place (it reads ``param.grad``, e.g. to send it), so the engine may run it inside the
+    backward of the op that produced the gradient, before that op computes its other
+    operands' gradients."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn) -> None:
+        self.fn = fn
+
+    def __call__(self, param) -> None:
+        self.fn(param)
+
+
+def register_post_accumulate_grad_hook(param, fn, early: bool = False) -> RemovableHandle:
+    """Run ``fn(param)`` once per backward pass, right after ``param.grad`` is final.
+
+    Args:
+        param: a leaf tensor that requires grad (a Parameter).
+        fn: called with ``param``.
+        early: ``fn`` writes no tensor in place, so it may run as soon as the gradient exists,
+            inside the producing op's backward (see docs/autograd.md). Default: after that
+            op's whole backward, as in PyTorch.
+    Returns:
+        A :class:`RemovableHandle`.
+
+    Example:
+        >>> import everyo as eo
+        >>> w = eo.Parameter([1.0, 2.0])
+        >>> handle = w.register_post_accumulate_grad_hook(lambda p: None, early=True)
+        >>> handle.remove()
+    """
     from everyo.errors import EveryOError
 
     if param._ctx is not None or not param.requires_grad:
         raise EveryOError("register_post_accumulate_grad_hook needs a leaf tensor that "
                           "requires grad (a Parameter)")
-    return add_hook(post_accumulate_hooks, param, fn)
+    if not callable(fn):
+        raise TypeError(f"a hook must be callable, got {type(fn).__name__}")
+    return add_hook(post_accumulate_hooks, param, EarlyHook(fn) if early else fn)
+
+
+def only_early_hooks(key: int) -> bool:
+    """True when every post-accumulate hook of the leaf with id ``key`` was registered with
+    ``early=True`` (or it has none)."""
+    return all(type(fn) is EarlyHook for fn in post_accumulate_hooks.get(key, ()))
 
 
 def active() -> bool:

@@ -283,12 +283,14 @@ class Tensor:
 
         return register_hook(self, fn)
 
-    def register_post_accumulate_grad_hook(self, fn):
+    def register_post_accumulate_grad_hook(self, fn, *, early: bool = False):
         """Call ``fn(self)`` once per backward pass right after this leaf's ``.grad`` is final.
-        Returns a handle with ``.remove()`` (see docs/autograd.md for the exact order)."""
+        ``early=True`` promises that ``fn`` writes no tensor in place, so it may run before the
+        producing op has finished its backward. Returns a handle with ``.remove()`` (see
+        docs/autograd.md for the exact order)."""
         from everyo.hooks import register_post_accumulate_grad_hook
 
-        return register_post_accumulate_grad_hook(self, fn)
+        return register_post_accumulate_grad_hook(self, fn, early)
 
     @property
     def _version(self) -> int:

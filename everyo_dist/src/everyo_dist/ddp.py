@@ -184,7 +184,7 @@ class DistributedDataParallel:
         self._thread = threading.Thread(target=self._communicate, daemon=True,
                                         name="everyo-ddp-allreduce")
         self._thread.start()
-        self._handles = [p.register_post_accumulate_grad_hook(self._on_grad_ready)
+        self._handles = [p.register_post_accumulate_grad_hook(self._on_grad_ready, early=True)
                          for p in self._params]
 
     # -- the wrapped module --------------------------------------------------------------------

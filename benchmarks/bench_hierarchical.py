@@ -79,7 +79,7 @@ def main() -> None:
     if shutil.which("ip") is None or shutil.which("tc") is None or os.geteuid() != 0:
         raise SystemExit("bench_hierarchical needs root and iproute2 (ip netns, tc)")
     print(f"2 machines (network namespaces) x 2 ranks, link shaped to {RATE} each way; "
-          f"one BLAS thread per rank; machine shared with other jobs (loaded)")
+          f"one BLAS thread per rank (load average printed below)")
     load = f"{os.getloadavg()[0]:.2f}"
     with TwoHosts() as hosts, tempfile.TemporaryDirectory() as scratch:
         token_file = Path(scratch) / "job.token"

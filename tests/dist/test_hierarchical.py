@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import time
 
@@ -15,7 +14,7 @@ import numpy as np
 import pytest
 from hier_harness import CASES, TOKEN, rank_data, start_ranks
 from tcp_harness import launcher_environment, make_test_certificates
-from test_launcher import EVERYO_RUN
+from test_launcher import EVERYO_RUN, two_node_options
 
 from everyo_dist.backends.hierarchical.layout import (
     flat_ring_bytes,
@@ -116,13 +115,7 @@ def test_two_nodes_of_two_ranks_under_everyo_run(tmp_path, clean_shm, tls):
         "        os.environ.get('EVERYO_TLS_CERT'))\n"
         "out = group.all_reduce_mean(rank_data(group.rank, 'float32', 100003))\n"
         "np.save(f'{sys.argv[1]}/rank{group.rank}.npy', out)\n")
-    token_file = tmp_path / "job.token"
-    token_file.write_text("0123456789abcdef0123456789abcdef\n")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    common = ["--nnodes", 2, "--master", f"127.0.0.1:{port}", "--token-file", token_file,
-              "--nproc-per-node", 2, "--backend", "tcp_hierarchical"]
+    common = [*two_node_options(tmp_path, nproc_per_node=2), "--backend", "tcp_hierarchical"]
     here = os.path.dirname(__file__)
     nodes = [subprocess.Popen([EVERYO_RUN, *map(str, common), "--node-rank", str(k), script,
                                tmp_path, here], env=env,

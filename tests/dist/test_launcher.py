@@ -76,16 +76,22 @@ def test_tls_from_the_environment_covers_the_launchers_server_too(tmp_path):
     _check_training(tmp_path, 2)
 
 
-def test_two_nodes_on_loopback_with_a_token_file(tmp_path):
-    script = tmp_path / "train.py"
-    script.write_text(TRAIN_SCRIPT)
+def two_node_options(tmp_path, nproc_per_node: int) -> list:
+    """``everyo-run`` options of a two-node job on loopback: a token file in ``tmp_path`` and
+    a free port for the master (add ``--node-rank``, the script and its arguments)."""
     token_file = tmp_path / "job.token"
     token_file.write_text("0123456789abcdef0123456789abcdef\n")
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    common = ["--nnodes", 2, "--master", f"127.0.0.1:{port}", "--token-file", token_file,
-              "--nproc-per-node", 1]
+    return ["--nnodes", 2, "--master", f"127.0.0.1:{port}", "--token-file", token_file,
+            "--nproc-per-node", nproc_per_node]
+
+
+def test_two_nodes_on_loopback_with_a_token_file(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN_SCRIPT)
+    common = two_node_options(tmp_path, nproc_per_node=1)
     nodes = [subprocess.Popen([EVERYO_RUN, *map(str, common), "--node-rank", str(k), script,
                                tmp_path], env=launcher_environment(), stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for k in (1, 0)]

@@ -18,6 +18,16 @@ def _same_bits(first, second):
         assert a.dtype == b.dtype and a.tobytes() == b.tobytes()
 
 
+def _ddp_equals_reference(worker, *args, backend="shm"):
+    """Run ``worker(*args, use_ddp)`` on 2 ranks with DDP and with ``average_gradients``;
+    every rank's results must be the same bits. Returns the DDP run's results."""
+    ddp = spawn(worker, 2, args=(*args, True), backend=backend, timeout=60)
+    reference = spawn(worker, 2, args=(*args, False), backend=backend, timeout=60)
+    for rank in range(2):
+        _same_bits(ddp[rank], reference[rank])
+    return ddp
+
+
 @pytest.mark.parametrize("backend", ["shm", "tcp"])
 def test_ddp_matches_average_gradients_bit_for_bit(backend):
     inputs, targets = make_data(rows=64)
@@ -111,11 +121,7 @@ def test_a_parameter_used_only_by_a_later_forward_before_backward_is_averaged():
     from dist_workers import two_forwards_one_backward
 
     inputs, _ = make_data(rows=16)
-    ddp = spawn(two_forwards_one_backward, 2, args=(inputs, True), backend="shm", timeout=60)
-    reference = spawn(two_forwards_one_backward, 2, args=(inputs, False), backend="shm",
-                      timeout=60)
-    for rank in range(2):
-        _same_bits(ddp[rank], reference[rank])
+    _ddp_equals_reference(two_forwards_one_backward, inputs)
 
 
 def test_a_forward_without_grad_runs_no_collective_and_leaves_grad_alone():
@@ -140,11 +146,7 @@ def test_ddp_matches_average_gradients_with_tied_weights_and_accumulation():
     from dist_workers import tied_weights_accumulated
 
     inputs, _ = make_data(rows=48)
-    ddp = spawn(tied_weights_accumulated, 2, args=(inputs, True), backend="shm", timeout=60)
-    reference = spawn(tied_weights_accumulated, 2, args=(inputs, False), backend="shm",
-                      timeout=60)
-    for rank in range(2):
-        _same_bits(ddp[rank], reference[rank])
+    _ddp_equals_reference(tied_weights_accumulated, inputs)
 
 
 class _TwoBranches(eo.Module):

@@ -91,14 +91,36 @@ def test_other_ml_dtypes_types_are_refused_by_name():
         eo.ones(2).to("bfloat17")
 
 
-def test_float16_meeting_bfloat16_computes_in_float32_or_is_refused_by_name():
+def test_float16_meeting_bfloat16_computes_in_float32():
     b, h = eo.ones(2, 2, dtype="bfloat16"), eo.ones(2, 2, dtype="float16")
     assert (b + h).dtype == "float32" and (b @ h).dtype == "float32"  # PyTorch's promotion
     np.testing.assert_array_equal((b @ h).data, np.full((2, 2), 2.0, np.float32))
-    # NumPy has no common type for the pair where an op needs one up front
-    with pytest.raises(eo.EveryOError, match=r"'concatenate' cannot combine dtypes "
-                                             r"\['bfloat16', 'float16'\]"):
-        eo.concatenate([b, h])
+    # NOTE: ml_dtypes 0.7 gives NumPy a common type for the pair, 0.4 none: EveryO
+    # promotes itself, so joining them is float32 (PyTorch's torch.cat) with any ml_dtypes
+    pick = eo.tensor(np.array([[True, False], [False, True]]))
+    for join in (eo.concatenate, eo.stack, lambda pair: eo.where(pick, *pair).reshape(1, 4)):
+        b.requires_grad, h.requires_grad = True, True
+        joined = join([b, h])
+        assert joined.dtype == "float32"
+        np.testing.assert_array_equal(joined.data.reshape(-1, 2), np.ones_like(joined.data).reshape(-1, 2))
+        (joined * 3.0).sum().backward()
+        assert (b.grad.dtype, h.grad.dtype) == ("bfloat16", "float16")
+        assert b.grad.sum(dtype=np.float32) + h.grad.sum(dtype=np.float32) == 3.0 * joined.size
+        b.grad = h.grad = None
+
+
+def test_an_op_whose_operands_have_no_common_dtype_is_refused_by_name():
+    class Join(eo.Op):  # an op that needs NumPy's common type up front
+        __slots__ = ()
+        name = "join"
+
+        def forward(self, a, b):
+            return np.concatenate([a, b])
+
+    stamp = eo.tensor(np.array(["2026-12-01"], "datetime64[D]"))
+    with pytest.raises(eo.EveryOError, match=r"'join' cannot combine dtypes "
+                                             r"\['datetime64\[D\]', 'float32'\]"):
+        Join.apply(eo.ones(1), stamp)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])

@@ -138,8 +138,8 @@ def gradients_from_parts(op: Any, g: np.ndarray) -> tuple:
 
 def _no_common_dtype(name: str, tensors: tuple) -> str:
     dtypes = sorted({t.data.dtype.name for t in tensors})
-    return (f"op {name!r} cannot combine dtypes {dtypes}: NumPy has no common type for them "
-            f"(float16 with bfloat16 has none); convert one first, e.g. x.to('float32')")
+    return (f"op {name!r} cannot combine dtypes {dtypes}: NumPy has no common type for them; "
+            f"convert one first, e.g. x.to('float32')")
 
 
 def _as_tensors(operands) -> tuple:

@@ -81,8 +81,8 @@ def narrow(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
         A new array of ``dtype`` (``x`` itself when it already has that dtype).
 
     Example:
-        >>> narrow(np.array([1.0, 1.00390625, 1.01171875], np.float32), BFLOAT16)
-        array([1, 1, 1.01562], dtype=bfloat16)
+        >>> narrow(np.array([1.0, 1.00390625, 1.01171875], np.float32), BFLOAT16).tolist()
+        [1.0, 1.0, 1.015625]
     """
     if dtype == FLOAT32 and x.dtype in HALF_DTYPES:
         return widen(x)  # (e.g. a 16-bit gradient reaching a float32 weight through its cast)

@@ -7,6 +7,7 @@ import numpy as np
 
 from everyo.autograd import Op, unbroadcast
 from everyo.dispatch import dispatch
+from everyo.dtypes import result_dtype
 from everyo.errors import EveryOError
 from everyo.ops.graph_math import constant, unbroadcast_tensor
 from everyo.ops.unary import floating
@@ -219,6 +220,9 @@ class Where(Op):
     def forward(self, condition, a, b):
         condition = condition.astype(bool, copy=False)
         self.saved = (condition, a.shape, b.shape)
+        if a.dtype != b.dtype:  # (float16 with bfloat16: float32 with any ml_dtypes)
+            common = result_dtype(a, b)
+            a, b = a.astype(common, copy=False), b.astype(common, copy=False)
         return np.where(condition, a, b)
 
     def backward(self, g):

@@ -7,6 +7,7 @@ import numpy as np
 
 from everyo.autograd import Op
 from everyo.dispatch import dispatch
+from everyo.dtypes import result_dtype
 from everyo.errors import EveryOError, EveryOIndexError
 from everyo.ops.padding import pad_widths
 
@@ -142,7 +143,7 @@ class Concatenate(Op):
         self.axis = axis = _checked_axis("concatenate", axis, xs[0].ndim, xs[0].shape)
         self.splits = np.cumsum([x.shape[axis] if x.ndim > axis else 0 for x in xs])[:-1]
         try:
-            return np.concatenate(xs, axis=axis)
+            return np.concatenate(xs, axis=axis, dtype=result_dtype(*xs))
         except ValueError as exc:
             raise EveryOError(f"concatenate along axis {axis}: shapes "
                               f"{[x.shape for x in xs]} do not fit ({exc})") from None
@@ -171,7 +172,7 @@ class Stack(Op):
         if len({x.shape for x in xs}) > 1:
             raise EveryOError(f"stack: every tensor must have the same shape, got "
                               f"{[x.shape for x in xs]}")
-        return np.stack(xs, axis=axis)
+        return np.stack(xs, axis=axis, dtype=result_dtype(*xs))
 
     def backward(self, g):
         parts = np.moveaxis(g, self.axis, 0)

@@ -246,7 +246,7 @@ def test_optimizer_in_backward_is_exact_with_hooks_registered_as_in_pytorch():
 def test_an_early_hook_writing_a_weight_its_op_still_reads_raises_not_a_stale_gradient():
     # (early=True promises no in-place writes; a hook breaking it on a weight the input's
     # gradient still reads would silently change that gradient)
-    with pytest.raises(EveryOError, match="post-accumulate-grad hook"):
+    with pytest.raises(EveryOError, match="post-accumulate-grad or rows-ready hook"):
         _linear_in_backward(True, early=True)
 
 

@@ -63,7 +63,7 @@ def test_a_second_backward_through_one_forward_is_refused():
 
 
 def test_buckets_follow_reverse_registration_order_and_the_cap():
-    from everyo_dist.ddp import _buckets
+    from everyo_dist.buckets import buckets as _buckets
 
     layers = [eo.Linear(64, 64, seed=i) for i in range(3)]  # 16 KB weight + 256 B bias each
     params = [p for layer in layers for p in layer.parameters()]
@@ -89,7 +89,7 @@ def _bucket_shapes(bucket_cap_mb):
 
 
 def test_by_default_the_first_bucket_is_one_mebibyte_so_a_large_weight_leaves_alone():
-    from everyo_dist.ddp import FIRST_BUCKET_BYTES
+    from everyo_dist.buckets import FIRST_BUCKET_BYTES
 
     assert FIRST_BUCKET_BYTES == 1024 * 1024
     assert _bucket_shapes(None) == [[(10,), (2048, 10), (2048,), (2048, 2048)],
@@ -105,7 +105,8 @@ def test_buckets_are_pytorchs(torch, bucket_cap_mb):
 
     shapes = [(7, 300), (300,), (300, 1000), (1000,), (1000, 10), (10,)]
     params = [eo.Parameter(np.zeros(shape, np.float32)) for shape in shapes]
-    from everyo_dist.ddp import FIRST_BUCKET_BYTES, _buckets
+    from everyo_dist.buckets import FIRST_BUCKET_BYTES
+    from everyo_dist.buckets import buckets as _buckets
 
     mib = 1024 * 1024
     cap = int((25 if bucket_cap_mb is None else bucket_cap_mb) * mib)
@@ -130,7 +131,7 @@ def test_a_forward_without_grad_runs_no_collective_and_leaves_grad_alone():
         ddp = DistributedDataParallel(model, group)
         calls = []
         reduce = group.all_reduce_mean
-        group.all_reduce_mean = lambda flat: calls.append(flat) or reduce(flat)
+        group.all_reduce_mean = lambda flat, out=None: calls.append(flat) or reduce(flat, out)
         try:
             with eo.no_grad():
                 ddp(eo.ones((3, 2)))  # e.g. evaluation on one rank only

@@ -30,7 +30,7 @@ from everyo.dtypes import HALF_DTYPES, is_floating
 from everyo.errors import EveryOError
 from everyo.grad_mode import _grad_enabled
 from everyo.half_precision import narrow, widen
-from everyo.hooks import post_accumulate_hooks, tensor_hooks
+from everyo.hooks import post_accumulate_hooks, rows_ready_hooks, tensor_hooks
 from everyo.tensor import DEFAULT_FLOAT, Tensor
 from everyo.versioning import check_saved, clock
 
@@ -72,8 +72,10 @@ class Op:
     #: ``backward_parts(self, g)``: a generator yielding ``(operand index, gradient)`` one
     #: operand at a time, parameters' gradients first. With hooks registered the engine
     #: finalises a leaf (accumulates it, runs its post-accumulate hooks) as soon as its part
-    #: arrives, before the op computes the rest. ``backward`` must return the same arrays:
-    #: write it as ``return gradients_from_parts(self, g)``.
+    #: arrives, before the op computes the rest. A large gradient may come in row blocks,
+    #: ``(operand index, gradient, stop)`` after each (see :mod:`everyo.grad_rows`).
+    #: ``backward`` must return the same arrays: write it as
+    #: ``return gradients_from_parts(self, g)``.
     backward_parts = None
 
     def __init_subclass__(cls, **kwargs):
@@ -131,8 +133,8 @@ def gradients_from_parts(op: Any, g: np.ndarray) -> tuple:
         [2.0, 2.0]
     """
     grads: list = [None] * len(op.needs_input_grad)
-    for index, gradient in op.backward_parts(g):
-        grads[index] = gradient
+    for part in op.backward_parts(g):  # (a gradient in row blocks: the last part's array)
+        grads[part[0]] = part[1]
     return tuple(grads)
 
 
@@ -253,7 +255,7 @@ def run_backward(root: Tensor, grad=None, retain_graph: bool | None = None,
     """Propagate ``grad`` (default 1) from ``root`` to every leaf that requires a gradient."""
     if retain_graph is None:
         retain_graph = create_graph
-    if create_graph or tensor_hooks or post_accumulate_hooks:
+    if create_graph or tensor_hooks or post_accumulate_hooks or rows_ready_hooks:
         from everyo import engine
 
         engine.backward(root, grad, retain_graph, create_graph)

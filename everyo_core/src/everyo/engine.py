@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from everyo import hooks
+from everyo.grad_rows import RowBlocks
 from everyo.autograd import (
     Op,
     _accumulate_leaf,
@@ -165,10 +166,11 @@ def _walk(roots, starts, retain_graph, create_graph, inputs, stop_at_inputs, acc
         by_step.setdefault(i, []).append(key)
     for key in [k for k in leaves if k not in final_at]:  # roots that are leaves
         finish(key)
-    # With post-accumulate hooks (the only observers of when a leaf is final) an op with
-    # backward_parts finalises a leaf as soon as its part arrives: step -> ids of those leaves.
+    # With post-accumulate or rows-ready hooks (the only observers of when a leaf is final) an
+    # op with backward_parts finalises a leaf as soon as its part arrives: step -> leaf ids.
     early: dict = _early_leaves(order, by_step) if (
-        accumulate and run_hooks and hooks.post_accumulate_hooks and not create_graph) else {}
+        accumulate and run_hooks and not create_graph
+        and (hooks.post_accumulate_hooks or hooks.rows_ready_hooks)) else {}
 
     for i, op in enumerate(order):
         g = pending.pop(id(op), None)
@@ -188,18 +190,36 @@ def _walk(roots, starts, retain_graph, create_graph, inputs, stop_at_inputs, acc
             else:
                 parts = op.backward_parts(g)
             parents, needs = op.parents, op.needs_input_grad
-            for index, gi in parts:
-                if gi is None or not needs[index]:
-                    continue
-                t = parents[index]
-                dtype = gi.data.dtype if create_graph else gi.dtype  # (Tensor.dtype is a name)
-                if dtype != t.data.dtype:
-                    gi = gi.astype(t.data.dtype)
-                if gi.shape != t.data.shape:
-                    raise_shape_mismatch(op, gi.shape, t.data.shape)
-                arrive(t, gi, create_graph or shared(gi, g))
-                if waiting is not None and id(t) in waiting:
-                    finish(id(t))
+            blocks = None  # (a RowBlocks once the op hands a gradient over in row blocks)
+            try:
+                for part in parts:
+                    index, gi = part[0], part[1]
+                    if gi is None or not needs[index]:
+                        continue
+                    t = parents[index]
+                    if len(part) == 3:  # rows up to part[2] of gi are computed
+                        if blocks is None:
+                            blocks = RowBlocks(op)
+                        if blocks.starts(index):
+                            announced = waiting is not None and id(t) in waiting and \
+                                _takes_rows(t, gi, g, leaves)
+                            blocks.begin(index, gi, t if announced else None)
+                        if not blocks.take(gi, part[2]):
+                            continue
+                    dtype = gi.data.dtype if create_graph else gi.dtype  # (Tensor.dtype: a name)
+                    if dtype != t.data.dtype:
+                        gi = gi.astype(t.data.dtype)
+                    if gi.shape != t.data.shape:
+                        raise_shape_mismatch(op, gi.shape, t.data.shape)
+                    arrive(t, gi, create_graph or shared(gi, g))
+                    if waiting is not None and id(t) in waiting:
+                        finish(id(t))
+                if blocks is not None:
+                    blocks.finished()
+            except BaseException:
+                if blocks is not None:
+                    blocks.abandon()
+                raise
             if not retain_graph:
                 op.saved = _released
                 op.parents = None
@@ -234,6 +254,18 @@ def _early_leaves(order: list, by_step: dict) -> dict:
     return early
 
 
+def _takes_rows(t, gi, g, leaves) -> bool:
+    """True when leaf ``t``, finalised early by the op handing ``gi`` over in row blocks, can
+    be finalised block by block: someone listens for rows, no tensor hook must see the whole
+    gradient first, nothing else contributed to it, and ``gi`` needs no cast, no copy and no
+    reshape to become (or be added to) ``t.grad``. Otherwise it is taken whole (as before)."""
+    key = id(t)
+    return (key in hooks.rows_ready_hooks and key not in hooks.tensor_hooks
+            and key not in leaves and t.requires_grad and gi.dtype == t.data.dtype
+            and gi.shape == t.data.shape and not shared(gi, g)
+            and (t.grad is None or t.grad.shape == gi.shape))
+
+
 def _finish_leaf(entry, wanted, captured, accumulate, run_hooks, create_graph) -> None:
     t, g, aliased = entry
     fns = hooks.tensor_hooks.get(id(t)) if run_hooks and hooks.tensor_hooks else None
@@ -249,8 +281,7 @@ def _finish_leaf(entry, wanted, captured, accumulate, run_hooks, create_graph) -
         # mlp_large's hooked backward ~25 MB of memory traffic per step
         _accumulate_leaf(t, array, copy=aliased or create_graph or position is not None)
         if run_hooks and t.requires_grad:
-            for fn in list(hooks.post_accumulate_hooks.get(id(t), ())):
-                fn(t)
+            hooks.run_post_accumulate_hooks(t)
 
 
 def _run_tensor_hooks(fns, g, create_graph):

@@ -1,6 +1,7 @@
-"""Gradient hooks: ``Tensor.register_hook`` and ``Parameter.register_post_accumulate_grad_hook``.
+"""Gradient hooks: ``Tensor.register_hook``, ``Parameter.register_post_accumulate_grad_hook``
+and ``Parameter.register_grad_rows_ready_hook``.
 
-Hooks live in two tables keyed by object id (Tensor and Op have ``__slots__``, so there is no
+Hooks live in three tables keyed by object id (Tensor and Op have ``__slots__``, so there is no
 room on them that would not cost every tensor a store): a tensor hook of a leaf is keyed by
 the tensor, of a non-leaf by the op that produced it (so it runs even after the Python tensor
 object is gone, as in PyTorch). An entry disappears with its key object.
@@ -14,6 +15,8 @@ import weakref
 tensor_hooks: dict[int, list] = {}
 # id(parameter) -> list of fn(param) -> None
 post_accumulate_hooks: dict[int, list] = {}
+# id(parameter) -> list of fn(param, start, stop) -> None
+rows_ready_hooks: dict[int, list] = {}
 
 
 class RemovableHandle:
@@ -111,6 +114,45 @@ def register_post_accumulate_grad_hook(param, fn, early: bool = False) -> Remova
     return add_hook(post_accumulate_hooks, param, EarlyHook(fn) if early else fn)
 
 
+def register_grad_rows_ready_hook(param, fn) -> RemovableHandle:
+    """Run ``fn(param, start, stop)`` when rows ``start:stop`` of ``param.grad`` are final.
+
+    Rows are slices along the first axis. An op that computes a large gradient in row blocks
+    (``matmul``'s weight, see docs/autograd.md) hands them over one at a time; when the
+    parameter is finalised inside that op (all its post-accumulate hooks are early, it has no
+    tensor hooks and no other use in the graph) the engine adds each block into ``param.grad``
+    and calls ``fn`` with the rows just made final: in order, contiguous, from row 0 to the
+    last. Then the post-accumulate hooks run once, as always. A parameter whose gradient comes
+    whole gets no call: a post-accumulate hook is the one signal every backward gives. Like an
+    early post-accumulate hook, ``fn`` must write no tensor in place; rows past ``stop`` may
+    not be computed yet.
+
+    Args:
+        param: a leaf tensor that requires grad (a Parameter).
+        fn: called with ``param`` and the final rows' bounds.
+    Returns:
+        A :class:`RemovableHandle`.
+
+    Example:
+        >>> import everyo as eo
+        >>> w = eo.Parameter([[1.0], [2.0]])
+        >>> handle = w.register_grad_rows_ready_hook(lambda p, start, stop: None)
+        >>> handle.remove()
+    """
+    from everyo.errors import EveryOError
+
+    if param._ctx is not None or not param.requires_grad:
+        raise EveryOError("register_grad_rows_ready_hook needs a leaf tensor that requires "
+                          "grad (a Parameter)")
+    return add_hook(rows_ready_hooks, param, fn)
+
+
+def run_post_accumulate_hooks(param) -> None:
+    """Call ``param``'s post-accumulate hooks (its ``.grad`` is final for this pass)."""
+    for fn in list(post_accumulate_hooks.get(id(param), ())):
+        fn(param)
+
+
 def only_early_hooks(key: int) -> bool:
     """True when every post-accumulate hook of the leaf with id ``key`` was registered with
     ``early=True`` (or it has none)."""
@@ -119,4 +161,4 @@ def only_early_hooks(key: int) -> bool:
 
 def active() -> bool:
     """True when some hook is registered (backward then takes the general engine)."""
-    return bool(tensor_hooks) or bool(post_accumulate_hooks)
+    return bool(tensor_hooks) or bool(post_accumulate_hooks) or bool(rows_ready_hooks)

@@ -292,6 +292,15 @@ class Tensor:
 
         return register_post_accumulate_grad_hook(self, fn, early)
 
+    def register_grad_rows_ready_hook(self, fn):
+        """Call ``fn(self, start, stop)`` when rows ``start:stop`` of this leaf's ``.grad`` are
+        final, for gradients an op hands over in row blocks (a large ``matmul`` weight); the
+        post-accumulate hooks still run once at the end. ``fn`` must write no tensor in place.
+        Returns a handle with ``.remove()`` (see docs/autograd.md)."""
+        from everyo.hooks import register_grad_rows_ready_hook
+
+        return register_grad_rows_ready_hook(self, fn)
+
     @property
     def _version(self) -> int:
         """How many in-place writes through EveryO this tensor's storage has seen."""

@@ -114,8 +114,8 @@ def check_operand_unchanged(op, index: int) -> None:
         tensor = op.parents[index]
         raise EveryOError(
             f"backward through op {op_name(op)!r}: its operand {index} (shape {tensor.shape}, "
-            f"{tensor.dtype}) was written in place by a post-accumulate-grad hook (e.g. an "
-            f"optimizer step in the hook) while the op still needed it for its other operands' "
+            f"{tensor.dtype}) was written in place by a post-accumulate-grad or rows-ready "
+            f"hook (e.g. an optimizer step in the hook) while the op still needed it for its "
             f"gradients: with hooks registered, a parameter is finalised as soon as its "
             f"gradient is ready, inside its op's backward (see docs/autograd.md). Update "
             f"that parameter after backward() instead."

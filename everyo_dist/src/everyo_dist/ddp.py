@@ -30,76 +30,9 @@ import threading
 import numpy as np
 
 from everyo import is_grad_enabled
+from everyo.kernels import row_block_stops
+from everyo_dist.buckets import DEFAULT_BUCKET_CAP_MB, FIRST_BUCKET_BYTES, buckets, segments
 from everyo_dist.errors import DistributedError
-
-
-class _Bucket:
-    """Parameters of one dtype whose gradients travel in one all-reduce."""
-
-    __slots__ = ("index", "params", "offsets", "dtype", "pending", "result", "done")
-
-    def __init__(self, index: int, params: list, dtype):
-        self.index, self.params, self.dtype = index, params, np.dtype(dtype)
-        self.offsets = np.cumsum([0] + [p.data.size for p in params]).tolist()
-        self.pending: set[int] = set()
-        self.result: np.ndarray | None = None
-        self.done = threading.Event()
-
-    def flatten(self) -> np.ndarray:
-        """The parameters' gradients in one vector; a missing gradient is zeros."""
-        flat = np.empty(self.offsets[-1], self.dtype)
-        for param, start, stop in zip(self.params, self.offsets, self.offsets[1:]):
-            if param.grad is None:
-                flat[start:stop] = 0
-            elif param.grad.shape != param.data.shape:
-                raise DistributedError(f"DistributedDataParallel: a parameter of shape "
-                                       f"{param.data.shape} has a gradient of shape "
-                                       f"{param.grad.shape}")
-            else:
-                flat[start:stop] = param.grad.reshape(-1)
-        return flat
-
-    def write_back(self) -> None:
-        for param, start, stop in zip(self.params, self.offsets, self.offsets[1:]):
-            if not param.requires_grad:  # frozen after wrapping: backward leaves it alone
-                continue
-            target = param.data.dtype if param.grad is None else param.grad.dtype
-            param.grad = self.result[start:stop].reshape(param.data.shape).astype(
-                target, copy=False)
-
-
-#: The first bucket's limit when ``bucket_cap_mb`` is not given, as PyTorch's
-#: ``_DEFAULT_FIRST_BUCKET_BYTES``: the last layers' gradients, final first, leave early
-#: instead of waiting for a full bucket. An explicit ``bucket_cap_mb`` applies to every
-#: bucket, the first included, as in PyTorch.
-FIRST_BUCKET_BYTES = 1024 * 1024
-DEFAULT_BUCKET_CAP_MB = 25
-
-
-def _buckets(params: list, cap_bytes: int,
-             first_cap_bytes: int = FIRST_BUCKET_BYTES) -> list[_Bucket]:
-    """Reverse registration order. As in PyTorch, a bucket closes once it holds at least its
-    limit (``first_cap_bytes`` for the first, ``cap_bytes`` after), and wherever the dtype
-    changes: a gradient larger than the limit closes the bucket it joins, so it never waits
-    for the next parameter."""
-    buckets, current, size = [], [], 0
-
-    def close() -> None:
-        nonlocal current, size
-        buckets.append(_Bucket(len(buckets), [p for p, _ in current], current[0][1]))
-        current, size = [], 0
-
-    for param in reversed(params):
-        dtype = (param.grad if param.grad is not None else param.data).dtype
-        if current and current[0][1] != dtype:
-            close()
-        current.append((param, dtype))
-        size += param.data.nbytes
-        if size >= (first_cap_bytes if not buckets else cap_bytes):
-            close()
-    if current:
-        close()
-    return buckets
 
 
 def _reachable_parameters(outputs, candidates: dict[int, object]) -> set[int]:
@@ -171,9 +104,11 @@ class DistributedDataParallel:
         cap = DEFAULT_BUCKET_CAP_MB if bucket_cap_mb is None else bucket_cap_mb
         self._cap = int(cap * 1024 * 1024)
         self._first_cap = FIRST_BUCKET_BYTES if bucket_cap_mb is None else self._cap
-        self._buckets: list[_Bucket] | None = None
-        self._bucket_of: dict[int, _Bucket] = {}
+        self._buckets: list | None = None
+        self._segments: list = []  # every bucket's segments, in all-reduce order
+        self._segments_of: dict[int, list] = {}  # id(param) -> the segments holding it
         self._expected: set[int] = set()  # ids of the parameters backward has still to reach
+        self._in_rows: set[int] = set()  # ids of the parameters whose rows are arriving
         self._armed = False
         self._started = False  # a hook of the armed reduction has run
         self._accumulating = False  # the last forward ran inside no_sync()
@@ -186,6 +121,10 @@ class DistributedDataParallel:
         self._thread.start()
         self._handles = [p.register_post_accumulate_grad_hook(self._on_grad_ready, early=True)
                          for p in self._params]
+        # (only parameters large enough for the core to compute their gradient in row blocks)
+        self._handles += [p.register_grad_rows_ready_hook(self._on_rows_ready)
+                          for p in self._params
+                          if len(row_block_stops(p.data.shape, p.data.dtype.itemsize)) > 1]
 
     # -- the wrapped module --------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
@@ -241,22 +180,27 @@ class DistributedDataParallel:
     def _arm(self, outputs: list) -> None:
         """After a forward: which parameters backward will reach; the others are ready now."""
         if self._buckets is None:  # first step: dtypes of the gradients are known now or never
-            self._buckets = _buckets(self._params, self._cap, self._first_cap)
-            self._bucket_of = {id(p): b for b in self._buckets for p in b.params}
+            self._buckets = buckets(self._params, self._cap, self._first_cap)
+            self._segments = segments(self._buckets)
+            self._segments_of = {}
+            for segment in self._segments:
+                for p in segment.params:
+                    self._segments_of.setdefault(id(p), []).append(segment)
         self._accumulating = False
         if not self._armed:
             self._armed, self._next_launch, self._error = True, 0, None
-            self._expected = set()
+            self._expected, self._in_rows = set(), set()
             for bucket in self._buckets:
                 bucket.result = None
-                bucket.done.clear()
+            for segment in self._segments:
+                segment.done.clear()
         # NOTE: the union over every forward since the last reduction. Only parameter ids are
         # kept, never the outputs: a forward whose backward never comes must not keep its
         # graph (activations included) alive.
         self._expected |= _reachable_parameters(outputs, self._by_id)
-        for bucket in self._buckets:
-            bucket.pending = {id(p) for p in bucket.params if id(p) in self._expected}
-        # NOTE: no bucket is launched before backward starts: another forward through the
+        for segment in self._segments:
+            segment.pending = {id(p) for p in segment.params if id(p) in self._expected}
+        # NOTE: no segment is launched before backward starts: another forward through the
         # wrapper may still use a parameter that this one does not reach.
         if not self._expected:  # backward will run no hook: finish here
             self._finish()
@@ -270,8 +214,38 @@ class DistributedDataParallel:
                     "through the same forward); call the wrapper, once per backward")
             return  # a forward inside no_sync, or none yet: plain accumulation
         self._started = True
-        bucket = self._bucket_of[id(param)]
-        if bucket.index < self._next_launch:  # its bucket left with the gradient it had then
+        key = id(param)
+        if key in self._in_rows:  # (its first rows may have left already: this backward's)
+            self._in_rows.discard(key)
+        else:
+            self._refuse_if_sent(param)
+        for segment in self._segments_of[key]:
+            segment.pending.discard(key)
+        self._expected.discard(key)
+        if self._expected:
+            self._launch_ready()  # its segments, or segments of unused parameters before them
+        else:
+            self._finish()
+
+    def _on_rows_ready(self, param, start: int, stop: int) -> None:
+        """Rows ``start:stop`` of ``param.grad`` are final: launch the segments they complete.
+        (The last rows are left to the post-accumulate hook that follows at once: it may be
+        the step's last parameter, whose segments are reduced on this thread.)"""
+        if not self._armed or stop == param.data.shape[0]:
+            return  # (a forward inside no_sync: plain accumulation)
+        self._started = True
+        key = id(param)
+        if start == 0:
+            self._refuse_if_sent(param)
+            self._in_rows.add(key)
+        for segment in self._segments_of[key]:
+            if segment.row_stop is not None and segment.row_stop <= stop:
+                segment.pending.discard(key)
+        self._launch_ready()
+
+    def _refuse_if_sent(self, param) -> None:
+        if self._segments_of[id(param)][0].index < self._next_launch:
+            # its segment left with the gradient it had then
             name = self._names.get(id(param), f"a parameter of shape {param.shape}")
             raise DistributedError(
                 f"DistributedDataParallel: a gradient for {name} arrived after its bucket was "
@@ -279,12 +253,6 @@ class DistributedDataParallel:
                 f"forward since the last reduction) counted it as final. Backward the sum of "
                 f"the losses of all the forwards once, or run each backward right after its "
                 f"forward")
-        bucket.pending.discard(id(param))
-        self._expected.discard(id(param))
-        if self._expected:
-            self._launch_ready()  # this bucket, or buckets of unused parameters before it
-        else:
-            self._finish()
 
     def _unfinished(self) -> DistributedError:
         names = sorted(self._names.get(key, f"<parameter of shape {self._by_id[key].shape}>")
@@ -299,46 +267,50 @@ class DistributedDataParallel:
             f"e.g. on a NaN, is fine only if the next backward reaches the same parameters)")
 
     def _launch_ready(self) -> None:
-        """Hand the communication thread every ready bucket, strictly in bucket order."""
-        while self._next_launch < len(self._buckets) and \
-                not self._buckets[self._next_launch].pending:
+        """Hand the communication thread every ready segment, strictly in order."""
+        while self._next_launch < len(self._segments) and \
+                not self._segments[self._next_launch].pending:
             # NOTE: copied here, on the training thread (as PyTorch's autograd thread copies
             # into its buckets): with every core computing, a copy on the communication thread
-            # waits for a time slice, and the bucket leaves later
-            bucket = self._buckets[self._next_launch]
-            self._work.put((bucket, bucket.flatten()))
+            # waits for a time slice, and the segment leaves later
+            segment = self._segments[self._next_launch]
+            self._work.put((segment, segment.contribution(), segment.destination()))
             self._next_launch += 1
 
     def _finish(self) -> None:
-        """Reduce the buckets not handed over yet, wait for the others and write the averages
+        """Reduce the segments not handed over yet, wait for the others and write the averages
         back into ``.grad``."""
         self._armed, self._started = False, False
+        self._in_rows = set()
         handed = self._next_launch
-        self._next_launch = len(self._buckets)
-        # NOTE: the last buckets are reduced here, on the training thread: nothing is left to
+        self._next_launch = len(self._segments)
+        # NOTE: the last segments are reduced here, on the training thread: nothing is left to
         # overlap with, and a hand-over would add a thread wake-up to every step. They are
-        # copied out while the earlier buckets are still on the wire, so the link never waits.
-        remaining = [(bucket, bucket.flatten()) for bucket in self._buckets[handed:]]
-        for bucket in self._buckets[:handed]:
-            bucket.done.wait()
+        # copied out while the earlier ones are still on the wire, so the link never waits.
+        remaining = [(segment, segment.contribution(), segment.destination())
+                     for segment in self._segments[handed:]]
+        for segment in self._segments[:handed]:
+            segment.done.wait()
         if self._error is not None:
             raise self._error
-        for bucket, flat in remaining:
-            bucket.result = self.group.all_reduce_mean(flat)
+        for _, flat, out in remaining:
+            self.group.all_reduce_mean(flat, out=out)
         for bucket in self._buckets:
             bucket.write_back()
-            bucket.result = None
 
     def _communicate(self) -> None:
         while True:
             item = self._work.get()
             if item is None:
                 return
-            bucket, flat = item
+            segment, flat, out = item
             try:
                 if self._error is None:
-                    bucket.result = self.group.all_reduce_mean(flat)
+                    self.group.all_reduce_mean(flat, out=out)
             except BaseException as exc:  # re-raised on the training thread
                 self._error = exc
             finally:
-                bucket.done.set()
+                # NOTE: no reference into the bucket's vector may outlive the step here, or
+                # the vector is never recycled (see Bucket)
+                del item, flat, out
+                segment.done.set()

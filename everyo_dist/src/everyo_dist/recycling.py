@@ -33,12 +33,16 @@ class ResultBuffers:
 
     def like(self, flat: np.ndarray) -> np.ndarray:
         """An uninitialised array with ``flat``'s size and dtype."""
+        return self.empty(flat.size, flat.dtype)
+
+    def empty(self, size: int, dtype) -> np.ndarray:
+        """An uninitialised 1-D array of ``size`` elements of ``dtype``."""
+        dtype = np.dtype(dtype)
         for buffer in self._buffers:
             # references: the list, ``buffer``, getrefcount's argument — nobody else
-            if buffer.dtype == flat.dtype and buffer.size == flat.size \
-                    and sys.getrefcount(buffer) == 3:
+            if buffer.dtype == dtype and buffer.size == size and sys.getrefcount(buffer) == 3:
                 return buffer
-        buffer = np.empty_like(flat)
-        if flat.nbytes >= RECYCLE_BYTES:
+        buffer = np.empty(size, dtype)
+        if buffer.nbytes >= RECYCLE_BYTES:
             self._buffers = [buffer, *self._buffers[:self._keep - 1]]
         return buffer

@@ -8,23 +8,33 @@ from everyo.autograd import Op, unbroadcast
 from everyo.dispatch import dispatch
 from everyo.dtypes import FLOAT32, HALF_DTYPES, result_dtype
 from everyo.errors import EveryOError
+from everyo.grad_rows import row_block_stops
 from everyo.half_precision import narrow, rounded_float32, widen
 from everyo.ops.graph_math import swap_last, unbroadcast_tensor
 from everyo.versioning import check_operand_unchanged
 
 
 def blas_matmul(a: np.ndarray, b: np.ndarray, bias: np.ndarray | None = None,
-                out_dtype: np.dtype | None = None) -> np.ndarray:
+                out_dtype: np.dtype | None = None, out: np.ndarray | None = None) -> np.ndarray:
     """``a @ b (+ bias)``; 16-bit operands multiply through float32 BLAS and round once.
 
     ``out_dtype`` forces that path and the result's dtype: for float32 operands that stand for
     16-bit values (see ``MatMul``'s ``lower``); ``FLOAT32`` returns the unrounded product.
+    ``out``: write the product into this array (NumPy's ``out=``, e.g. a block of rows of a
+    larger result); for operands and ``out`` of one float32 or float64 dtype, without a bias.
 
     NOTE: NumPy has no float16 or bfloat16 BLAS path (its float16 matmul is a slow scalar
     loop). Rounding the inputs to 16 bits, accumulating in float32 (bias included) and rounding
     the result once is what GPU tensor cores do, and is at least as accurate as accumulating in
     16 bits.
     """
+    if out is not None:
+        if bias is not None or out_dtype is not None or not a.dtype == b.dtype == out.dtype \
+                or a.dtype not in BLAS_DTYPES:
+            raise EveryOError(f"blas_matmul(out=): a, b and out must share one dtype of "
+                              f"{sorted(d.name for d in BLAS_DTYPES)}, with no bias or "
+                              f"out_dtype; got {a.dtype}, {b.dtype} and {out.dtype}")
+        return np.matmul(a, b, out=out)
     if out_dtype is not None or a.dtype in HALF_DTYPES or b.dtype in HALF_DTYPES:
         if out_dtype is None:
             out_dtype = result_dtype(a, b) if bias is None else result_dtype(a, b, bias)
@@ -36,6 +46,10 @@ def blas_matmul(a: np.ndarray, b: np.ndarray, bias: np.ndarray | None = None,
         return narrow(out, out_dtype)
     out = np.matmul(a, b)
     return out if bias is None else out + bias
+
+
+#: The dtypes NumPy multiplies through BLAS itself (no conversion: ``out=`` writes in place).
+BLAS_DTYPES = frozenset({np.dtype(np.float32), np.dtype(np.float64)})
 
 
 def _check_shapes(a: np.ndarray, b: np.ndarray) -> None:
@@ -169,7 +183,14 @@ class MatMul(Op):
         a2, b2, g2 = self._matrices(g)
         if needs[1]:
             check_operand_unchanged(self, 0)  # (hooks run on the bias's part may write)
-            yield 1, self._b_grad(a2, b2, g2)
+            plan = self._b_grad_rows(a2, b2, g2)
+            if plan is None:
+                yield 1, self._b_grad(a2, b2, g2)
+            else:  # (a large weight: its rows leave block by block, see everyo.grad_rows)
+                for gb, stop in _row_blocks(*plan):
+                    yield 1, gb, stop
+                    if stop < len(gb):  # (the next block reads the input again)
+                        check_operand_unchanged(self, 0)
         if needs[0]:
             check_operand_unchanged(self, 1)  # (e.g. an optimizer step in the weight's hook)
             yield 0, self._a_grad(a2, b2, g2)
@@ -191,8 +212,30 @@ class MatMul(Op):
         ga = unbroadcast(blas_matmul(g2, np.swapaxes(b2, -1, -2)), a2.shape)
         return ga.reshape(a.shape) if ga.shape != a.shape else ga
 
+    def _b_grad_rows(self, a2, b2, g2) -> tuple | None:
+        """``(input rows, output gradient rows, block stops)`` when the weight's gradient is
+        computed in row blocks: a 2-D weight whose gradient has more than one block in
+        ``row_block_stops``, all three arrays of one BLAS dtype; else None.
+
+        NOTE: decided from shapes and dtypes only, and used by ``backward`` too: with hooks
+        or without, the weight's gradient is the same blocked product, so the same bits.
+        """
+        b = self.saved[1]
+        if b.ndim != 2 or b.dtype not in BLAS_DTYPES or not a2.dtype == b.dtype == g2.dtype:
+            return None
+        stops = row_block_stops(b.shape, b.dtype.itemsize)
+        if len(stops) == 1:
+            return None
+        rows = a2.size // a2.shape[-1] if a2.shape[-1] else int(np.prod(a2.shape[:-1]))
+        return a2.reshape(rows, a2.shape[-1]), g2.reshape(rows, g2.shape[-1]), stops
+
     def _b_grad(self, a2, b2, g2) -> np.ndarray:
         b = self.saved[1]
+        plan = self._b_grad_rows(a2, b2, g2)
+        if plan is not None:
+            for gb, _ in _row_blocks(*plan):
+                pass
+            return gb
         if b2.ndim == 2 and a2.ndim > 2:
             # NOTE: one big GEMM over the flattened batch instead of a batched product.
             # (explicit row counts: reshape(-1, 0) is ambiguous when the inner size is 0)
@@ -231,6 +274,23 @@ class MatMul(Op):
                      for gi, t in zip((ga, gb, gbias), self.parents)]
             return tuple(grads) + (None,) * (3 - len(grads))
         return ga, gb, gbias
+
+
+def _row_blocks(a_rows: np.ndarray, g_rows: np.ndarray, stops: tuple):
+    """``a_rows.T @ g_rows`` (a weight's gradient) computed in row blocks into one array;
+    yields ``(gradient, stop)`` after each block, when rows ``[:stop]`` are final.
+
+    NOTE: each block is ``a_rows[:, block].T @ g_rows``, written in place with ``out=``: no
+    copy. BLAS computes every element of a block as it does in the whole product (OpenBLAS
+    splits only the rows of the result among its threads and tiles), so the bits are those of
+    one GEMM; tests/core/test_grad_rows.py checks that for mlp_large's shapes.
+    """
+    gradient = np.empty((a_rows.shape[1], g_rows.shape[1]), a_rows.dtype)
+    start = 0
+    for stop in stops:
+        blas_matmul(a_rows[:, start:stop].T, g_rows, out=gradient[start:stop])
+        start = stop
+        yield gradient, stop
 
 
 def _cast_graph(t, lower):

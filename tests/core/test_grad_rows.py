@@ -26,7 +26,8 @@ def test_the_blocked_weight_gradient_has_the_bits_of_one_gemm_for_mlp_large(batc
                                                                             outer):
     # (mlp_large's W2 and W1: 16 MiB in 8 blocks, 8 MiB in 4)
     x, g = _array(batch, inner), _array(batch, outer)
-    assert len(row_block_stops((inner, outer), 4)) == inner * outer * 4 // (2 * 1024 * 1024)
+    stops = row_block_stops((inner, outer), 4)
+    assert stops[:4] == (32, 96, 224, 480) and len(stops) == {2048: 11, 1024: 7}[inner]
     w = eo.Parameter(_array(inner, outer))
     out = eo.tensor(x) @ w
     out.backward(g)
@@ -35,8 +36,10 @@ def test_the_blocked_weight_gradient_has_the_bits_of_one_gemm_for_mlp_large(batc
 
 def test_a_gradient_below_the_threshold_is_one_block():
     assert row_block_stops((1023, 1024), 4) == (1023,)  # just under 4 MiB
-    assert len(row_block_stops((1024, 1024), 4)) == 2 and ROW_BLOCKS_MIN_BYTES == 4 << 20
+    assert ROW_BLOCKS_MIN_BYTES == 4 << 20
+    assert row_block_stops((1024, 1024), 4) == (64, 192, 448, 960, 1024)  # (up to 2 MiB each)
     assert row_block_stops((1, 1 << 21), 4) == (1,)  # one row cannot be cut
+    assert row_block_stops((3, 1 << 21), 4) == (1, 2, 3)  # rows of 8 MiB: one each
 
 
 def _layer(batch=8, inner=1024, outer=2048):
@@ -90,7 +93,8 @@ def test_announced_gradients_are_the_plain_backward_bits(accumulate):
             _record_rows(weight, events)
         for _ in range(2 if accumulate else 1):
             _loss(x, weight, bias).backward()
-        assert events.count(("rows", 0, 256)) == (2 if accumulate and hooked else int(hooked))
+        first = ("rows", 0, row_block_stops(weight.shape, 4)[0])
+        assert events.count(first) == (2 if accumulate and hooked else int(hooked))
         grads.append([t.grad.tobytes() for t in (x, weight, bias)])
     assert grads[0] == grads[1]
 
@@ -110,8 +114,9 @@ def test_the_first_rows_are_announced_before_the_op_computes_the_rest(monkeypatc
     loss = _loss(x, weight, bias)
     monkeypatch.setattr(linalg, "blas_matmul", recording)
     loss.backward()
-    assert events[:3] == ["block", ("rows", 0, 256), "block"]
-    assert events.index(("rows", 0, 256)) < events.index("matmul (8, 2048)x(2048, 1024)")
+    first = ("rows", 0, row_block_stops(weight.shape, 4)[0])
+    assert events[:3] == ["block", first, "block"]
+    assert events.index(first) < events.index("matmul (8, 2048)x(2048, 1024)")
     assert events[-2:] == ["final", "matmul (8, 2048)x(2048, 1024)"]
 
 

@@ -153,17 +153,36 @@ class BranchyModel(eo.Module):
         return out + self.extra(x) if use_extra else out
 
 
+class WideBranchyModel(eo.Module):
+    """``BranchyModel``'s shape with an 8 MiB hidden weight (2048 x 1024), which the core
+    computes in 7 row blocks and DistributedDataParallel sends as 7 segments."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = eo.Linear(8, 2048, seed=5)
+        self.wide = eo.Linear(2048, 1024, seed=6)
+        self.head = eo.Linear(1024, 1, seed=7)
+        self.extra = eo.Linear(8, 1, seed=3)
+
+    def forward(self, x, use_extra: bool):
+        out = self.head(eo.tanh(self.wide(eo.tanh(self.inner(x)))))
+        return out + self.extra(x) if use_extra else out
+
+
 def ddp_or_average(group, inputs, targets, use_ddp: bool, micro_batches: int = 2,
-                   steps: int = 3, amp: bool = False):
-    """Train with DistributedDataParallel (tiny buckets, ``no_sync`` for all but the last
-    micro-batch) or with plain backward + ``average_gradients``; rank 1 never uses the extra
-    branch. With ``amp``: autocast forward and a GradScaler sharing the group."""
+                   steps: int = 3, amp: bool = False, wide: bool = False,
+                   bucket_cap_mb: float | None = 0.001):
+    """Train with DistributedDataParallel (tiny buckets by default, ``no_sync`` for all but
+    the last micro-batch) or with plain backward + ``average_gradients``; rank 1 never uses
+    the extra branch. With ``amp``: autocast forward and a GradScaler sharing the group; with
+    ``wide``: ``WideBranchyModel``, whose large weight's rows are sent as they are computed."""
     from everyo.distributed import DistributedDataParallel
 
-    model = BranchyModel()
+    model = WideBranchyModel() if wide else BranchyModel()
     params = list(model.parameters())
     optimizer = eo.SGD(params, lr=0.05)
-    ddp = DistributedDataParallel(model, group, bucket_cap_mb=0.001) if use_ddp else None
+    ddp = DistributedDataParallel(model, group, bucket_cap_mb=bucket_cap_mb) if use_ddp \
+        else None
     scaler = eo.GradScaler(init_scale=2.0**10, group=group) if amp else None
     rows = shard_indices(len(inputs), group.rank, group.world_size)
     batches = np.array_split(rows, micro_batches)
@@ -189,6 +208,12 @@ def ddp_or_average(group, inputs, targets, use_ddp: bool, micro_batches: int = 2
         ddp.close()
     return [p.data for p in params]
 
+
+
+def wide_ddp_or_average(group, inputs, targets, amp: bool, bucket_cap_mb, use_ddp: bool):
+    """``ddp_or_average`` with ``WideBranchyModel`` (``use_ddp`` last, for the tests' helper)."""
+    return ddp_or_average(group, inputs, targets, use_ddp, amp=amp, wide=True,
+                          bucket_cap_mb=bucket_cap_mb)
 
 
 def two_forwards_one_backward(group, inputs, use_ddp: bool):

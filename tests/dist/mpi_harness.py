@@ -40,6 +40,12 @@ def main(mode: str, outdir: Path) -> None:
         reference = dist_workers.ddp_or_average(group, inputs, targets, False)
         result = {**{f"ddp{i}": w for i, w in enumerate(with_ddp)},
                   **{f"ref{i}": w for i, w in enumerate(reference)}}
+    elif mode == "ddp_rows":  # (a weight whose gradient's rows leave as they are computed)
+        inputs, targets = dist_workers.make_data(rows=64)
+        with_ddp = dist_workers.wide_ddp_or_average(group, inputs, targets, False, None, True)
+        reference = dist_workers.wide_ddp_or_average(group, inputs, targets, False, None, False)
+        result = {**{f"ddp{i}": w for i, w in enumerate(with_ddp)},
+                  **{f"ref{i}": w for i, w in enumerate(reference)}}
     elif mode == "mismatch":
         try:
             group.all_reduce_mean(np.zeros(4 + group.rank, np.float32))

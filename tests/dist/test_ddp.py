@@ -40,6 +40,31 @@ def test_ddp_matches_average_gradients_bit_for_bit(backend):
     assert not np.array_equal(ddp[0][-2], np.zeros_like(ddp[0][-2]))  # the branch trained
 
 
+@pytest.mark.parametrize("backend", ["shm", "tcp"])
+@pytest.mark.parametrize("bucket_cap_mb", [None, 0.001])
+def test_a_weight_sent_in_row_blocks_gives_average_gradients_bits(backend, bucket_cap_mb):
+    # (an 8 MiB weight: its 7 row blocks leave as 7 segments, with no_sync accumulation and a
+    # branch rank 1 never uses; with the default cap it shares a bucket with small parameters)
+    from dist_workers import WideBranchyModel, wide_ddp_or_average
+
+    inputs, targets = make_data(rows=64)
+    ddp = _ddp_equals_reference(wide_ddp_or_average, inputs, targets, False, bucket_cap_mb,
+                                backend=backend)
+    _same_bits(ddp[0], ddp[1])
+    names = [name for name, _ in WideBranchyModel().named_parameters()]
+    initial = WideBranchyModel().wide.weight.data
+    trained = ddp[0][names.index("wide.weight")]
+    assert trained.shape == (2048, 1024) and not np.array_equal(trained, initial)
+
+
+def test_a_weight_sent_in_row_blocks_with_autocast_and_a_grad_scaler():
+    pytest.importorskip("everyo_amp")
+    from dist_workers import wide_ddp_or_average
+
+    inputs, targets = make_data(rows=64)
+    _ddp_equals_reference(wide_ddp_or_average, inputs, targets, True, None)
+
+
 def test_ddp_with_autocast_and_a_grad_scaler_sharing_the_group():
     pytest.importorskip("everyo_amp")
     inputs, targets = make_data(rows=64)
@@ -253,6 +278,62 @@ def test_a_parameter_frozen_after_wrapping_is_not_waited_for():
             assert model.extra.weight.grad is not None and model.body.weight.grad is None
         finally:
             ddp.close()
+
+
+def test_a_large_weight_leaves_in_row_blocks_as_views_before_the_product_is_done(monkeypatch):
+    # the first segment of the 8 MiB weight is handed to the communication thread after the
+    # first block of its gradient and before the second block (and the input's gradient) is
+    # computed; each of its segments is sent as a view of .grad, not a copy
+    from dist_workers import WideBranchyModel
+
+    from everyo.kernels import row_block_stops
+    from everyo.ops import linalg
+
+    model = WideBranchyModel()
+    weight = model.wide.weight
+    events: list = []
+    real_matmul = linalg.blas_matmul
+
+    def recording_matmul(a, b, *args, **kwargs):
+        if b.shape == (1024, 2048):  # (the wide layer's input gradient)
+            events.append("input gradient")
+        elif kwargs.get("out") is not None and kwargs["out"].shape[1] == 1024:
+            events.append("block")
+        return real_matmul(a, b, *args, **kwargs)
+
+    with init(backend="shm", rank=0, world_size=1) as group:
+        ddp = DistributedDataParallel(model, group)
+        views: list = []
+        reduce = group.all_reduce_mean
+
+        def recording_reduce(flat, out=None):
+            if flat.size % 1024 == 0 and flat.size >= 64 * 1024:  # (rows of the wide weight)
+                views.append(np.shares_memory(flat, weight.grad))
+            return reduce(flat, out)
+
+        group.all_reduce_mean = recording_reduce
+        put = ddp._work.put
+
+        def recording_put(item):
+            if item is not None and item[0].params == [weight]:
+                events.append(("sent", item[0].row_start))
+            put(item)
+
+        ddp._work.put = recording_put
+        try:
+            out = ddp(eo.ones((4, 8)), False)
+            monkeypatch.setattr(linalg, "blas_matmul", recording_matmul)
+            out.sum().backward()
+        finally:
+            monkeypatch.undo()
+            group.all_reduce_mean = reduce
+            ddp.close()
+    # (the last segment is sent by the post-accumulate hook that follows the last block)
+    starts = (0,) + row_block_stops(weight.shape, 4)[:-1]
+    assert len(starts) == 7
+    assert events == [item for start in starts for item in ("block", ("sent", start))] + [
+        "input gradient"]
+    assert views == [True] * len(starts)
 
 
 def test_a_weight_bucket_leaves_before_its_layer_computes_the_input_gradient(monkeypatch):

@@ -81,8 +81,9 @@ def test_spec_mlp_matches_single_process_training(tmp_path):
         assert results[0][f"w{index}"].tobytes() == results[1][f"w{index}"].tobytes()
 
 
-def test_distributed_data_parallel_matches_average_gradients_bit_for_bit(tmp_path):
-    done, _ = mpi_job("ddp", tmp_path)
+@pytest.mark.parametrize("mode", ["ddp", "ddp_rows"])
+def test_distributed_data_parallel_matches_average_gradients_bit_for_bit(tmp_path, mode):
+    done, _ = mpi_job(mode, tmp_path)
     assert done.returncode == 0, done.stderr
     for result in load(tmp_path):
         count = sum(key.startswith("ddp") for key in result)

@@ -3,22 +3,24 @@
 Gradients are grouped into buckets in reverse registration order (roughly the order backward
 finishes them), with PyTorch's rule: each bucket closes as soon as it reaches its limit,
 ``bucket_cap_mb`` MiB, except that by default (no ``bucket_cap_mb`` given: 25) the first
-bucket's limit is 1 MiB. A post-accumulate-grad hook marks
-a parameter ready (``Linear`` and ``Conv2D`` hand over their weights' gradients before their
-inputs', see ``Op.backward_parts``); once a bucket's parameters are all ready their gradients
-are copied into one flat vector, which a communication thread all-reduces while backward
-carries on with the earlier layers. The hook of the last parameter backward reaches reduces the
-remaining buckets itself, waits for the others and writes the averages back, so ``.grad`` is
-averaged when ``backward()`` returns.
+bucket's limit is 1 MiB; each bucket is all-reduced as a sequence of segments, a large
+parameter's cut at the rows its gradient is computed in (:mod:`everyo_dist.buckets`). A
+post-accumulate-grad hook marks a parameter ready (``Linear`` and ``Conv2D`` hand over their
+weights' gradients before their inputs', see ``Op.backward_parts``) and a rows-ready hook the
+rows of a large weight's gradient as ``matmul`` computes them; a segment whose values are all
+final is handed (a view of one gradient, or a copy of several) to a communication thread,
+which all-reduces it while backward carries on. The hook of the last parameter backward
+reaches reduces the remaining segments itself, waits for the others and writes the averages
+back, so ``.grad`` is averaged when ``backward()`` returns.
 
 The averages are exactly :func:`~everyo_dist.gradients.average_gradients`'s: the reduction is
-element-wise, so cutting the vector into buckets changes no bit. A parameter the forward did
+element-wise, so cutting the vector into buckets and segments changes no bit. A parameter the forward did
 not use (found by walking the graph from the outputs, as PyTorch's
 ``find_unused_parameters=True`` does) contributes its current gradient, or zeros, and receives
 the average, as ``average_gradients`` does; one whose ``requires_grad`` was turned off after
 wrapping gets no gradient from backward, so it is not waited for and its ``.grad`` is left
-alone. Buckets are all-reduced strictly in bucket order on
-every rank, so ranks whose backward finishes parameters in a different order still match.
+alone. Segments are all-reduced strictly in order on every rank, so ranks whose backward
+finishes parameters in a different order still match.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ everyo-layers, ``eo.autocast`` from everyo-amp, ``eo.export_onnx`` from everyo-o
 
 from __future__ import annotations
 
+from everyo import allocator as _allocator
 from everyo import functional as _functional
 from everyo import init
 from everyo import inplace as _inplace  # adds add_, copy_, t[i] = v, ... to Tensor
@@ -97,6 +98,8 @@ from everyo.tensor import (
     zeros_like,
 )
 from everyo.versioning import bump_version
+
+_allocator.tune_malloc()  # freed large arrays stay mapped for the next step: see its docstring
 
 
 def _installed_version() -> str:

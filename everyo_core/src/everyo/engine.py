@@ -17,7 +17,6 @@ from typing import Any
 import numpy as np
 
 from everyo import hooks
-from everyo.grad_rows import RowBlocks
 from everyo.autograd import (
     Op,
     _accumulate_leaf,
@@ -29,6 +28,7 @@ from everyo.autograd import (
 )
 from everyo.errors import EveryOError
 from everyo.grad_mode import enable_grad
+from everyo.grad_rows import RowBlocks
 from everyo.tensor import Tensor
 from everyo.versioning import check_saved, clock, op_name
 

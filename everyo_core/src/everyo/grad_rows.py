@@ -16,6 +16,7 @@ The plan depends on the gradient's shape and dtype only, never on timing, so a c
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -71,6 +72,9 @@ class RowBlocks:
     it finalises early, makes each block final in ``.grad`` and announces it."""
 
     __slots__ = ("op", "index", "array", "done", "leaf", "fresh")
+    index: int | None
+    array: np.ndarray | None
+    leaf: Any
 
     def __init__(self, op) -> None:
         self.op, self.index, self.array, self.done = op, None, None, 0
@@ -91,6 +95,7 @@ class RowBlocks:
         """Rows up to ``stop`` of the operand's gradient are computed. Returns True when the
         caller must now handle the whole gradient as an ordinary part (its last block, not
         announced); False when there is nothing more to do for this part."""
+        assert self.array is not None  # (begin() came first)
         rows = len(self.array)
         if gradient is not self.array or type(stop) is not int or not self.done < stop <= rows:
             raise EveryOError(

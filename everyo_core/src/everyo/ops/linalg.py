@@ -49,7 +49,7 @@ def blas_matmul(a: np.ndarray, b: np.ndarray, bias: np.ndarray | None = None,
 
 
 #: The dtypes NumPy multiplies through BLAS itself (no conversion: ``out=`` writes in place).
-BLAS_DTYPES = frozenset({np.dtype(np.float32), np.dtype(np.float64)})
+BLAS_DTYPES: frozenset[np.dtype] = frozenset({np.dtype(np.float32), np.dtype(np.float64)})
 
 
 def _check_shapes(a: np.ndarray, b: np.ndarray) -> None:
@@ -232,10 +232,8 @@ class MatMul(Op):
     def _b_grad(self, a2, b2, g2) -> np.ndarray:
         b = self.saved[1]
         plan = self._b_grad_rows(a2, b2, g2)
-        if plan is not None:
-            for gb, _ in _row_blocks(*plan):
-                pass
-            return gb
+        if plan is not None:  # (every block, as backward_parts hands them over)
+            return list(_row_blocks(*plan))[-1][0]
         if b2.ndim == 2 and a2.ndim > 2:
             # NOTE: one big GEMM over the flattened batch instead of a batched product.
             # (explicit row counts: reshape(-1, 0) is ambiguous when the inner size is 0)

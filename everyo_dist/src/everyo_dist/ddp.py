@@ -14,8 +14,8 @@ reaches reduces the remaining segments itself, waits for the others and writes t
 back, so ``.grad`` is averaged when ``backward()`` returns.
 
 The averages are exactly :func:`~everyo_dist.gradients.average_gradients`'s: the reduction is
-element-wise, so cutting the vector into buckets and segments changes no bit. A parameter the forward did
-not use (found by walking the graph from the outputs, as PyTorch's
+element-wise, so cutting the vector into buckets and segments changes no bit. A parameter the
+forward did not use (found by walking the graph from the outputs, as PyTorch's
 ``find_unused_parameters=True`` does) contributes its current gradient, or zeros, and receives
 the average, as ``average_gradients`` does; one whose ``requires_grad`` was turned off after
 wrapping gets no gradient from backward, so it is not waited for and its ``.grad`` is left

@@ -336,6 +336,54 @@ def test_a_large_weight_leaves_in_row_blocks_as_views_before_the_product_is_done
     assert views == [True] * len(starts)
 
 
+class _WideExtraFirst(eo.Module):
+    """``_ExtraFirst`` with an 8 MiB ``body`` weight, whose gradient arrives in row blocks."""
+
+    def __init__(self):
+        super().__init__()
+        self.extra = eo.Linear(2048, 1, seed=1)
+        self.body = eo.Linear(2048, 1024, bias=False, seed=0)  # (no bias refused first)
+
+    def forward(self, x, use_extra: bool):
+        out = self.body(x).sum() * 1.0
+        return out + self.extra(x).sum() if use_extra else out
+
+
+def test_rows_arriving_after_their_segment_was_reduced_are_refused_not_lost():
+    with init(backend="shm", rank=0, world_size=1) as group:
+        model = _WideExtraFirst()
+        ddp = DistributedDataParallel(model, group, bucket_cap_mb=1e-6)
+        try:
+            x = eo.tensor(np.ones((2, 2048), np.float32), requires_grad=True)
+            first, second = ddp(x, False), ddp(x * 2.0, True)
+            first.backward()  # body's segments leave with this backward's gradient only
+            with pytest.raises(DistributedError, match=r"body\.weight.*already"):
+                second.backward()  # its first rows arrive: refused before any is sent
+        finally:
+            ddp.close()
+
+
+def test_a_large_weight_the_forward_does_not_use_is_averaged_as_zeros():
+    class Unused(eo.Module):
+        def __init__(self):
+            super().__init__()
+            self.wide = eo.Linear(2048, 1024, seed=0)  # (8 MiB: sent as row segments)
+            self.head = eo.Linear(2048, 1, seed=1)
+
+        def forward(self, x):
+            return self.head(x)
+
+    with init(backend="shm", rank=0, world_size=1) as group:
+        model = Unused()
+        ddp = DistributedDataParallel(model, group)
+        try:
+            ddp(eo.ones((2, 2048))).sum().backward()
+            assert model.wide.weight.grad.shape == (2048, 1024)
+            assert not model.wide.weight.grad.any() and model.head.weight.grad.any()
+        finally:
+            ddp.close()
+
+
 def test_a_weight_bucket_leaves_before_its_layer_computes_the_input_gradient(monkeypatch):
     # (DDP's hooks are registered early=True: the middle layer's weight is handed to the
     # bucket inside the layer's backward, before its input's gradient product runs)

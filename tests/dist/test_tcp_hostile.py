@@ -21,7 +21,11 @@ from everyo.distributed_tcp import TCPRendezvousServer, init_tcp_process_group
 from everyo_dist.backends.tcp import group as tcp_group
 from everyo_dist.backends.tcp.auth import connect_handshake, token_key
 from everyo_dist.backends.tcp.frames import (
+    CONTROL_LIMIT,
+    HEADER_SIZE,
+    MAX_REASON_CHARS,
     FrameKind,
+    abort_frame,
     ProtocolError,
     control_frame,
     decode_control,
@@ -133,6 +137,20 @@ def test_a_valid_abort_frame_still_relays_its_reason():
         b'{"message": "disk full", "error": "DistributedError", "origin": 0}')
     assert type(error) is DistributedError and "disk full" in str(error)
     assert "rank 0 failed" in str(error)
+
+
+def test_an_abort_reason_as_long_as_a_frame_allows_is_relayed_not_replaced():
+    """The relaying rank prefixes the reason it received; its own ABORT must still fit in a
+    control frame (it raised "ABORT message too large" instead, lost the reason, left its
+    sockets open and told the next rank nothing)."""
+    reason = "x" * (CONTROL_LIMIT - 100)
+    error = _forged_abort_reaches_rank_1(
+        b'{"message": "' + reason.encode() + b'", "error": "DistributedError", "origin": 0}')
+    assert type(error) is DistributedError and "rank 0 failed: xxxx" in str(error), \
+        str(error)[:200]
+    frame = abort_frame({"message": str(error) + "\u00e9" * CONTROL_LIMIT, "origin": 1})
+    shortened = decode_control(frame[HEADER_SIZE:])["message"]
+    assert shortened.startswith(str(error)[:MAX_REASON_CHARS]) and "more characters" in shortened
 
 
 def test_control_payloads_are_bounded_in_size_and_depth():

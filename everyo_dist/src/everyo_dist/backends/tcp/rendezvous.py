@@ -20,7 +20,7 @@ import time
 from collections import deque
 
 from everyo_dist.backends.tcp.auth import DEFAULT_HANDSHAKE_TIMEOUT, accept_handshake, token_key
-from everyo_dist.backends.tcp.frames import FrameKind, control_frame, read_control
+from everyo_dist.backends.tcp.frames import FrameKind, abort_frame, control_frame, read_control
 from everyo_dist.backends.tcp.handshakes import MAX_PENDING_HANDSHAKES, PendingHandshakes
 from everyo_dist.backends.tcp.sockets import listen, require_token_off_loopback, tune, wrap_tls
 from everyo_dist.errors import DistributedError
@@ -131,7 +131,7 @@ class TCPRendezvousServer:
         if tell:
             try:
                 sock.settimeout(1.0)
-                sock.sendall(control_frame(FrameKind.ABORT, {"message": reason}))
+                sock.sendall(abort_frame({"message": reason}))
             except OSError:
                 pass
         sock.close()

@@ -31,8 +31,8 @@ from everyo_dist.backends.tcp.frames import (
     VERSION,
     FrameKind,
     ProtocolError,
+    abort_frame,
     check_abort_document,
-    control_frame,
     decode_control,
     recv_exact,
     split_header,
@@ -372,7 +372,7 @@ class Ring:
                         self.to_next.sendall(TRAILER_ABORTED)
                         trailer = 0
                 if body <= 0 and trailer == 0:
-                    self.to_next.sendall(control_frame(FrameKind.ABORT, document))
+                    self.to_next.sendall(abort_frame(document))
             except (OSError, TypeError, ValueError):
                 pass
         self.close()

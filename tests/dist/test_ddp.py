@@ -254,6 +254,33 @@ def test_a_parameter_frozen_after_wrapping_is_not_waited_for():
             ddp.close()
 
 
+def test_a_parameter_unfrozen_after_wrapping_is_refused_not_left_unaveraged():
+    # frozen when the wrapper was built: no hook, no bucket. Unfrozen later (fine-tuning in
+    # stages), its gradient stayed each rank's own and the ranks' weights drifted apart
+    with init(backend="shm", rank=0, world_size=1) as group:
+        model = eo.Sequential(eo.Linear(2, 2, seed=0), eo.Linear(2, 1, seed=1))
+        model[0].weight.requires_grad = False
+        ddp = DistributedDataParallel(model, group)
+        try:
+            model[0].weight.requires_grad = True
+            with pytest.raises(DistributedError, match=r"0\.weight .*not be averaged"):
+                ddp(eo.ones((3, 2)))
+        finally:
+            ddp.close()
+
+
+def test_the_wrapper_refuses_to_run_after_close():
+    # close() removes the hooks: a forward and backward through the wrapper afterwards left
+    # the gradients unaveraged without a word
+    with init(backend="shm", rank=0, world_size=1) as group:
+        ddp = DistributedDataParallel(eo.Linear(2, 1, seed=0), group)
+        ddp(eo.ones((3, 2))).sum().backward()
+        ddp.close()
+        with pytest.raises(DistributedError, match="after close"):
+            ddp(eo.ones((3, 2)))
+        ddp.close()  # a second close is harmless
+
+
 def test_a_weight_bucket_leaves_before_its_layer_computes_the_input_gradient(monkeypatch):
     # (DDP's hooks are registered early=True: the middle layer's weight is handed to the
     # bucket inside the layer's backward, before its input's gradient product runs)

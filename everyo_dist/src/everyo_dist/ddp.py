@@ -167,7 +167,10 @@ class DistributedDataParallel:
         self.bucket_cap_mb = bucket_cap_mb
         self._params = [p for p in module.parameters() if p.requires_grad]
         self._by_id = {id(p): p for p in self._params}
-        self._names = {id(p): name for name, p in module.named_parameters()}
+        named = list(module.named_parameters())
+        self._names = {id(p): name for name, p in named}
+        self._all = {id(p): p for _, p in named}  # frozen ones too: see _arm
+        self._closed = False
         cap = DEFAULT_BUCKET_CAP_MB if bucket_cap_mb is None else bucket_cap_mb
         self._cap = int(cap * 1024 * 1024)
         self._first_cap = FIRST_BUCKET_BYTES if bucket_cap_mb is None else self._cap
@@ -194,6 +197,11 @@ class DistributedDataParallel:
     def forward(self, *args, **kwargs):
         """Run the module; the backward that follows averages its gradients (unless inside
         :meth:`no_sync`)."""
+        if self._closed:
+            raise DistributedError(
+                "DistributedDataParallel: called after close(): its hooks are removed and its "
+                "communication thread stopped, so backward would leave this rank's gradients "
+                "unaveraged; build a new wrapper")
         if self._armed and self._started and is_grad_enabled():
             raise self._unfinished()
         output = self.module(*args, **kwargs)
@@ -231,6 +239,7 @@ class DistributedDataParallel:
 
     def close(self) -> None:
         """Remove the hooks and stop the communication thread."""
+        self._closed = True
         for handle in self._handles:
             handle.remove()
         self._handles = []
@@ -243,6 +252,17 @@ class DistributedDataParallel:
         if self._buckets is None:  # first step: dtypes of the gradients are known now or never
             self._buckets = _buckets(self._params, self._cap, self._first_cap)
             self._bucket_of = {id(p): b for b in self._buckets for p in b.params}
+        reached = _reachable_parameters(outputs, self._all)
+        unwrapped = reached - self._by_id.keys()
+        if unwrapped:
+            # NOTE: a parameter frozen when the wrapper was built has no hook and no bucket:
+            # its gradient would stay this rank's own, silently different on every rank
+            names = sorted(self._names[key] for key in unwrapped)
+            raise DistributedError(
+                f"DistributedDataParallel: {', '.join(names)} now require(s) a gradient but "
+                f"did not when the wrapper was built, so its gradient would not be averaged; "
+                f"build the wrapper after unfreezing (or keep requires_grad on and exclude "
+                f"the parameter from the optimizer)")
         self._accumulating = False
         if not self._armed:
             self._armed, self._next_launch, self._error = True, 0, None
@@ -253,7 +273,7 @@ class DistributedDataParallel:
         # NOTE: the union over every forward since the last reduction. Only parameter ids are
         # kept, never the outputs: a forward whose backward never comes must not keep its
         # graph (activations included) alive.
-        self._expected |= _reachable_parameters(outputs, self._by_id)
+        self._expected |= reached
         for bucket in self._buckets:
             bucket.pending = {id(p) for p in bucket.params if id(p) in self._expected}
         # NOTE: no bucket is launched before backward starts: another forward through the

@@ -214,6 +214,34 @@ def test_a_malformed_peer_table_is_a_distributed_error_naming_it(document):
     assert "peer table" in str(error), str(error)
 
 
+@pytest.mark.parametrize("reset", [False, True], ids=["closed", "reset"])
+def test_a_rendezvous_that_hangs_up_after_the_handshake_is_a_distributed_error(reset):
+    """A server stopped (or one that dropped this registration) after authenticating the rank:
+    init_tcp_process_group raised a raw ConnectionError / ConnectionResetError."""
+    from everyo_dist.backends.tcp.auth import accept_handshake
+
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def hanging_up_server():
+        sock, _ = listener.accept()
+        accept_handshake(sock, token_key(TOKEN), 5)
+        read_control(sock, time.monotonic() + 5, FrameKind.REGISTER)
+        if reset:  # SO_LINGER 0: close sends RST
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, bytes([1, 0, 0, 0, 0, 0, 0, 0]))
+        sock.close()
+
+    thread = threading.Thread(target=hanging_up_server, daemon=True)
+    thread.start()
+    try:
+        with pytest.raises(DistributedError, match="closed the connection before sending the "
+                                                   "peer table"):
+            init_tcp_process_group("127.0.0.1", listener.getsockname()[1], rank=0,
+                                   world_size=2, token=TOKEN, timeout=10)
+    finally:
+        thread.join(5)
+        listener.close()
+
+
 def test_a_flood_of_silent_connections_is_capped_and_the_group_still_forms():
     """300 loopback connections that never speak: the server runs at most
     MAX_PENDING_HANDSHAKES handshake threads (cutting off the oldest silent ones), and two

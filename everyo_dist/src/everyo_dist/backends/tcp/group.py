@@ -152,10 +152,10 @@ def init_tcp_process_group(host: str, port: int, *, rank: int, world_size: int,
         local_host = server.getsockname()[0]
         require_token_off_loopback(local_host, token, f"rank {rank}'s peer listener")
         listener = listen(local_host, 0)
-        server.sendall(control_frame(FrameKind.REGISTER, {
-            "rank": int(rank), "world_size": int(world_size),
-            "port": listener.getsockname()[1]}))
         try:
+            server.sendall(control_frame(FrameKind.REGISTER, {
+                "rank": int(rank), "world_size": int(world_size),
+                "port": listener.getsockname()[1]}))
             peers = check_peer_table(read_control(server, deadline, FrameKind.PEERS),
                                      world_size)
         except TimeoutError:
@@ -169,6 +169,11 @@ def init_tcp_process_group(host: str, port: int, *, rank: int, world_size: int,
         except DistributedError as exc:
             listener.close()
             raise DistributedError(f"rank {rank}: {where} refused the registration: {exc}") from None
+        except OSError as exc:  # closed or reset after the handshake: stopped, or dropped us
+            listener.close()
+            raise DistributedError(f"rank {rank}: {where} closed the connection before sending "
+                                   f"the peer table ({exc}); was it stopped, or did it drop "
+                                   f"this registration (see its log)?") from None
     finally:
         server.close()
     if world_size == 1:

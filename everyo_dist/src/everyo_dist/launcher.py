@@ -299,7 +299,11 @@ def main(argv: list[str] | None = None) -> int:
     """Console entry point of ``everyo-run``."""
     args = parse_arguments(argv)
     signal.signal(signal.SIGTERM, _interrupt)  # a terminated launcher stops its ranks too
-    sys.exit(run(args))
+    try:
+        status = run(args)
+    except DistributedError as exc:  # the job could not be set up (a busy --master port, ...)
+        raise SystemExit(f"everyo-run: {exc}") from None
+    sys.exit(status)
 
 
 if __name__ == "__main__":

@@ -117,6 +117,29 @@ def test_buckets_are_pytorchs(torch, bucket_cap_mb):
     assert ours == [[len(shapes) - 1 - i for i in bucket] for bucket in reference]
 
 
+@pytest.mark.torch
+@pytest.mark.parametrize("cap, first", [(25 * 1024 * 1024, 1024 * 1024), (1024 * 1024, 8000),
+                                        (4000, 4000)])
+def test_buckets_of_mixed_dtypes_are_pytorchs(torch, cap, first):
+    # PyTorch keeps one open bucket per dtype (each with its own first limit) and orders the
+    # buckets by their first parameter; closing the bucket at every change of dtype gave
+    # alternating float32/float64 parameters one all-reduce each
+    import torch.distributed as tdist
+
+    from everyo_dist.ddp import _buckets
+
+    specs = [((300, 1000), "float32"), ((1000,), "float64"), ((1000, 10), "float32"),
+             ((10,), "float64"), ((300, 300), "float64"), ((7,), "float32")]
+    params = [eo.Parameter(np.zeros(shape, dtype)) for shape, dtype in specs]
+    ids = [id(p) for p in params]
+    ours = [[ids.index(id(p)) for p in b.params] for b in _buckets(params, cap, first)]
+    assert all(len({p.dtype for p in b.params}) == 1 for b in _buckets(params, cap, first))
+    reference, _ = tdist._compute_bucket_assignment_by_size(
+        [torch.empty(shape, dtype=getattr(torch, dtype)) for shape, dtype in reversed(specs)],
+        [first, cap] if first < cap else [cap])
+    assert ours == [[len(specs) - 1 - i for i in bucket] for bucket in reference]
+
+
 def test_a_parameter_used_only_by_a_later_forward_before_backward_is_averaged():
     from dist_workers import two_forwards_one_backward
 

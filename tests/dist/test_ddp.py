@@ -292,6 +292,21 @@ def test_a_parameter_unfrozen_after_wrapping_is_refused_not_left_unaveraged():
             ddp.close()
 
 
+def test_calling_the_module_instead_of_the_wrapper_is_refused_from_the_first_step():
+    # before the wrapper's first forward the hooks let such a backward through, so a loop
+    # that called model(x) after wrapping never averaged anything, without a word
+    with init(backend="shm", rank=0, world_size=1) as group:
+        model = eo.Linear(2, 1, seed=0)
+        ddp = DistributedDataParallel(model, group)
+        try:
+            with pytest.raises(DistributedError, match="without a forward through the wrapper"):
+                model(eo.ones((3, 2))).sum().backward()
+            with ddp.no_sync():  # accumulation before the first synchronised step is fine
+                ddp(eo.ones((3, 2))).sum().backward()
+        finally:
+            ddp.close()
+
+
 def test_the_wrapper_refuses_to_run_after_close():
     # close() removes the hooks: a forward and backward through the wrapper afterwards left
     # the gradients unaveraged without a word

@@ -283,12 +283,14 @@ class DistributedDataParallel:
 
     def _on_grad_ready(self, param) -> None:
         if not self._armed:
-            if not self._accumulating and self._buckets is not None:
+            # NOTE: also before the wrapper's first forward: calling the module itself instead
+            # of the wrapper must not train unaveraged
+            if not self._accumulating:
                 raise DistributedError(
                     "DistributedDataParallel: a backward reached the wrapped module's "
                     "parameters without a forward through the wrapper (or a second backward "
                     "through the same forward); call the wrapper, once per backward")
-            return  # a forward inside no_sync, or none yet: plain accumulation
+            return  # a forward inside no_sync: plain accumulation
         self._started = True
         bucket = self._bucket_of[id(param)]
         if bucket.index < self._next_launch:  # its bucket left with the gradient it had then

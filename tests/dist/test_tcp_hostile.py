@@ -276,3 +276,43 @@ def test_a_flood_of_silent_connections_is_capped_and_the_group_still_forms():
         np.testing.assert_array_equal(mean, np.full(3, 0.5, np.float32))
     assert elapsed < 8, f"the flood held the group up for {elapsed:.1f}s"
     assert len(server.refusals) <= KEPT_REFUSALS < flood_size  # the log of refusals is bounded
+
+
+def _tcp_pair():
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        client = socket.create_connection(listener.getsockname())
+        server, _ = listener.accept()
+    return client, server
+
+
+@pytest.mark.parametrize("cut", [0, 10, 30, 100, 2000])
+def test_a_rank_failing_part_way_through_a_frame_header_relays_its_reason(cut):
+    """abort() padded the unsent rest of a frame with zeros, header included: the next rank
+    read zeros as the sender's fingerprint and raised a CollectiveMismatchError (a false
+    call-order diagnosis) or 'bad frame magic' instead of relaying the reason. ``cut`` bytes
+    of the frame had left when the sender gave up (0: its send would have blocked)."""
+    from everyo_dist.backends.tcp.progress import Outgoing
+    from everyo_dist.backends.tcp.ring import Ring
+    from everyo_dist.contract import Collective
+    from everyo_dist.fingerprint import CollectiveOp, Fingerprint
+
+    (a_send, a_recv), (b_send, b_recv) = _tcp_pair(), _tcp_pair()
+    data = np.ones(1000, np.float32)
+    fingerprint = Fingerprint.of(0, CollectiveOp.ALL_REDUCE_SUM, data)
+    sender, receiver = Ring(0, 2, a_send, b_recv), Ring(1, 2, b_send, a_recv)
+    for ring in (sender, receiver):
+        ring.call = Collective(ring.rank, 2, 10.0, time.monotonic() + 10, fingerprint)
+    frame = Outgoing([(0, data, None)], fingerprint.pack())
+    wire = b"".join(bytes(view) for view in frame.views())
+    a_send.setblocking(True)
+    a_send.sendall(wire[:cut])
+    frame.advance(cut)
+    sender._outgoing = frame  # what pump leaves for abort() when a send fails part way
+    sender.abort(DistributedError("disk full"))
+    try:
+        with pytest.raises(DistributedError) as failure:
+            receiver.transfer(0, None, np.empty(1000, np.float32))
+    finally:
+        receiver.close()
+    assert type(failure.value) is DistributedError, repr(failure.value)
+    assert "rank 0 failed: disk full" in str(failure.value), str(failure.value)

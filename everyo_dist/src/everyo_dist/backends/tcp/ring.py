@@ -359,9 +359,10 @@ class Ring:
     def abort(self, error: BaseException) -> None:
         """Tell next why this rank gives up, then close both ends.
 
-        A frame to next may be half sent; it is padded with zeros and its trailer marks it
-        aborted (so next never uses it), then the ABORT frame follows: the reason reaches the
-        rest of the ring instead of a bare "connection closed" that would blame this rank.
+        A frame to next may be half sent; its header is completed as it was, its payload
+        padded with zeros and its trailer marks it aborted (so next never uses it), then the
+        ABORT frame follows: the reason reaches the rest of the ring instead of a bare
+        "connection closed" that would blame this rank.
         """
         if self.size > 1:
             document = {"error": type(error).__name__, "message": str(error),
@@ -370,8 +371,12 @@ class Ring:
             try:
                 self.to_next.setblocking(True)
                 self.to_next.settimeout(_ABORT_SECONDS)
-                body, trailer = self._outgoing.unsent() if self._outgoing else (0, 0)
-                if body or trailer == TRAILER_SIZE:  # mid-frame: pad it, mark it aborted
+                header, body, trailer = self._outgoing.unsent() if self._outgoing \
+                    else (b"", 0, 0)
+                if header or body or trailer == TRAILER_SIZE:  # mid-frame: pad it, mark it
+                    # NOTE: the header as it was (zeros there would read as another
+                    # collective's fingerprint, a false CollectiveMismatchError), then zeros
+                    self.to_next.sendall(header)
                     filler = bytes(min(body, 1 << 20))
                     deadline = time.monotonic() + _ABORT_SECONDS
                     while body > 0 and time.monotonic() < deadline:

@@ -316,3 +316,21 @@ def test_a_rank_failing_part_way_through_a_frame_header_relays_its_reason(cut):
         receiver.close()
     assert type(failure.value) is DistributedError, repr(failure.value)
     assert "rank 0 failed: disk full" in str(failure.value), str(failure.value)
+
+
+def test_a_port_above_65535_is_refused_not_wrapped_onto_another_server():
+    """The resolver takes port 99999 modulo 65536: a rank asking for 99999 joined whatever
+    rendezvous listened on 34463 (another job's, with the same token file). Negative ports
+    retried "service not supported" until the timeout; the server raised a bare OverflowError."""
+    with TCPRendezvousServer("127.0.0.1", 0, world_size=1, token=TOKEN) as server:
+        wrapped = server.port + 65536
+        started = time.monotonic()
+        for port in (wrapped, -1, 0):
+            with pytest.raises(DistributedError, match=rf"port must be an integer in 1\.\.65535, "
+                                                       rf"got {port}"):
+                init_tcp_process_group("127.0.0.1", port, rank=0, world_size=1, token=TOKEN,
+                                       timeout=30)
+        assert time.monotonic() - started < 5  # refused up front, not retried to the timeout
+    for port in (70000, -1, "x", True):
+        with pytest.raises(DistributedError, match="port must be an integer in 0..65535"):
+            TCPRendezvousServer("127.0.0.1", port, world_size=1, token=TOKEN)

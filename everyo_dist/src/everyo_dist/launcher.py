@@ -79,8 +79,9 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
                      "(the same on every node)")
     if args.master is not None:
         host, _, port = args.master.rpartition(":")
-        if not host or not port.isdigit():
-            parser.error(f"--master must be HOST:PORT, got {args.master!r}")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            parser.error(f"--master must be HOST:PORT with a port in 1..65535, got "
+                         f"{args.master!r}")
         args.master_host, args.master_port = host.strip("[]"), int(port)
     return args
 

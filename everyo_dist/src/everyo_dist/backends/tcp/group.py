@@ -145,7 +145,7 @@ def init_tcp_process_group(host: str, port: int, *, rank: int, world_size: int,
     key = token_key(token)
     deadline = time.monotonic() + timeout
     where = f"the rendezvous server {host}:{port}"
-    server = dial(host, int(port), deadline, "the rendezvous server")
+    server = dial(host, port, deadline, "the rendezvous server")
     try:
         server = wrap_tls(server, ssl_context, False, handshake_timeout, where, host)
         connect_handshake(server, key, handshake_timeout, where)

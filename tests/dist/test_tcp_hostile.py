@@ -334,3 +334,14 @@ def test_a_port_above_65535_is_refused_not_wrapped_onto_another_server():
     for port in (70000, -1, "x", True):
         with pytest.raises(DistributedError, match="port must be an integer in 0..65535"):
             TCPRendezvousServer("127.0.0.1", port, world_size=1, token=TOKEN)
+
+
+@pytest.mark.parametrize("seconds", [float("inf"), float("nan"), -1, 0, "x"])
+def test_a_handshake_timeout_that_is_not_a_positive_number_is_refused_by_name(seconds):
+    # socket timeouts raised bare OverflowError / ValueError for these (0 only failed later,
+    # as an "authentication handshake did not complete" that blamed the peer)
+    with pytest.raises(DistributedError, match="handshake_timeout must be a positive number"):
+        TCPRendezvousServer("127.0.0.1", 0, world_size=1, token=TOKEN, handshake_timeout=seconds)
+    with pytest.raises(DistributedError, match="handshake_timeout must be a positive number"):
+        init_tcp_process_group("127.0.0.1", 1, rank=0, world_size=1, token=TOKEN, timeout=5,
+                               handshake_timeout=seconds)

@@ -14,6 +14,7 @@ from everyo_dist.backends.tcp.auth import (
     DEFAULT_HANDSHAKE_TIMEOUT,
     AuthenticationError,
     accept_handshake,
+    check_handshake_timeout,
     connect_handshake,
     token_key,
 )
@@ -138,6 +139,7 @@ def init_tcp_process_group(host: str, port: int, *, rank: int, world_size: int,
         [1. 2.]
     """
     rank, world_size, timeout = check_membership(rank, world_size, timeout)
+    handshake_timeout = check_handshake_timeout(handshake_timeout)
     wire = wire_dtype_of(wire_dtype)
     if (ssl_context is None) != (server_ssl_context is None) and world_size > 1:
         raise DistributedError("TLS between ranks needs both ssl_context (outgoing) and "

@@ -19,7 +19,12 @@ import threading
 import time
 from collections import deque
 
-from everyo_dist.backends.tcp.auth import DEFAULT_HANDSHAKE_TIMEOUT, accept_handshake, token_key
+from everyo_dist.backends.tcp.auth import (
+    DEFAULT_HANDSHAKE_TIMEOUT,
+    accept_handshake,
+    check_handshake_timeout,
+    token_key,
+)
 from everyo_dist.backends.tcp.frames import FrameKind, abort_frame, control_frame, read_control
 from everyo_dist.backends.tcp.handshakes import MAX_PENDING_HANDSHAKES, PendingHandshakes
 from everyo_dist.backends.tcp.sockets import listen, require_token_off_loopback, tune, wrap_tls
@@ -73,7 +78,7 @@ class TCPRendezvousServer:
             raise DistributedError(f"world_size must be at least 1, got {world_size}")
         require_token_off_loopback(host, token, "the rendezvous server")
         self.host, self.world_size = host, int(world_size)
-        self.handshake_timeout = float(handshake_timeout)
+        self.handshake_timeout = check_handshake_timeout(handshake_timeout)
         # (peer address, reason) of the latest refusals, for diagnostics
         self.refusals: deque[tuple[str, str]] = deque(maxlen=KEPT_REFUSALS)
         self._key = token_key(token)

@@ -262,6 +262,13 @@ def test_a_bucket_cap_that_is_not_a_finite_positive_number_is_refused_by_name(ca
             DistributedDataParallel(eo.Linear(2, 1, seed=0), group, bucket_cap_mb=cap)
 
 
+@pytest.mark.parametrize("group", [None, "shm", 2])
+def test_something_that_is_not_a_process_group_is_refused_by_name(group):
+    # it failed only at the first reduction, as a raw AttributeError from the comm thread
+    with pytest.raises(DistributedError, match="needs a process group"):
+        DistributedDataParallel(eo.Linear(2, 1, seed=0), group)
+
+
 def test_a_parameter_frozen_after_wrapping_is_not_waited_for():
     # requires_grad turned off after the wrapper was built (fine-tuning a frozen layer): the
     # backward gives it no gradient, so waiting for it would leave the step unaveraged

@@ -158,6 +158,9 @@ class DistributedDataParallel:
         if not callable(getattr(module, "parameters", None)):
             raise DistributedError(f"DistributedDataParallel wraps a Module, got "
                                    f"{type(module).__name__}")
+        if not callable(getattr(group, "all_reduce_mean", None)):
+            raise DistributedError(f"DistributedDataParallel needs a process group (from spawn, "
+                                   f"init, ...), got {type(group).__name__}")
         if bucket_cap_mb is not None and (
                 isinstance(bucket_cap_mb, bool) or not isinstance(bucket_cap_mb, (
                     int, float, np.integer, np.floating)) or not 0 < bucket_cap_mb < float("inf")):

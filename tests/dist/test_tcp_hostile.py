@@ -62,6 +62,38 @@ def test_a_process_with_more_than_1024_open_files_serves_and_runs_collectives():
     assert result.returncode == 0 and "OK" in result.stdout, result.stdout + result.stderr
 
 
+def test_a_moment_without_free_descriptors_does_not_stop_the_rendezvous_for_good():
+    """accept() failing with EMFILE (every descriptor in use while a connection waited) ended
+    the server's accept loop: it still listened, nobody accepted, and every later rank failed
+    its handshake. The loop now waits a moment and goes on."""
+    code = textwrap.dedent('''
+        import os, resource, socket, time
+        resource.setrlimit(resource.RLIMIT_NOFILE,
+                           (200, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+        from everyo.distributed_tcp import TCPRendezvousServer, init_tcp_process_group
+        server = TCPRendezvousServer(world_size=1, token="t" * 16)
+        early = socket.socket()  # its descriptor exists before the shortage
+        ballast = []
+        try:
+            while True:
+                ballast.append(os.open(os.devnull, os.O_RDONLY))
+        except OSError:
+            pass
+        early.connect(("127.0.0.1", server.port))  # accept() needs a descriptor now
+        time.sleep(0.5)
+        for fd in ballast:
+            os.close(fd)
+        early.close()
+        with init_tcp_process_group("127.0.0.1", server.port, rank=0, world_size=1,
+                                    token="t" * 16, timeout=10, handshake_timeout=3):
+            print("OK")
+        server.close()
+    ''')
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=60, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0 and "OK" in result.stdout, result.stdout + result.stderr[-800:]
+
+
 def test_a_silent_connection_to_a_peer_listener_does_not_stall_the_group(monkeypatch):
     """The listener's port is in the clear in the peer table: a stranger can connect first
     and say nothing. Its handshake times out on its own while the real peer gets in."""

@@ -28,7 +28,14 @@ from everyo_dist.backends.tcp.frames import (
 )
 from everyo_dist.backends.tcp.handshakes import PendingHandshakes
 from everyo_dist.backends.tcp.ring import Ring
-from everyo_dist.backends.tcp.sockets import dial, listen, require_token_off_loopback, wrap_tls
+from everyo_dist.backends.tcp.sockets import (
+    ACCEPT_RETRY_SECONDS,
+    accept_failure_passes,
+    dial,
+    listen,
+    require_token_off_loopback,
+    wrap_tls,
+)
 from everyo_dist.backends.tcp.tls import tls_contexts_from_environment
 from everyo_dist.contract import Collective
 from everyo_dist.errors import DistributedError
@@ -252,13 +259,21 @@ class _PeerAcceptor:
 
     def _accept_loop(self) -> None:
         self._listener.settimeout(0.1)
+        failing = False
         while not self._stopped.is_set() and time.monotonic() < self.deadline:
             try:
                 sock, address = self._listener.accept()
             except (TimeoutError, BlockingIOError):
                 continue
-            except OSError:
-                return  # the listener was closed
+            except OSError as exc:
+                if not accept_failure_passes(self._listener, exc):
+                    return  # the listener was closed
+                if not failing:  # once per streak: a shortage may last a while
+                    log.warning("peer listener: accept failed (%s); retrying", exc)
+                failing = True
+                time.sleep(ACCEPT_RETRY_SECONDS)
+                continue
+            failing = False
             self._handshakes.start(sock, address, self._handshake)
 
     def _handshake(self, sock, address, finished) -> None:

@@ -27,7 +27,14 @@ from everyo_dist.backends.tcp.auth import (
 )
 from everyo_dist.backends.tcp.frames import FrameKind, abort_frame, control_frame, read_control
 from everyo_dist.backends.tcp.handshakes import MAX_PENDING_HANDSHAKES, PendingHandshakes
-from everyo_dist.backends.tcp.sockets import listen, require_token_off_loopback, tune, wrap_tls
+from everyo_dist.backends.tcp.sockets import (
+    ACCEPT_RETRY_SECONDS,
+    accept_failure_passes,
+    listen,
+    require_token_off_loopback,
+    tune,
+    wrap_tls,
+)
 from everyo_dist.errors import DistributedError
 
 log = logging.getLogger("everyo.distributed_tcp")
@@ -123,11 +130,20 @@ class TCPRendezvousServer:
 
     # -- serving ---------------------------------------------------------------------------
     def _accept_loop(self) -> None:
+        failing = False
         while not self._closed.is_set():
             try:
                 sock, address = self._listener.accept()
-            except OSError:
-                return  # closed
+            except OSError as exc:
+                if self._closed.is_set() or not accept_failure_passes(self._listener, exc):
+                    return  # closed
+                if not failing:  # once per streak: a shortage may last a while
+                    log.warning("rendezvous %s:%d: accept failed (%s); retrying", self.host,
+                                self.port, exc)
+                failing = True
+                time.sleep(ACCEPT_RETRY_SECONDS)
+                continue
+            failing = False
             self.handshakes.start(sock, address, self._serve)
 
     def _refuse(self, sock: socket.socket, peer: str, reason: str, tell: bool) -> None:

@@ -3,6 +3,7 @@ with retries, optional TLS wrapping."""
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import socket
 import time
@@ -59,6 +60,21 @@ def check_port(port, what: str, listening: bool = False) -> int:
         raise DistributedError(f"{what}: port must be an integer in {lowest}..65535, got "
                                f"{port!r}")
     return int(port)
+
+
+# accept() failures that pass: no descriptor or buffer free right now, or a connection that
+# was reset while it waited in the backlog. The listener itself is fine.
+_PASSING_ACCEPT_ERRORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM,
+                                    errno.ECONNABORTED, errno.EPROTO, errno.EINTR})
+ACCEPT_RETRY_SECONDS = 0.05
+
+
+def accept_failure_passes(listener: socket.socket, exc: OSError) -> bool:
+    """Whether an accept loop should wait ``ACCEPT_RETRY_SECONDS`` and go on after ``exc``
+    rather than stop: True unless the listener was closed or shut down. Stopping on any error
+    let one moment without a free descriptor end a rendezvous server (or a peer listener)
+    for good, and every rank after it failed its handshake."""
+    return listener.fileno() >= 0 and exc.errno in _PASSING_ACCEPT_ERRORS
 
 
 def tune(sock: socket.socket) -> socket.socket:

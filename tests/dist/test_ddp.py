@@ -143,6 +143,29 @@ def test_buckets_are_pytorchs(torch, bucket_cap_mb):
     assert ours == [[len(shapes) - 1 - i for i in bucket] for bucket in reference]
 
 
+@pytest.mark.torch
+@pytest.mark.parametrize("cap, first", [(25 * 1024 * 1024, 1024 * 1024), (1024 * 1024, 8000),
+                                        (4000, 4000)])
+def test_buckets_of_mixed_dtypes_are_pytorchs(torch, cap, first):
+    # PyTorch keeps one open bucket per dtype (each with its own first limit) and orders the
+    # buckets by their first parameter; closing the bucket at every change of dtype gave
+    # alternating float32/float64 parameters one all-reduce each
+    import torch.distributed as tdist
+
+    from everyo_dist.buckets import buckets as _buckets
+
+    specs = [((300, 1000), "float32"), ((1000,), "float64"), ((1000, 10), "float32"),
+             ((10,), "float64"), ((300, 300), "float64"), ((7,), "float32")]
+    params = [eo.Parameter(np.zeros(shape, dtype)) for shape, dtype in specs]
+    ids = [id(p) for p in params]
+    ours = [[ids.index(id(p)) for p in b.params] for b in _buckets(params, cap, first)]
+    assert all(len({p.dtype for p in b.params}) == 1 for b in _buckets(params, cap, first))
+    reference, _ = tdist._compute_bucket_assignment_by_size(
+        [torch.empty(shape, dtype=getattr(torch, dtype)) for shape, dtype in reversed(specs)],
+        [first, cap] if first < cap else [cap])
+    assert ours == [[len(specs) - 1 - i for i in bucket] for bucket in reference]
+
+
 def test_a_parameter_used_only_by_a_later_forward_before_backward_is_averaged():
     from dist_workers import two_forwards_one_backward
 
@@ -265,6 +288,13 @@ def test_a_bucket_cap_that_is_not_a_finite_positive_number_is_refused_by_name(ca
             DistributedDataParallel(eo.Linear(2, 1, seed=0), group, bucket_cap_mb=cap)
 
 
+@pytest.mark.parametrize("group", [None, "shm", 2])
+def test_something_that_is_not_a_process_group_is_refused_by_name(group):
+    # it failed only at the first reduction, as a raw AttributeError from the comm thread
+    with pytest.raises(DistributedError, match="needs a process group"):
+        DistributedDataParallel(eo.Linear(2, 1, seed=0), group)
+
+
 def test_a_parameter_frozen_after_wrapping_is_not_waited_for():
     # requires_grad turned off after the wrapper was built (fine-tuning a frozen layer): the
     # backward gives it no gradient, so waiting for it would leave the step unaveraged
@@ -382,6 +412,48 @@ def test_a_large_weight_the_forward_does_not_use_is_averaged_as_zeros():
             assert not model.wide.weight.grad.any() and model.head.weight.grad.any()
         finally:
             ddp.close()
+
+
+def test_a_parameter_unfrozen_after_wrapping_is_refused_not_left_unaveraged():
+    # frozen when the wrapper was built: no hook, no bucket. Unfrozen later (fine-tuning in
+    # stages), its gradient stayed each rank's own and the ranks' weights drifted apart
+    with init(backend="shm", rank=0, world_size=1) as group:
+        model = eo.Sequential(eo.Linear(2, 2, seed=0), eo.Linear(2, 1, seed=1))
+        model[0].weight.requires_grad = False
+        ddp = DistributedDataParallel(model, group)
+        try:
+            model[0].weight.requires_grad = True
+            with pytest.raises(DistributedError, match=r"0\.weight .*not be averaged"):
+                ddp(eo.ones((3, 2)))
+        finally:
+            ddp.close()
+
+
+def test_calling_the_module_instead_of_the_wrapper_is_refused_from_the_first_step():
+    # before the wrapper's first forward the hooks let such a backward through, so a loop
+    # that called model(x) after wrapping never averaged anything, without a word
+    with init(backend="shm", rank=0, world_size=1) as group:
+        model = eo.Linear(2, 1, seed=0)
+        ddp = DistributedDataParallel(model, group)
+        try:
+            with pytest.raises(DistributedError, match="without a forward through the wrapper"):
+                model(eo.ones((3, 2))).sum().backward()
+            with ddp.no_sync():  # accumulation before the first synchronised step is fine
+                ddp(eo.ones((3, 2))).sum().backward()
+        finally:
+            ddp.close()
+
+
+def test_the_wrapper_refuses_to_run_after_close():
+    # close() removes the hooks: a forward and backward through the wrapper afterwards left
+    # the gradients unaveraged without a word
+    with init(backend="shm", rank=0, world_size=1) as group:
+        ddp = DistributedDataParallel(eo.Linear(2, 1, seed=0), group)
+        ddp(eo.ones((3, 2))).sum().backward()
+        ddp.close()
+        with pytest.raises(DistributedError, match="after close"):
+            ddp(eo.ones((3, 2)))
+        ddp.close()  # a second close is harmless
 
 
 def test_a_weight_bucket_leaves_before_its_layer_computes_the_input_gradient(monkeypatch):

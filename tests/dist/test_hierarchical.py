@@ -72,6 +72,19 @@ def test_a_killed_rank_fails_every_rank_quickly_and_leaves_no_shared_memory(tmp_
     assert all("PeerLostError" in error for error in errors), errors
 
 
+def test_a_broken_link_on_the_leaders_ring_names_group_ranks_not_ring_positions(tmp_path,
+                                                                              clean_shm):
+    # machines {0, 1}, {2}, {3}: ring positions 0, 1, 2 are ranks 0, 2, 3. Rank 3 dies; rank 0
+    # said "the link between rank 0 and rank 2 broke. Most likely rank 2's process died"
+    # (positions), blaming a rank that was alive
+    procs, outputs, _ = _run("kill", [0, 1, 0, 0], tmp_path, timeout=60)
+    assert procs[3].returncode == -signal.SIGKILL, outputs
+    error = (tmp_path / "rank0.err").read_text().strip().splitlines()[-1]
+    assert "rank 3 was lost" in error, error
+    assert "between rank 0 (127.0.0.1) and rank 3 (127.0.0.1)" in error, error
+    assert "Most likely rank 3's process died" in error and "rank 2" not in error, error
+
+
 def test_a_leader_dying_before_it_creates_its_machines_segment_fails_the_job_quickly(
         tmp_path, clean_shm):
     procs, outputs, seconds = _run("die_before_segment", [0, 1, 0, 1], tmp_path, timeout=60)

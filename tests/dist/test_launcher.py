@@ -118,6 +118,22 @@ def test_several_nodes_require_a_master_and_a_token_file(tmp_path):
     assert "--master" in done.stderr and "--token-file" in done.stderr
 
 
+def test_a_master_port_outside_1_to_65535_is_refused(tmp_path):
+    # (the resolver would take 99999 as 34463)
+    done, _ = _run(["--master", "127.0.0.1:99999", tmp_path / "x.py"], timeout=30)
+    assert done.returncode == 2 and "port in 1..65535" in done.stderr, done.stderr
+
+
+def test_a_master_port_in_use_is_one_line_naming_it_not_a_traceback(tmp_path):
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        port = busy.getsockname()[1]
+        done, _ = _run(["--master", f"127.0.0.1:{port}", tmp_path / "x.py"], timeout=30)
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1, \
+        done.stderr
+    assert done.stderr.startswith(f"everyo-run: cannot listen on 127.0.0.1:{port}:"), done.stderr
+
+
 def test_terminating_the_launcher_stops_every_rank(tmp_path):
     script = tmp_path / "sleep.py"
     script.write_text("import os, sys, time\nimport everyo.distributed as dist\n"

@@ -21,7 +21,11 @@ from everyo.distributed_tcp import TCPRendezvousServer, init_tcp_process_group
 from everyo_dist.backends.tcp import group as tcp_group
 from everyo_dist.backends.tcp.auth import connect_handshake, token_key
 from everyo_dist.backends.tcp.frames import (
+    CONTROL_LIMIT,
+    HEADER_SIZE,
+    MAX_REASON_CHARS,
     FrameKind,
+    abort_frame,
     ProtocolError,
     control_frame,
     decode_control,
@@ -56,6 +60,38 @@ def test_a_process_with_more_than_1024_open_files_serves_and_runs_collectives():
     if result.stdout.startswith("SKIP"):
         pytest.skip(result.stdout)
     assert result.returncode == 0 and "OK" in result.stdout, result.stdout + result.stderr
+
+
+def test_a_moment_without_free_descriptors_does_not_stop_the_rendezvous_for_good():
+    """accept() failing with EMFILE (every descriptor in use while a connection waited) ended
+    the server's accept loop: it still listened, nobody accepted, and every later rank failed
+    its handshake. The loop now waits a moment and goes on."""
+    code = textwrap.dedent('''
+        import os, resource, socket, time
+        resource.setrlimit(resource.RLIMIT_NOFILE,
+                           (200, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+        from everyo.distributed_tcp import TCPRendezvousServer, init_tcp_process_group
+        server = TCPRendezvousServer(world_size=1, token="t" * 16)
+        early = socket.socket()  # its descriptor exists before the shortage
+        ballast = []
+        try:
+            while True:
+                ballast.append(os.open(os.devnull, os.O_RDONLY))
+        except OSError:
+            pass
+        early.connect(("127.0.0.1", server.port))  # accept() needs a descriptor now
+        time.sleep(0.5)
+        for fd in ballast:
+            os.close(fd)
+        early.close()
+        with init_tcp_process_group("127.0.0.1", server.port, rank=0, world_size=1,
+                                    token="t" * 16, timeout=10, handshake_timeout=3):
+            print("OK")
+        server.close()
+    ''')
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=60, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0 and "OK" in result.stdout, result.stdout + result.stderr[-800:]
 
 
 def test_a_silent_connection_to_a_peer_listener_does_not_stall_the_group(monkeypatch):
@@ -135,6 +171,20 @@ def test_a_valid_abort_frame_still_relays_its_reason():
     assert "rank 0 failed" in str(error)
 
 
+def test_an_abort_reason_as_long_as_a_frame_allows_is_relayed_not_replaced():
+    """The relaying rank prefixes the reason it received; its own ABORT must still fit in a
+    control frame (it raised "ABORT message too large" instead, lost the reason, left its
+    sockets open and told the next rank nothing)."""
+    reason = "x" * (CONTROL_LIMIT - 100)
+    error = _forged_abort_reaches_rank_1(
+        b'{"message": "' + reason.encode() + b'", "error": "DistributedError", "origin": 0}')
+    assert type(error) is DistributedError and "rank 0 failed: xxxx" in str(error), \
+        str(error)[:200]
+    frame = abort_frame({"message": str(error) + "\u00e9" * CONTROL_LIMIT, "origin": 1})
+    shortened = decode_control(frame[HEADER_SIZE:])["message"]
+    assert shortened.startswith(str(error)[:MAX_REASON_CHARS]) and "more characters" in shortened
+
+
 def test_control_payloads_are_bounded_in_size_and_depth():
     assert decode_control(b'{"peers": [["127.0.0.1", 5]]}') == {"peers": [["127.0.0.1", 5]]}
     with pytest.raises(ProtocolError, match="nests deeper"):
@@ -196,6 +246,34 @@ def test_a_malformed_peer_table_is_a_distributed_error_naming_it(document):
     assert "peer table" in str(error), str(error)
 
 
+@pytest.mark.parametrize("reset", [False, True], ids=["closed", "reset"])
+def test_a_rendezvous_that_hangs_up_after_the_handshake_is_a_distributed_error(reset):
+    """A server stopped (or one that dropped this registration) after authenticating the rank:
+    init_tcp_process_group raised a raw ConnectionError / ConnectionResetError."""
+    from everyo_dist.backends.tcp.auth import accept_handshake
+
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def hanging_up_server():
+        sock, _ = listener.accept()
+        accept_handshake(sock, token_key(TOKEN), 5)
+        read_control(sock, time.monotonic() + 5, FrameKind.REGISTER)
+        if reset:  # SO_LINGER 0: close sends RST
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, bytes([1, 0, 0, 0, 0, 0, 0, 0]))
+        sock.close()
+
+    thread = threading.Thread(target=hanging_up_server, daemon=True)
+    thread.start()
+    try:
+        with pytest.raises(DistributedError, match="closed the connection before sending the "
+                                                   "peer table"):
+            init_tcp_process_group("127.0.0.1", listener.getsockname()[1], rank=0,
+                                   world_size=2, token=TOKEN, timeout=10)
+    finally:
+        thread.join(5)
+        listener.close()
+
+
 def test_a_flood_of_silent_connections_is_capped_and_the_group_still_forms():
     """300 loopback connections that never speak: the server runs at most
     MAX_PENDING_HANDSHAKES handshake threads (cutting off the oldest silent ones), and two
@@ -230,3 +308,72 @@ def test_a_flood_of_silent_connections_is_capped_and_the_group_still_forms():
         np.testing.assert_array_equal(mean, np.full(3, 0.5, np.float32))
     assert elapsed < 8, f"the flood held the group up for {elapsed:.1f}s"
     assert len(server.refusals) <= KEPT_REFUSALS < flood_size  # the log of refusals is bounded
+
+
+def _tcp_pair():
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        client = socket.create_connection(listener.getsockname())
+        server, _ = listener.accept()
+    return client, server
+
+
+@pytest.mark.parametrize("cut", [0, 10, 30, 100, 2000])
+def test_a_rank_failing_part_way_through_a_frame_header_relays_its_reason(cut):
+    """abort() padded the unsent rest of a frame with zeros, header included: the next rank
+    read zeros as the sender's fingerprint and raised a CollectiveMismatchError (a false
+    call-order diagnosis) or 'bad frame magic' instead of relaying the reason. ``cut`` bytes
+    of the frame had left when the sender gave up (0: its send would have blocked)."""
+    from everyo_dist.backends.tcp.progress import Outgoing
+    from everyo_dist.backends.tcp.ring import Ring
+    from everyo_dist.contract import Collective
+    from everyo_dist.fingerprint import CollectiveOp, Fingerprint
+
+    (a_send, a_recv), (b_send, b_recv) = _tcp_pair(), _tcp_pair()
+    data = np.ones(1000, np.float32)
+    fingerprint = Fingerprint.of(0, CollectiveOp.ALL_REDUCE_SUM, data)
+    sender, receiver = Ring(0, 2, a_send, b_recv), Ring(1, 2, b_send, a_recv)
+    for ring in (sender, receiver):
+        ring.call = Collective(ring.rank, 2, 10.0, time.monotonic() + 10, fingerprint)
+    frame = Outgoing([(0, data, None)], fingerprint.pack())
+    wire = b"".join(bytes(view) for view in frame.views())
+    a_send.setblocking(True)
+    a_send.sendall(wire[:cut])
+    frame.advance(cut)
+    sender._outgoing = frame  # what pump leaves for abort() when a send fails part way
+    sender.abort(DistributedError("disk full"))
+    try:
+        with pytest.raises(DistributedError) as failure:
+            receiver.transfer(0, None, np.empty(1000, np.float32))
+    finally:
+        receiver.close()
+    assert type(failure.value) is DistributedError, repr(failure.value)
+    assert "rank 0 failed: disk full" in str(failure.value), str(failure.value)
+
+
+def test_a_port_above_65535_is_refused_not_wrapped_onto_another_server():
+    """The resolver takes port 99999 modulo 65536: a rank asking for 99999 joined whatever
+    rendezvous listened on 34463 (another job's, with the same token file). Negative ports
+    retried "service not supported" until the timeout; the server raised a bare OverflowError."""
+    with TCPRendezvousServer("127.0.0.1", 0, world_size=1, token=TOKEN) as server:
+        wrapped = server.port + 65536
+        started = time.monotonic()
+        for port in (wrapped, -1, 0):
+            with pytest.raises(DistributedError, match=rf"port must be an integer in 1\.\.65535, "
+                                                       rf"got {port}"):
+                init_tcp_process_group("127.0.0.1", port, rank=0, world_size=1, token=TOKEN,
+                                       timeout=30)
+        assert time.monotonic() - started < 5  # refused up front, not retried to the timeout
+    for port in (70000, -1, "x", True):
+        with pytest.raises(DistributedError, match="port must be an integer in 0..65535"):
+            TCPRendezvousServer("127.0.0.1", port, world_size=1, token=TOKEN)
+
+
+@pytest.mark.parametrize("seconds", [float("inf"), float("nan"), -1, 0, "x"])
+def test_a_handshake_timeout_that_is_not_a_positive_number_is_refused_by_name(seconds):
+    # socket timeouts raised bare OverflowError / ValueError for these (0 only failed later,
+    # as an "authentication handshake did not complete" that blamed the peer)
+    with pytest.raises(DistributedError, match="handshake_timeout must be a positive number"):
+        TCPRendezvousServer("127.0.0.1", 0, world_size=1, token=TOKEN, handshake_timeout=seconds)
+    with pytest.raises(DistributedError, match="handshake_timeout must be a positive number"):
+        init_tcp_process_group("127.0.0.1", 1, rank=0, world_size=1, token=TOKEN, timeout=5,
+                               handshake_timeout=seconds)

@@ -15,9 +15,14 @@ is two settings, applied when ``everyo`` is imported:
   mapped rather than being returned to the kernel.
 
 The cost: a process's resident memory stays near its high-water mark instead of shrinking
-between steps (it never exceeds what the process used at its peak). Nothing is changed when
-the interpreter does not run on glibc, when ``EVERYO_MALLOC_TUNING=0``, or when the user already
-tunes malloc (``MALLOC_*_`` variables or ``glibc.malloc`` tunables in ``GLIBC_TUNABLES``).
+between steps, and fragmentation can take it above what the process ever had in use: a freed
+block below one still in use is neither returned to the kernel nor big enough for a larger
+array (10 MiB freed under a kept 1 MiB array, then an 11 MiB one: 21.8 MiB resident for 12 MiB
+in use, 12.0 MiB untuned). Nothing is changed when the interpreter does not run on glibc, when
+``EVERYO_MALLOC_TUNING=0``, or when the user already sets the thresholds or padding
+(``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_``, ``MALLOC_TOP_PAD_``,
+``MALLOC_MMAP_MAX_``, or ``glibc.malloc`` tunables in ``GLIBC_TUNABLES``); other ``MALLOC_*``
+variables (``MALLOC_ARENA_MAX``, ``MALLOC_PERTURB_``, ...) keep their effect and do not stop it.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """How ``DistributedDataParallel`` groups gradients for all-reduce: buckets, cut into segments.
 
-A **bucket** is a run of parameters of one dtype, in reverse registration order, closed with
+A **bucket** is a group of parameters of one dtype, in reverse registration order, closed with
 PyTorch's rule (:func:`buckets`); its averaged gradients live in one vector, of which each
 ``.grad`` becomes a view. A bucket is all-reduced as a sequence of **segments**, contiguous
 pieces of that vector, each in one collective as soon as it is final:
@@ -144,25 +144,25 @@ def segments(buckets_: list[Bucket]) -> list[Segment]:
 
 def buckets(params: list, cap_bytes: int,
             first_cap_bytes: int = FIRST_BUCKET_BYTES) -> list[Bucket]:
-    """Reverse registration order. As in PyTorch, a bucket closes once it holds at least its
-    limit (``first_cap_bytes`` for the first, ``cap_bytes`` after), and wherever the dtype
-    changes: a gradient larger than the limit closes the bucket it joins, so it never waits
-    for the next parameter."""
-    found, current, size = [], [], 0
-
-    def close() -> None:
-        nonlocal current, size
-        found.append(Bucket(len(found), [p for p, _ in current], current[0][1]))
-        current, size = [], 0
-
+    """PyTorch's ``compute_bucket_assignment_by_size``: in reverse registration order each
+    parameter joins the open bucket of its gradient's dtype, which closes once it holds at
+    least its limit (``first_cap_bytes`` for that dtype's first bucket, ``cap_bytes`` after):
+    a gradient larger than the limit closes the bucket it joins, so it never waits for the
+    next parameter. The buckets then go out in the order of the first parameter each holds
+    (PyTorch sorts them by their smallest index), so parameters of two dtypes that alternate
+    share two buckets, not one bucket each."""
+    closed: list[tuple[list, np.dtype]] = []
+    open_buckets: dict[np.dtype, tuple[list, int]] = {}  # dtype -> (params, closed so far)
+    sizes: dict[np.dtype, int] = {}
     for param in reversed(params):
         dtype = (param.grad if param.grad is not None else param.data).dtype
-        if current and current[0][1] != dtype:
-            close()
-        current.append((param, dtype))
-        size += param.data.nbytes
-        if size >= (first_cap_bytes if not found else cap_bytes):
-            close()
-    if current:
-        close()
-    return found
+        members, count = open_buckets.setdefault(dtype, ([], 0))
+        members.append(param)
+        sizes[dtype] = sizes.get(dtype, 0) + param.data.nbytes
+        if sizes[dtype] >= (first_cap_bytes if count == 0 else cap_bytes):
+            closed.append((members, dtype))
+            open_buckets[dtype], sizes[dtype] = ([], count + 1), 0
+    closed += [(members, dtype) for dtype, (members, _) in open_buckets.items() if members]
+    position = {id(p): i for i, p in enumerate(reversed(params))}
+    closed.sort(key=lambda bucket: position[id(bucket[0][0])])
+    return [Bucket(index, members, dtype) for index, (members, dtype) in enumerate(closed)]

@@ -93,6 +93,9 @@ class DistributedDataParallel:
         if not callable(getattr(module, "parameters", None)):
             raise DistributedError(f"DistributedDataParallel wraps a Module, got "
                                    f"{type(module).__name__}")
+        if not callable(getattr(group, "all_reduce_mean", None)):
+            raise DistributedError(f"DistributedDataParallel needs a process group (from spawn, "
+                                   f"init, ...), got {type(group).__name__}")
         if bucket_cap_mb is not None and (
                 isinstance(bucket_cap_mb, bool) or not isinstance(bucket_cap_mb, (
                     int, float, np.integer, np.floating)) or not 0 < bucket_cap_mb < float("inf")):
@@ -102,7 +105,10 @@ class DistributedDataParallel:
         self.bucket_cap_mb = bucket_cap_mb
         self._params = [p for p in module.parameters() if p.requires_grad]
         self._by_id = {id(p): p for p in self._params}
-        self._names = {id(p): name for name, p in module.named_parameters()}
+        named = list(module.named_parameters())
+        self._names = {id(p): name for name, p in named}
+        self._all = {id(p): p for _, p in named}  # frozen ones too: see _arm
+        self._closed = False
         cap = DEFAULT_BUCKET_CAP_MB if bucket_cap_mb is None else bucket_cap_mb
         self._cap = int(cap * 1024 * 1024)
         self._first_cap = FIRST_BUCKET_BYTES if bucket_cap_mb is None else self._cap
@@ -135,6 +141,11 @@ class DistributedDataParallel:
     def forward(self, *args, **kwargs):
         """Run the module; the backward that follows averages its gradients (unless inside
         :meth:`no_sync`)."""
+        if self._closed:
+            raise DistributedError(
+                "DistributedDataParallel: called after close(): its hooks are removed and its "
+                "communication thread stopped, so backward would leave this rank's gradients "
+                "unaveraged; build a new wrapper")
         if self._armed and self._started and is_grad_enabled():
             raise self._unfinished()
         output = self.module(*args, **kwargs)
@@ -172,6 +183,7 @@ class DistributedDataParallel:
 
     def close(self) -> None:
         """Remove the hooks and stop the communication thread."""
+        self._closed = True
         for handle in self._handles:
             handle.remove()
         self._handles = []
@@ -188,6 +200,17 @@ class DistributedDataParallel:
             for segment in self._segments:
                 for p in segment.params:
                     self._segments_of.setdefault(id(p), []).append(segment)
+        reached = _reachable_parameters(outputs, self._all)
+        unwrapped = reached - self._by_id.keys()
+        if unwrapped:
+            # NOTE: a parameter frozen when the wrapper was built has no hook and no bucket:
+            # its gradient would stay this rank's own, silently different on every rank
+            names = sorted(self._names[key] for key in unwrapped)
+            raise DistributedError(
+                f"DistributedDataParallel: {', '.join(names)} now require(s) a gradient but "
+                f"did not when the wrapper was built, so its gradient would not be averaged; "
+                f"build the wrapper after unfreezing (or keep requires_grad on and exclude "
+                f"the parameter from the optimizer)")
         self._accumulating = False
         if not self._armed:
             self._armed, self._next_launch, self._error = True, 0, None
@@ -199,7 +222,7 @@ class DistributedDataParallel:
         # NOTE: the union over every forward since the last reduction. Only parameter ids are
         # kept, never the outputs: a forward whose backward never comes must not keep its
         # graph (activations included) alive.
-        self._expected |= _reachable_parameters(outputs, self._by_id)
+        self._expected |= reached
         for segment in self._segments:
             segment.pending = {id(p) for p in segment.params if id(p) in self._expected}
         # NOTE: no segment is launched before backward starts: another forward through the
@@ -209,12 +232,14 @@ class DistributedDataParallel:
 
     def _on_grad_ready(self, param) -> None:
         if not self._armed:
-            if not self._accumulating and self._buckets is not None:
+            # NOTE: also before the wrapper's first forward: calling the module itself instead
+            # of the wrapper must not train unaveraged
+            if not self._accumulating:
                 raise DistributedError(
                     "DistributedDataParallel: a backward reached the wrapped module's "
                     "parameters without a forward through the wrapper (or a second backward "
                     "through the same forward); call the wrapper, once per backward")
-            return  # a forward inside no_sync, or none yet: plain accumulation
+            return  # a forward inside no_sync: plain accumulation
         self._started = True
         key = id(param)
         if key in self._in_rows:  # (its first rows may have left already: this backward's)
@@ -234,7 +259,7 @@ class DistributedDataParallel:
         (The last rows are left to the post-accumulate hook that follows at once: it may be
         the step's last parameter, whose segments are reduced on this thread.)"""
         if not self._armed or stop == param.data.shape[0]:
-            return  # (a forward inside no_sync: plain accumulation)
+            return  # (no_sync, or no forward through the wrapper: its post-accumulate hook says)
         self._started = True
         key = id(param)
         if start == 0:

@@ -79,8 +79,9 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
                      "(the same on every node)")
     if args.master is not None:
         host, _, port = args.master.rpartition(":")
-        if not host or not port.isdigit():
-            parser.error(f"--master must be HOST:PORT, got {args.master!r}")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            parser.error(f"--master must be HOST:PORT with a port in 1..65535, got "
+                         f"{args.master!r}")
         args.master_host, args.master_port = host.strip("[]"), int(port)
     return args
 
@@ -299,7 +300,11 @@ def main(argv: list[str] | None = None) -> int:
     """Console entry point of ``everyo-run``."""
     args = parse_arguments(argv)
     signal.signal(signal.SIGTERM, _interrupt)  # a terminated launcher stops its ranks too
-    sys.exit(run(args))
+    try:
+        status = run(args)
+    except DistributedError as exc:  # the job could not be set up (a busy --master port, ...)
+        raise SystemExit(f"everyo-run: {exc}") from None
+    sys.exit(status)
 
 
 if __name__ == "__main__":

@@ -352,7 +352,8 @@ def create_hierarchical_group(rank: int, world_size: int, local_rank: int | None
             to_next, from_prev = _connect_ring(
                 machines.index(machine), len(machines), peers, listener, token_key(token),
                 joining.deadline, handshake_timeout, client_context, server_context)
-            leaders = Ring(machines.index(machine), len(machines), to_next, from_prev)
+            leaders = Ring(machines.index(machine), len(machines), to_next, from_prev,
+                           ranks=[m.start for m in machines])
         shm = None
         if len(machine) > 1:
             check_store_ordering(len(machine))

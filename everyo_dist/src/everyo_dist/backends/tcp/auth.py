@@ -19,6 +19,7 @@ import time
 
 from everyo_dist.backends.tcp.frames import ProtocolError, recv_exact
 from everyo_dist.errors import DistributedError
+from everyo_dist.group import MAX_TIMEOUT
 
 NONCE_SIZE = 32
 DIGEST_SIZE = 32
@@ -28,6 +29,24 @@ _VERDICT = struct.Struct(f"<B{DIGEST_SIZE}s")          # accepting side: accepte
 HELLO_MAGIC, ANSWER_MAGIC = b"EOTH", b"EOTA"
 VERSION = 1
 DEFAULT_HANDSHAKE_TIMEOUT = 10.0
+
+
+def check_handshake_timeout(value) -> float:
+    """``handshake_timeout`` as a positive, finite number of seconds, else a DistributedError
+    (socket timeouts refuse inf, NaN and negatives with bare OverflowError/ValueError).
+
+    Example:
+        >>> check_handshake_timeout(10)
+        10.0
+    """
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = float("nan")
+    if isinstance(value, bool) or not 0 < seconds <= MAX_TIMEOUT:
+        raise DistributedError(f"handshake_timeout must be a positive number of seconds, at "
+                               f"most {MAX_TIMEOUT:g}, got {value!r}")
+    return seconds
 
 
 class AuthenticationError(DistributedError):

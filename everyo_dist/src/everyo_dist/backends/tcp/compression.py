@@ -4,8 +4,9 @@ A float32/float64 vector is rounded to ``float16`` or ``bfloat16`` before it lea
 reduced in float64 as always, and the result travels back in the same narrow dtype before it is
 widened to the caller's dtype: half (float32) or a quarter (float64) of the bytes, as Horovod's
 ``Compression.fp16`` does. The cost is accuracy, paid twice (each rank's input and the result
-are rounded): float16 keeps 11 significant bits (relative error up to 2**-11, about 5e-4, and
-values above 65504 overflow to inf, so it suits gradients, not sums of large numbers);
+are rounded): float16 keeps 11 significant bits (relative error up to 2**-11, about 5e-4, down
+to its smallest normal value 6.1e-5; below that the error is up to 2**-25 absolute per
+rounding, so values under 3e-8 arrive as 0; values above 65504 overflow to inf);
 bfloat16 keeps float32's range but only 8 significant bits (about 4e-3). Every rank still
 receives the same bits. The exact float64 path stays the default.
 """

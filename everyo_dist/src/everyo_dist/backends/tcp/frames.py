@@ -155,6 +155,28 @@ def control_frame(kind: FrameKind, document: dict) -> bytes:
     return pack_header(kind, "uint8", len(payload)) + payload
 
 
+#: The longest ABORT reason sent, in characters: JSON may spell a character in up to 12 bytes
+#: (a surrogate pair), so a reason this long always fits in ``CONTROL_LIMIT``.
+MAX_REASON_CHARS = 4096
+
+
+def abort_frame(document: dict) -> bytes:
+    """A whole ABORT frame for ``document``, its ``message`` shortened to ``MAX_REASON_CHARS``:
+    a reason relayed from a peer may already be as long as a frame allows, and the prefix a
+    relaying rank adds must not make its own ABORT unsendable.
+
+    Example:
+        >>> len(abort_frame({"message": "x" * CONTROL_LIMIT})) < HEADER_SIZE + CONTROL_LIMIT
+        True
+    """
+    message = document.get("message")
+    if isinstance(message, str) and len(message) > MAX_REASON_CHARS:
+        cut = len(message) - MAX_REASON_CHARS
+        document = {**document, "message": f"{message[:MAX_REASON_CHARS]} [... {cut} more "
+                                           f"characters]"}
+    return control_frame(FrameKind.ABORT, document)
+
+
 def parse_control(header: FrameHeader, payload: bytes, expected: FrameKind) -> dict:
     """Decode a control frame's JSON payload, refusing anything but an object of ``expected``."""
     if header.kind == FrameKind.ABORT and expected != FrameKind.ABORT:

@@ -14,6 +14,7 @@ from everyo_dist.backends.tcp.auth import (
     DEFAULT_HANDSHAKE_TIMEOUT,
     AuthenticationError,
     accept_handshake,
+    check_handshake_timeout,
     connect_handshake,
     token_key,
 )
@@ -27,7 +28,14 @@ from everyo_dist.backends.tcp.frames import (
 )
 from everyo_dist.backends.tcp.handshakes import PendingHandshakes
 from everyo_dist.backends.tcp.ring import Ring
-from everyo_dist.backends.tcp.sockets import dial, listen, require_token_off_loopback, wrap_tls
+from everyo_dist.backends.tcp.sockets import (
+    ACCEPT_RETRY_SECONDS,
+    accept_failure_passes,
+    dial,
+    listen,
+    require_token_off_loopback,
+    wrap_tls,
+)
 from everyo_dist.backends.tcp.tls import tls_contexts_from_environment
 from everyo_dist.contract import Collective
 from everyo_dist.errors import DistributedError
@@ -138,6 +146,7 @@ def init_tcp_process_group(host: str, port: int, *, rank: int, world_size: int,
         [1. 2.]
     """
     rank, world_size, timeout = check_membership(rank, world_size, timeout)
+    handshake_timeout = check_handshake_timeout(handshake_timeout)
     wire = wire_dtype_of(wire_dtype)
     if (ssl_context is None) != (server_ssl_context is None) and world_size > 1:
         raise DistributedError("TLS between ranks needs both ssl_context (outgoing) and "
@@ -145,17 +154,17 @@ def init_tcp_process_group(host: str, port: int, *, rank: int, world_size: int,
     key = token_key(token)
     deadline = time.monotonic() + timeout
     where = f"the rendezvous server {host}:{port}"
-    server = dial(host, int(port), deadline, "the rendezvous server")
+    server = dial(host, port, deadline, "the rendezvous server")
     try:
         server = wrap_tls(server, ssl_context, False, handshake_timeout, where, host)
         connect_handshake(server, key, handshake_timeout, where)
         local_host = server.getsockname()[0]
         require_token_off_loopback(local_host, token, f"rank {rank}'s peer listener")
         listener = listen(local_host, 0)
-        server.sendall(control_frame(FrameKind.REGISTER, {
-            "rank": int(rank), "world_size": int(world_size),
-            "port": listener.getsockname()[1]}))
         try:
+            server.sendall(control_frame(FrameKind.REGISTER, {
+                "rank": int(rank), "world_size": int(world_size),
+                "port": listener.getsockname()[1]}))
             peers = check_peer_table(read_control(server, deadline, FrameKind.PEERS),
                                      world_size)
         except TimeoutError:
@@ -169,6 +178,11 @@ def init_tcp_process_group(host: str, port: int, *, rank: int, world_size: int,
         except DistributedError as exc:
             listener.close()
             raise DistributedError(f"rank {rank}: {where} refused the registration: {exc}") from None
+        except OSError as exc:  # closed or reset after the handshake: stopped, or dropped us
+            listener.close()
+            raise DistributedError(f"rank {rank}: {where} closed the connection before sending "
+                                   f"the peer table ({exc}); was it stopped, or did it drop "
+                                   f"this registration (see its log)?") from None
     finally:
         server.close()
     if world_size == 1:
@@ -245,13 +259,21 @@ class _PeerAcceptor:
 
     def _accept_loop(self) -> None:
         self._listener.settimeout(0.1)
+        failing = False
         while not self._stopped.is_set() and time.monotonic() < self.deadline:
             try:
                 sock, address = self._listener.accept()
             except (TimeoutError, BlockingIOError):
                 continue
-            except OSError:
-                return  # the listener was closed
+            except OSError as exc:
+                if not accept_failure_passes(self._listener, exc):
+                    return  # the listener was closed
+                if not failing:  # once per streak: a shortage may last a while
+                    log.warning("peer listener: accept failed (%s); retrying", exc)
+                failing = True
+                time.sleep(ACCEPT_RETRY_SECONDS)
+                continue
+            failing = False
             self._handshakes.start(sock, address, self._handshake)
 
     def _handshake(self, sock, address, finished) -> None:

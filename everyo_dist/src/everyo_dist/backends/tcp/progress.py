@@ -62,11 +62,12 @@ class Outgoing:
         if not len(self.trailer):
             self.index, self.header = self.index + 1, None
 
-    def unsent(self) -> tuple[int, int]:
-        """(header + payload bytes, trailer bytes) of the current frame not yet sent."""
+    def unsent(self) -> tuple[bytes, int, int]:
+        """(the rest of the header, payload bytes, trailer bytes) of the current frame not
+        yet sent."""
         if self.header is None:
-            return 0, 0
-        return len(self.header) + len(self.payload) - self.sent, len(self.trailer)
+            return b"", 0, 0
+        return bytes(self.header), len(self.payload) - self.sent, len(self.trailer)
 
 
 class Incoming:

@@ -19,10 +19,22 @@ import threading
 import time
 from collections import deque
 
-from everyo_dist.backends.tcp.auth import DEFAULT_HANDSHAKE_TIMEOUT, accept_handshake, token_key
-from everyo_dist.backends.tcp.frames import FrameKind, control_frame, read_control
+from everyo_dist.backends.tcp.auth import (
+    DEFAULT_HANDSHAKE_TIMEOUT,
+    accept_handshake,
+    check_handshake_timeout,
+    token_key,
+)
+from everyo_dist.backends.tcp.frames import FrameKind, abort_frame, control_frame, read_control
 from everyo_dist.backends.tcp.handshakes import MAX_PENDING_HANDSHAKES, PendingHandshakes
-from everyo_dist.backends.tcp.sockets import listen, require_token_off_loopback, tune, wrap_tls
+from everyo_dist.backends.tcp.sockets import (
+    ACCEPT_RETRY_SECONDS,
+    accept_failure_passes,
+    listen,
+    require_token_off_loopback,
+    tune,
+    wrap_tls,
+)
 from everyo_dist.errors import DistributedError
 
 log = logging.getLogger("everyo.distributed_tcp")
@@ -73,7 +85,7 @@ class TCPRendezvousServer:
             raise DistributedError(f"world_size must be at least 1, got {world_size}")
         require_token_off_loopback(host, token, "the rendezvous server")
         self.host, self.world_size = host, int(world_size)
-        self.handshake_timeout = float(handshake_timeout)
+        self.handshake_timeout = check_handshake_timeout(handshake_timeout)
         # (peer address, reason) of the latest refusals, for diagnostics
         self.refusals: deque[tuple[str, str]] = deque(maxlen=KEPT_REFUSALS)
         self._key = token_key(token)
@@ -118,11 +130,20 @@ class TCPRendezvousServer:
 
     # -- serving ---------------------------------------------------------------------------
     def _accept_loop(self) -> None:
+        failing = False
         while not self._closed.is_set():
             try:
                 sock, address = self._listener.accept()
-            except OSError:
-                return  # closed
+            except OSError as exc:
+                if self._closed.is_set() or not accept_failure_passes(self._listener, exc):
+                    return  # closed
+                if not failing:  # once per streak: a shortage may last a while
+                    log.warning("rendezvous %s:%d: accept failed (%s); retrying", self.host,
+                                self.port, exc)
+                failing = True
+                time.sleep(ACCEPT_RETRY_SECONDS)
+                continue
+            failing = False
             self.handshakes.start(sock, address, self._serve)
 
     def _refuse(self, sock: socket.socket, peer: str, reason: str, tell: bool) -> None:
@@ -131,7 +152,7 @@ class TCPRendezvousServer:
         if tell:
             try:
                 sock.settimeout(1.0)
-                sock.sendall(control_frame(FrameKind.ABORT, {"message": reason}))
+                sock.sendall(abort_frame({"message": reason}))
             except OSError:
                 pass
         sock.close()

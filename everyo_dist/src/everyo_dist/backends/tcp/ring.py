@@ -31,8 +31,8 @@ from everyo_dist.backends.tcp.frames import (
     VERSION,
     FrameKind,
     ProtocolError,
+    abort_frame,
     check_abort_document,
-    control_frame,
     decode_control,
     recv_exact,
     split_header,
@@ -90,13 +90,18 @@ class Ring:
         size: the group's size (at least 2).
         to_next: connected, authenticated socket to rank ``(rank + 1) % size``.
         from_prev: connected, authenticated socket from rank ``(rank - 1) % size``.
+        ranks: the group rank of each ring position, for messages, when the ring is a
+            sub-group (the leaders' ring of ``tcp_hierarchical``); by default position = rank.
 
     Before each collective the transport sets :attr:`call` to the running
     :class:`~everyo_dist.contract.Collective` (its fingerprint, deadline and error builders).
     """
 
-    def __init__(self, rank: int, size: int, to_next, from_prev):
+    def __init__(self, rank: int, size: int, to_next, from_prev, ranks=None):
         self.rank, self.size = rank, size
+        # NOTE: errors built by the call (call.peer_lost_error, ...) map positions themselves;
+        # only the text this class writes needs the group ranks
+        self._rank_of = tuple(ranks) if ranks is not None else tuple(range(size))
         self.call: Collective | None = None
         self.next, self.prev = (self.rank + 1) % self.size, (self.rank - 1) % self.size
         self.to_next, self.from_prev = to_next, from_prev
@@ -249,9 +254,10 @@ class Ring:
     def _link_error(self, peer: int, what: str) -> PeerLostError:
         """The error for a broken connection, naming the link and its likely cause."""
         return self.call.peer_lost_error(
-            peer, f"{what}: the link between rank {self.rank} ({self._hosts[self.rank]}) and "
-                  f"rank {peer} ({self._hosts[peer]}) broke. Most likely rank {peer}'s process "
-                  f"died or was stopped, or the network between the two hosts failed")
+            peer, f"{what}: the link between rank {self._rank_of[self.rank]} "
+                  f"({self._hosts[self.rank]}) and rank {self._rank_of[peer]} "
+                  f"({self._hosts[peer]}) broke. Most likely rank {self._rank_of[peer]}'s "
+                  f"process died or was stopped, or the network between the two hosts failed")
 
     def _check_trailer(self, raw: bytearray) -> None:
         """A frame counts only when its trailer says it is complete; an aborting sender
@@ -268,15 +274,15 @@ class Ring:
                 raise self.call.peer_lost_error(self.prev, f"it aborted ({exc})") from None
             if header.kind == FrameKind.ABORT:
                 raise self._relayed_abort(header.payload_bytes)
-        raise DistributedError(f"{mine.describe()}: rank {self.prev} sent a frame with an "
-                               f"invalid trailer {bytes(raw)!r} (corrupted stream?)")
+        raise DistributedError(f"{mine.describe()}: rank {self._rank_of[self.prev]} sent a "
+                               f"frame with an invalid trailer {bytes(raw)!r} (corrupted stream?)")
 
     def _wait(self, sending: bool, receiving: bool) -> None:
         remaining = self.call.remaining()
         if remaining <= 0:
             who = self.prev if receiving else self.next
-            what = f"waiting for data from rank {self.prev}" if receiving else \
-                f"rank {self.next} is not reading what this rank sends"
+            what = f"waiting for data from rank {self._rank_of[self.prev]}" if receiving \
+                else f"rank {self._rank_of[self.next]} is not reading what this rank sends"
             raise self.call.timeout_error([who], what)
         if receiving and isinstance(self.from_prev, ssl.SSLSocket) and self.from_prev.pending():
             return  # decrypted bytes already buffered: select would not see them
@@ -301,24 +307,25 @@ class Ring:
             try:
                 unpack_header(raw)
             except ProtocolError as exc:
-                raise DistributedError(f"{mine.describe()}: rank {self.prev} sent an invalid "
-                                       f"frame: {exc}") from None
+                raise DistributedError(f"{mine.describe()}: rank {self._rank_of[self.prev]} "
+                                       f"sent an invalid frame: {exc}") from None
         if kind == FrameKind.ABORT and size <= CONTROL_LIMIT:
             raise self._relayed_abort(size)
         if kind != FrameKind.DATA:
-            raise DistributedError(f"{mine.describe()}: rank {self.prev} sent an unexpected "
-                                   f"frame (kind {kind}, {size} bytes)")
+            raise DistributedError(f"{mine.describe()}: rank {self._rank_of[self.prev]} sent "
+                                   f"an unexpected frame (kind {kind}, {size} bytes)")
         if fingerprint != self._packed:
             try:
                 theirs = Fingerprint.unpack(fingerprint).describe()
             except DistributedError as exc:
                 theirs = f"something unreadable ({exc})"
             raise CollectiveMismatchError(
-                f"rank {self.rank} called {mine.describe()} but rank {self.prev} called {theirs}")
+                f"rank {self._rank_of[self.rank]} called {mine.describe()} but rank "
+                f"{self._rank_of[self.prev]} called {theirs}")
         if their_step != step or code != DTYPE_CODE_OF[recv.dtype] or size != recv.nbytes:
             raise DistributedError(
-                f"{mine.describe()}: rank {self.prev} sent step {their_step} with {size} "
-                f"bytes (dtype code {code}), expected step {step} with {recv.nbytes} bytes of "
+                f"{mine.describe()}: rank {self._rank_of[self.prev]} sent step {their_step} "
+                f"with {size} bytes (dtype code {code}), expected step {step} with {recv.nbytes} bytes of "
                 f"{recv.dtype.name} (corrupted stream?)")
         return bytes_view(recv) if recv.nbytes else None
 
@@ -332,7 +339,7 @@ class Ring:
                                           "the abort reason")), self.size)
         except (OSError, ProtocolError) as exc:
             return self.call.peer_lost_error(self.prev, f"it aborted ({exc})")
-        message = f"{document['message']} (relayed by rank {self.prev})"
+        message = f"{document['message']} (relayed by rank {self._rank_of[self.prev]})"
         kind = _RELAYED_ERRORS.get(document.get("error"), DistributedError)
         if kind is PeerLostError:
             error = PeerLostError(message, document.get("rank"))
@@ -342,7 +349,8 @@ class Ring:
             if kind is DistributedError:
                 origin = document.get("origin")
                 message = f"{mine.describe() if mine else 'collective'}: rank " \
-                          f"{self.prev if origin is None else origin} failed: {message}"
+                          f"{self._rank_of[self.prev if origin is None else origin]} failed: " \
+                          f"{message}"
             error = kind(message)
         error.relayed = True  # another rank's failure, not this rank's view of its links
         return error
@@ -351,9 +359,10 @@ class Ring:
     def abort(self, error: BaseException) -> None:
         """Tell next why this rank gives up, then close both ends.
 
-        A frame to next may be half sent; it is padded with zeros and its trailer marks it
-        aborted (so next never uses it), then the ABORT frame follows: the reason reaches the
-        rest of the ring instead of a bare "connection closed" that would blame this rank.
+        A frame to next may be half sent; its header is completed as it was, its payload
+        padded with zeros and its trailer marks it aborted (so next never uses it), then the
+        ABORT frame follows: the reason reaches the rest of the ring instead of a bare
+        "connection closed" that would blame this rank.
         """
         if self.size > 1:
             document = {"error": type(error).__name__, "message": str(error),
@@ -362,8 +371,12 @@ class Ring:
             try:
                 self.to_next.setblocking(True)
                 self.to_next.settimeout(_ABORT_SECONDS)
-                body, trailer = self._outgoing.unsent() if self._outgoing else (0, 0)
-                if body or trailer == TRAILER_SIZE:  # mid-frame: pad it, mark it aborted
+                header, body, trailer = self._outgoing.unsent() if self._outgoing \
+                    else (b"", 0, 0)
+                if header or body or trailer == TRAILER_SIZE:  # mid-frame: pad it, mark it
+                    # NOTE: the header as it was (zeros there would read as another
+                    # collective's fingerprint, a false CollectiveMismatchError), then zeros
+                    self.to_next.sendall(header)
                     filler = bytes(min(body, 1 << 20))
                     deadline = time.monotonic() + _ABORT_SECONDS
                     while body > 0 and time.monotonic() < deadline:
@@ -372,7 +385,7 @@ class Ring:
                         self.to_next.sendall(TRAILER_ABORTED)
                         trailer = 0
                 if body <= 0 and trailer == 0:
-                    self.to_next.sendall(control_frame(FrameKind.ABORT, document))
+                    self.to_next.sendall(abort_frame(document))
             except (OSError, TypeError, ValueError):
                 pass
         self.close()

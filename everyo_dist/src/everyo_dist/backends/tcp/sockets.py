@@ -3,9 +3,12 @@ with retries, optional TLS wrapping."""
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import socket
 import time
+
+import numpy as np
 
 from everyo_dist.errors import DistributedError
 
@@ -38,6 +41,42 @@ def require_token_off_loopback(host: str, token, what: str) -> None:
             "everyo-run --token-file), or bind 127.0.0.1 for a single machine")
 
 
+def check_port(port, what: str, listening: bool = False) -> int:
+    """``port`` as an int in 1..65535 (0 too when ``listening``: any free port).
+
+    NOTE: the resolver takes a port above 65535 modulo 65536 (99999 dials 34463, maybe another
+    job's server), and a negative one fails only as "service not supported" retried until the
+    timeout; bind() raises a bare OverflowError. Refused here, by name, before any of that.
+
+    Example:
+        >>> check_port(29500, "the rendezvous server"), check_port(0, "a listener", True)
+        (29500, 0)
+    """
+    lowest = 0 if listening else 1
+    if isinstance(port, str) and port.strip().isdigit():  # (from a command line, a file)
+        port = int(port)
+    if isinstance(port, bool) or not isinstance(port, (int, np.integer)) \
+            or not lowest <= port <= 65535:
+        raise DistributedError(f"{what}: port must be an integer in {lowest}..65535, got "
+                               f"{port!r}")
+    return int(port)
+
+
+# accept() failures that pass: no descriptor or buffer free right now, or a connection that
+# was reset while it waited in the backlog. The listener itself is fine.
+_PASSING_ACCEPT_ERRORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM,
+                                    errno.ECONNABORTED, errno.EPROTO, errno.EINTR})
+ACCEPT_RETRY_SECONDS = 0.05
+
+
+def accept_failure_passes(listener: socket.socket, exc: OSError) -> bool:
+    """Whether an accept loop should wait ``ACCEPT_RETRY_SECONDS`` and go on after ``exc``
+    rather than stop: True unless the listener was closed or shut down. Stopping on any error
+    let one moment without a free descriptor end a rendezvous server (or a peer listener)
+    for good, and every rank after it failed its handshake."""
+    return listener.fileno() >= 0 and exc.errno in _PASSING_ACCEPT_ERRORS
+
+
 def tune(sock: socket.socket) -> socket.socket:
     """Disable Nagle (collectives are latency-bound) and enlarge the kernel buffers."""
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -51,6 +90,7 @@ def tune(sock: socket.socket) -> socket.socket:
 
 def listen(host: str, port: int, backlog: int = 64) -> socket.socket:
     """A listening TCP socket on ``host:port`` (``port=0``: any free port)."""
+    port = check_port(port, f"cannot listen on {host}", listening=True)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -65,6 +105,7 @@ def listen(host: str, port: int, backlog: int = 64) -> socket.socket:
 
 def dial(host: str, port: int, deadline: float, what: str) -> socket.socket:
     """Connect to ``host:port``, retrying until ``deadline`` while nobody listens yet."""
+    port = check_port(port, f"cannot connect to {what} at {host}")
     delay = 0.02
     last_error: Exception | None = None
     while True:

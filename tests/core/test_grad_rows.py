@@ -178,6 +178,22 @@ def test_a_rows_hook_that_raises_leaves_no_half_computed_grad():
     assert weight.grad is None
 
 
+def test_a_rows_hook_that_replaces_a_fresh_grad_is_refused_not_left_half_computed():
+    # Rebinding .grad is not an in-place write, so a rows hook may do it (a copy to keep, a
+    # cast); the blocks after it used to go only into the op's own array, leaving the new
+    # .grad with the uncomputed memory of every later row, and no error
+    x, weight, bias = _layer()
+
+    def replaces(param, start, stop):
+        if start == 0:
+            param.grad = param.grad.copy()
+
+    weight.register_grad_rows_ready_hook(replaces)
+    with pytest.raises(EveryOError, match=r"matmul.*replaced.*\.grad"):
+        _loss(x, weight, bias).backward()
+    assert weight.grad is None  # (the replacement held uncomputed rows)
+
+
 def test_an_input_a_rows_hook_writes_in_place_raises_before_the_next_block():
     x, weight, bias = _layer()
     out = eo.dispatch("matmul", x, weight, bias)  # (x itself is the product's input)

@@ -108,6 +108,17 @@ class RowBlocks:
         leaf = self.leaf
         if leaf.grad is None:  # (the op's own array becomes .grad: no copy)
             leaf.grad, self.fresh = self.array, True
+        elif self.fresh and leaf.grad is not self.array:
+            # NOTE: a hook rebound .grad (not an in-place write, so allowed) while it was the
+            # op's own array: the rows still to come exist only in that array, and the new
+            # .grad would keep whatever it copied of the uncomputed ones: removed, as after a
+            # hook that raises
+            leaf.grad = None
+            raise EveryOError(
+                f"op {op_name(self.op)!r}: a rows-ready or post-accumulate hook replaced "
+                f"param.grad (shape {self.array.shape}) after rows up to {start} of {rows} "
+                f"were announced, while the later rows were still being computed into the "
+                f"array it replaced; replace .grad only once backward() has returned")
         elif not self.fresh:
             # NOTE: element-wise, so blocks add exactly the bits `grad += gradient` would
             leaf.grad[start:stop] += self.array[start:stop]

@@ -279,9 +279,9 @@ def _row_blocks(a_rows: np.ndarray, g_rows: np.ndarray, stops: tuple):
     yields ``(gradient, stop)`` after each block, when rows ``[:stop]`` are final.
 
     NOTE: each block is ``a_rows[:, block].T @ g_rows``, written in place with ``out=``: no
-    copy. BLAS computes every element of a block as it does in the whole product (OpenBLAS
-    splits only the rows of the result among its threads and tiles), so the bits are those of
-    one GEMM; tests/core/test_grad_rows.py checks that for mlp_large's shapes.
+    copy. Every path (hooks or not, every rank) computes the same blocks, so they agree bit for
+    bit; for mlp_large's shapes the blocks also equal one unblocked GEMM's bits
+    (tests/core/test_grad_rows.py), not promised for every shape (one-row blocks are GEMVs).
     """
     gradient = np.empty((a_rows.shape[1], g_rows.shape[1]), a_rows.dtype)
     start = 0

@@ -377,3 +377,10 @@ def test_a_handshake_timeout_that_is_not_a_positive_number_is_refused_by_name(se
     with pytest.raises(DistributedError, match="handshake_timeout must be a positive number"):
         init_tcp_process_group("127.0.0.1", 1, rank=0, world_size=1, token=TOKEN, timeout=5,
                                handshake_timeout=seconds)
+
+
+@pytest.mark.parametrize("world_size", [2.5, "2", True, 0, None])
+def test_a_rendezvous_world_size_that_is_not_a_positive_integer_is_refused_by_name(world_size):
+    # 2.5 silently became 2 (int()), "2" was accepted, None raised a raw TypeError
+    with pytest.raises(DistributedError, match="world_size must be a positive integer"):
+        TCPRendezvousServer("127.0.0.1", 0, world_size=world_size, token=TOKEN)

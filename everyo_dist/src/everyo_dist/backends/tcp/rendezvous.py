@@ -19,6 +19,8 @@ import threading
 import time
 from collections import deque
 
+import numpy as np
+
 from everyo_dist.backends.tcp.auth import (
     DEFAULT_HANDSHAKE_TIMEOUT,
     accept_handshake,
@@ -81,8 +83,9 @@ class TCPRendezvousServer:
                  token: str | bytes | None = None, ssl_context=None,
                  handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
                  max_pending_handshakes: int = MAX_PENDING_HANDSHAKES):
-        if int(world_size) < 1:
-            raise DistributedError(f"world_size must be at least 1, got {world_size}")
+        if isinstance(world_size, bool) or not isinstance(world_size, (int, np.integer)) \
+                or world_size < 1:
+            raise DistributedError(f"world_size must be a positive integer, got {world_size!r}")
         require_token_off_loopback(host, token, "the rendezvous server")
         self.host, self.world_size = host, int(world_size)
         self.handshake_timeout = check_handshake_timeout(handshake_timeout)

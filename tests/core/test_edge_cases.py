@@ -178,3 +178,13 @@ def test_a_running_save_keeps_its_temporary(tmp_path):
     alive.write_bytes(b"x")
     assert remove_stale_temporaries(str(tmp_path)) == []
     assert alive.exists()
+
+
+def test_the_truth_value_of_a_tensor_of_several_elements_is_an_everyo_error():
+    # NumPy's raw ValueError escaped before, e.g. from list.index(param), which compares with ==
+    assert bool(eo.tensor([3.0])) and not bool(eo.tensor(0.0))
+    with pytest.raises(eo.EveryOError, match=r"shape \(2,\) is ambiguous"):
+        bool(eo.ones(2))
+    first, second = eo.Parameter([0.0, 1.0]), eo.Parameter([1.0, 2.0])
+    with pytest.raises(eo.EveryOError, match="`is` to look a tensor up"):
+        [first, second].index(second)

@@ -117,6 +117,12 @@ class Tensor:
         return f"tensor({body}, dtype={self.dtype}{extra})"
 
     def __bool__(self) -> bool:
+        if self.data.size != 1:
+            # NOTE: also reached by `param in list_of_params` and `list.index(param)`, which
+            # compare with ==; identity is what those callers mean (`any(p is q for q in ...)`)
+            raise EveryOError(f"the truth value of a tensor of shape {self.data.shape} is "
+                              f"ambiguous (it has {self.data.size} elements): use .any() or "
+                              f".all(), and `is` to look a tensor up in a list")
         return bool(self.data)
 
     __hash__ = object.__hash__

@@ -188,3 +188,14 @@ def test_the_truth_value_of_a_tensor_of_several_elements_is_an_everyo_error():
     first, second = eo.Parameter([0.0, 1.0]), eo.Parameter([1.0, 2.0])
     with pytest.raises(eo.EveryOError, match="`is` to look a tensor up"):
         [first, second].index(second)
+
+
+def test_a_cast_to_an_integer_dtype_has_no_gradient_as_in_pytorch():
+    # the cast was recorded and backward sent a straight-through gradient to w ([3, 4] here)
+    w = eo.tensor(np.array([1.7, 2.2], np.float32), requires_grad=True)
+    x = eo.tensor(np.array([3.0, 4.0], np.float32))
+    assert not w.astype("int32").requires_grad and not (w > 2.0).requires_grad
+    (w * 2 + x * w.astype("int32")).sum().backward()
+    np.testing.assert_array_equal(w.grad, [2.0, 2.0])
+    with pytest.raises(eo.EveryOError, match="does not require grad"):
+        (x * w.astype("int32")).sum().backward()

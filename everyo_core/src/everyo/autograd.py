@@ -105,7 +105,10 @@ class Op:
             out = op.forward(*[t.data for t in tensors], **attrs)
         except np.exceptions.DTypePromotionError:
             raise EveryOError(_no_common_dtype(cls.name, tensors)) from None
-        if record:
+        # NOTE: an integer or boolean result (a cast to int32, a comparison) has no gradient,
+        # as in PyTorch: recording it made `x * w.astype("int32")` hand w a straight-through
+        # gradient that no derivative of the cast justifies
+        if record and out.dtype.kind not in "iub":
             op.parents = tensors
             op.epoch = clock[0]
             op.attrs = attrs

@@ -70,3 +70,16 @@ def test_an_unknown_wire_dtype_is_refused_before_connecting():
     with pytest.raises(DistributedError, match="wire_dtype must be one of float16, bfloat16"):
         init_tcp_process_group("127.0.0.1", 1, rank=0, world_size=2, token="x" * 16,
                                timeout=5, wire_dtype="int8")
+
+
+def test_float16_overflow_becomes_inf_without_a_warning_that_could_raise():
+    # the cast to float16 warned "overflow encountered in cast", a raw RuntimeWarning
+    # exception under -W error (or a warnings filter that turns warnings into errors)
+    import warnings
+
+    arrays = [np.float32([1e6, 1.0]), np.float32([2.0, 3.0])]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        results = _reduce_over_threads(arrays, "float16", mean=False)
+    for result in results:
+        assert np.isinf(result[0]) and result[1] == 4.0

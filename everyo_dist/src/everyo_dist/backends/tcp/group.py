@@ -78,9 +78,12 @@ class TCPTransport:
     def all_reduce(self, call: Collective, flat: np.ndarray, mean: bool,
                    out: np.ndarray) -> None:
         if compresses(self._wire, flat.dtype):  # see compression.py for the accuracy cost
-            narrow = flat.astype(self._wire)
-            np.copyto(out, self._guarded(call, self._ring.all_reduce, narrow, mean,
-                                         self._results.like(narrow)), casting="unsafe")
+            # NOTE: values past the wire dtype's range become inf, as documented; NumPy's
+            # overflow warning would be a raw exception under -W error (or a warnings filter)
+            with np.errstate(over="ignore"):
+                narrow = flat.astype(self._wire)
+                np.copyto(out, self._guarded(call, self._ring.all_reduce, narrow, mean,
+                                             self._results.like(narrow)), casting="unsafe")
         elif np.may_share_memory(flat, out):  # the ring still sends from flat while out fills
             np.copyto(out, self._guarded(call, self._ring.all_reduce, flat, mean,
                                          self._results.like(flat)))

@@ -1,5 +1,6 @@
 """Gradients handed over in row blocks (``everyo.grad_rows``): ``matmul`` computes a large
-weight's gradient block by block, always, with the bits of one GEMM; with a rows-ready hook the
+weight's gradient block by block, always (one GEMM's value to within float32 rounding; the
+bits of one GEMM are not promised: they depend on the BLAS kernel); with a rows-ready hook the
 engine makes each block final in ``.grad`` and announces it before the op computes the next,
 and falls back to the whole gradient wherever a block could not be final."""
 
@@ -22,16 +23,23 @@ def _array(*shape, scale=1.0):
 
 
 @pytest.mark.parametrize("batch, inner, outer", [(256, 2048, 2048), (256, 1024, 2048)])
-def test_the_blocked_weight_gradient_has_the_bits_of_one_gemm_for_mlp_large(batch, inner,
-                                                                            outer):
-    # (mlp_large's W2 and W1: 16 MiB in 8 blocks, 8 MiB in 4)
+def test_the_blocked_weight_gradient_is_one_gemm_to_within_rounding_for_mlp_large(batch, inner,
+                                                                                 outer):
+    # (mlp_large's W2 and W1: 16 MiB in 8 blocks, 8 MiB in 4). NOTE: not bit for bit: which
+    # bits one unblocked GEMM gives depends on the BLAS kernel, CPU and thread count (an EPYC
+    # with OPENBLAS_CORETYPE=Haswell differs in the last bit); only the blocked paths agree
+    # with each other bit for bit, by construction (test_announced_gradients_are_...).
     x, g = _array(batch, inner), _array(batch, outer)
     stops = row_block_stops((inner, outer), 4)
     assert stops[:4] == (32, 96, 224, 480) and len(stops) == {2048: 11, 1024: 7}[inner]
     w = eo.Parameter(_array(inner, outer))
     out = eo.tensor(x) @ w
     out.backward(g)
-    assert w.grad.tobytes() == (x.T @ g).tobytes()
+    exact = x.T.astype(np.float64) @ g.astype(np.float64)
+    # a float32 sum of `batch` products errs by at most batch * eps32 * sum |x_i g_i|
+    bound = batch * np.finfo(np.float32).eps * (np.abs(x.T).astype(np.float64) @ np.abs(g))
+    assert np.all(np.abs(w.grad - exact) <= bound)
+    assert np.all(np.abs((x.T @ g) - exact) <= bound)  # (the same bound holds for one GEMM)
 
 
 def test_a_gradient_below_the_threshold_is_one_block():

@@ -100,6 +100,17 @@ def everyo_register_modules(register: Register) -> None:
     """
 
 
+@hookspec
+def everyo_register_kernels(register: Register) -> None:
+    """Register a named kernel or a kernel provider: ``register(name: str, thing)``.
+
+    ``thing`` is an ``everyo.kernels.Kernel`` (a new kernel: its NumPy reference and its
+    contract) or an ``everyo.kernels.KernelProvider`` (faster implementations of registered
+    kernels, selected by ``EVERYO_KERNELS=name`` or ``everyo.kernels.use(name)``; by default the
+    provider of highest ``priority``). Ops call kernels as ``everyo.kernels.kernel.<name>(...)``.
+    """
+
+
 @dataclass(frozen=True)
 class HookKind:
     """One kind of thing a plugin can register: the single description every tool reads.
@@ -137,6 +148,9 @@ HOOKS: tuple[HookKind, ...] = (
     HookKind("autocast_policies", "everyo_register_autocast_policies", "name",
              "object with `.ops` and `.dtype`", "`eo.autocast(policy=name)`",
              "autocast policy", "autocast policies"),
+    HookKind("kernels", "everyo_register_kernels", "name",
+             "`everyo.kernels.Kernel` or `KernelProvider`",
+             "`everyo.kernels.kernel.<name>(...)`, `EVERYO_KERNELS=name`", "kernel", "kernels"),
 )
 
 #: Registry kind -> hook name, for code that only needs the mapping.

@@ -5,6 +5,11 @@ sharing between ops, with the dtype care that is easy to get wrong: float16/bflo
 through float32 BLAS, exact gradient selection, overflow-free sigmoid and log-softmax, the
 16-bit conversions, "is this dtype floating?" (NumPy reports bfloat16 as ``kind == "V"``), and
 where a large gradient is cut into row blocks (``row_block_stops``, see docs/autograd.md).
+
+It is also the kernel registry's public face (docs/architecture.md, "Kernels"): ``Kernel`` and
+``KernelProvider`` are what ``everyo_register_kernels`` takes; ops call the selected
+implementation as ``kernel.<name>(...)``; ``use(name)`` switches providers for a block,
+``provider_name()``, ``coverage()`` and ``fingerprint()`` tell what runs.
 The Tensor-level twins an op's ``backward_graph`` needs (``unbroadcast_tensor``,
 ``broadcast_tensor``, ``expand_reduced``, ``swap_last``) are here too, with ``as_tensors`` (operands
 converted to Tensors exactly as dispatch converts them) and ``parse_einsum_equation``. They are public and
@@ -29,6 +34,8 @@ from everyo.autograd import gradients_from_parts
 from everyo.dtypes import HALF_DTYPES, is_floating, resolve_dtype
 from everyo.grad_rows import row_block_stops
 from everyo.half_precision import narrow, widen
+from everyo.kernel_definitions import REFERENCE, Kernel, KernelProvider
+from everyo.kernel_registry import KERNELS_ENV, coverage, fingerprint, kernel, provider_name, use
 from everyo.ops.einsum import parse_equation as parse_einsum_equation
 from everyo.ops.graph_math import broadcast_tensor, expand_reduced, swap_last, unbroadcast_tensor
 from everyo.ops.linalg import blas_matmul
@@ -36,8 +43,9 @@ from everyo.ops.reduction import log_softmax_array
 from everyo.ops.unary import keep_where, stable_sigmoid
 from everyo.versioning import check_operand_unchanged
 
-__all__ = ["HALF_DTYPES", "as_tensors", "blas_matmul", "broadcast_tensor",
-           "check_operand_unchanged", "expand_reduced", "gradients_from_parts", "is_floating",
-           "keep_where", "log_softmax_array", "narrow", "parse_einsum_equation",
+__all__ = ["HALF_DTYPES", "KERNELS_ENV", "Kernel", "KernelProvider", "REFERENCE", "as_tensors",
+           "blas_matmul", "broadcast_tensor", "check_operand_unchanged", "coverage",
+           "expand_reduced", "fingerprint", "gradients_from_parts", "is_floating", "keep_where",
+           "kernel", "log_softmax_array", "narrow", "parse_einsum_equation", "provider_name",
            "resolve_dtype", "row_block_stops", "stable_sigmoid", "swap_last",
-           "unbroadcast_tensor", "widen"]
+           "unbroadcast_tensor", "use", "widen"]

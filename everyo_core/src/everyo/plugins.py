@@ -34,6 +34,7 @@ import pluggy
 from everyo import hookspecs
 from everyo.dispatch import OPS
 from everyo.errors import PluginError
+from everyo.kernel_registry import KernelRegistry, kernel
 from everyo.registries import Registry, key_name, validate
 
 ENTRY_POINT_GROUP = "everyo"
@@ -74,6 +75,7 @@ class PluginHost:
         self.manager.add_hookspecs(hookspecs)
         self.registries = {h.kind: Registry(h.kind) for h in hookspecs.HOOKS}
         self.registries["ops"] = Registry("ops", OPS)
+        self.registries["kernels"] = KernelRegistry("kernels")
         self.plugins: list[PluginInfo] = []
         self.failures: list[PluginFailure] = []
         self.disabled: list[PluginFailure] = []  # skipped through EVERYO_DISABLE_PLUGINS
@@ -332,6 +334,7 @@ def _did_you_mean(text: str) -> str:
 
 
 host = PluginHost()
+kernel.bind(host.registries["kernels"])
 
 
 def register_plugin(plugin, name: str | None = None) -> PluginInfo:

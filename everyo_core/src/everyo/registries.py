@@ -11,6 +11,7 @@ from typing import Any
 
 from everyo import hookspecs
 from everyo.errors import PluginError
+from everyo.kernel_definitions import validate_kernel_entry
 
 NOUN = {h.kind: h.noun for h in hookspecs.HOOKS}
 
@@ -120,6 +121,8 @@ def validate(kind: str, key, thing) -> None:
                           f"'mypackage.api', got {thing!r}")
     if kind == "autocast_policies" and not (hasattr(thing, "ops") and hasattr(thing, "dtype")):
         raise PluginError(f"autocast policy {key!r} needs .ops and .dtype attributes")
+    if kind == "kernels":
+        validate_kernel_entry(key, thing)
     if kind == "onnx_converters" and not (isinstance(key, type) and callable(thing)):
         raise PluginError(f"an ONNX converter is registered as (layer_class, function), "
                           f"got ({key!r}, {thing!r})")

@@ -30,7 +30,30 @@ def _plugins(out) -> int:
     for failure in host.failures:
         print(f"{failure.name}  [{failure.distribution}]  FAILED TO LOAD: {failure.error}",
               file=out)
+    _kernels(out)
     return 1 if host.failures else 0
+
+
+def _kernels(out) -> None:
+    """The kernel provider in use and which kernels it runs (the rest run the references)."""
+    from everyo import kernels
+    from everyo.errors import EveryOError
+
+    try:
+        chosen = kernels.fingerprint()
+        covered = kernels.coverage()
+    except EveryOError as error:  # EVERYO_KERNELS names no installed provider
+        print(f"kernel provider: {error}", file=out)
+        return
+    name = kernels.provider_name()
+    mine = [k for k, provider in covered.items() if provider == name != kernels.REFERENCE]
+    print(f"kernel provider: {chosen} (select with {kernels.KERNELS_ENV}=numpy|<provider>)",
+          file=out)
+    if name != kernels.REFERENCE:
+        print(f"    runs {len(mine)} of {len(covered)} kernels: {', '.join(mine)}", file=out)
+        rest = [k for k in covered if k not in mine]
+        if rest:
+            print(f"    references: {', '.join(rest)}", file=out)
 
 
 def _version() -> str:

@@ -1,8 +1,9 @@
 """Entry point of everyo-layers: registers every op, layer, loss and utility it provides.
 
-Each concept module declares what it exports in two dicts, ``OPS`` (name -> Op class) and
-``LAYERS`` (public name -> Module subclass or function); this file only collects them, so
-adding a module means adding it to ``MODULES`` below.
+Each concept module declares what it exports in dicts, ``OPS`` (name -> Op class),
+``LAYERS`` (public name -> Module subclass or function) and ``KERNELS`` (kernel name ->
+``everyo.kernels.Kernel``, the NumPy reference a kernel provider may replace); this file only
+collects them, so adding a module means adding it to ``MODULES`` below.
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ MODULES = (
     "everyo_layers.embedding",
     "everyo_layers.attention",
     "everyo_layers.transformer",
+    "everyo_layers.conv_kernels",
+    "everyo_layers.pool_kernels",
+    "everyo_layers.norm_kernels",
 )
 
 
@@ -53,3 +57,10 @@ def everyo_register_layers(register):
     for module in _modules():
         for name, layer in getattr(module, "LAYERS", {}).items():
             register(name, layer)
+
+
+@hookimpl
+def everyo_register_kernels(register):
+    for module in _modules():
+        for name, kernel in getattr(module, "KERNELS", {}).items():
+            register(name, kernel)

@@ -7,65 +7,36 @@ from __future__ import annotations
 import numpy as np
 
 from everyo import EveryOError, Module, Op, Parameter, dispatch
+from everyo.kernels import kernel
 from everyo_layers.checks import (
     argument,
     check_float,
     normalized_shape_argument,
     optional_argument,
 )
-from everyo_layers.norm_stats import moments
+from everyo_layers.norm_kernels import normalize
 from everyo_layers.precision import accumulation_dtype
 
 
-class _NormalizeOp(Op):
-    """Shared tail of the norms: ``(x - mean) / sqrt(var + eps) * weight + bias``."""
+class LayerNormOp(Op):
+    """Normalise over the trailing ``ndims`` axes, then scale and shift (weight, bias optional).
 
-    __slots__ = ()
-
-    def normalize(self, x, centered, var, eps, weight, bias) -> np.ndarray:
-        inv_std = (1.0 / np.sqrt(var + eps)).astype(centered.dtype, copy=False)
-        xhat = centered * inv_std
-        if weight is not None:
-            out = xhat * weight
-            if bias is not None:
-                out += bias
-        else:
-            out = xhat if bias is None else xhat + bias
-        self.saved = (xhat, inv_std, weight)
-        return out.astype(x.dtype, copy=False)
-
-
-class LayerNormOp(_NormalizeOp):
-    """Normalise over the trailing ``ndims`` axes, then scale and shift (weight, bias optional)."""
+    The arithmetic is the ``layer_norm_forward``/``layer_norm_backward`` kernels
+    (``everyo_layers.norm_kernels``)."""
 
     precision = "float32"
     __slots__ = ("axes",)
 
     def forward(self, x, weight=None, bias=None, ndims=1, eps=1e-5):
-        xc = x.astype(accumulation_dtype(x.dtype), copy=False)
         self.axes = tuple(range(x.ndim - ndims, x.ndim))
-        _, centered, var = moments(xc, self.axes)
-        return self.normalize(x, centered, var, eps, weight, bias)
+        out, xhat, inv_std = kernel.layer_norm_forward(x, weight, bias, ndims, eps)
+        self.saved = (xhat, inv_std, weight)
+        return out
 
     def backward(self, g):
         xhat, inv_std, weight = self.saved
-        needs = self.needs_input_grad
-        gy = g.astype(xhat.dtype, copy=False)
-        lead = tuple(range(g.ndim - len(self.axes)))
-        gx = gw = gb = None
-        if needs[0]:
-            gxhat = gy * weight if weight is not None else gy
-            mean_g = gxhat.mean(axis=self.axes, keepdims=True)
-            mean_gx = (gxhat * xhat).mean(axis=self.axes, keepdims=True)
-            # inv_std * (gxhat - mean_g - xhat * mean_gx), same operations, one buffer
-            gx = np.subtract(gxhat, mean_g)
-            gx -= xhat * mean_gx
-            gx *= inv_std
-        if len(needs) > 1 and needs[1]:
-            gw = (gy * xhat).sum(axis=lead)
-        if len(needs) > 2 and needs[2]:
-            gb = gy.sum(axis=lead)
-        return gx, gw, gb
+        return kernel.layer_norm_backward(g, xhat, inv_std, weight, len(self.axes),
+                                          self.needs_input_grad)
 
     def composite(self, x, weight=None, bias=None):
         """The normalisation with differentiable ops (for second derivatives)."""
@@ -75,24 +46,24 @@ class LayerNormOp(_NormalizeOp):
                        weight, bias)
 
 
-class BatchNormOp(_NormalizeOp):
+class BatchNormOp(Op):
     """Channel-last batch normalisation. With ``training`` it normalises by the batch
     statistics (biased variance) and updates ``running_mean``/``running_var`` in place (unbiased
-    variance, PyTorch's rule); otherwise it normalises by the running statistics."""
+    variance, PyTorch's rule); otherwise it normalises by the running statistics.
+
+    The arithmetic is the ``batch_norm_forward``/``batch_norm_backward`` kernels
+    (``everyo_layers.norm_kernels``)."""
 
     precision = "float32"
     __slots__ = ("training", "statistics")
 
     def forward(self, x, weight=None, bias=None, running_mean=None, running_var=None,
                 training=True, momentum=0.1, eps=1e-5):
-        compute = accumulation_dtype(x.dtype)
-        xc = x.astype(compute, copy=False)
         self.training = training
         if training:
-            axes = tuple(range(x.ndim - 1))
-            count = x.size // x.shape[-1]
-            mean, centered, var = moments(xc, axes, keepdims=False)
+            out, xhat, inv_std, mean, var = kernel.batch_norm_forward(x, weight, bias, eps)
             if running_mean is not None:
+                count = x.size // x.shape[-1]
                 running_mean *= 1 - momentum
                 running_mean += (momentum * mean).astype(running_mean.dtype, copy=False)
                 running_var *= 1 - momentum
@@ -101,36 +72,18 @@ class BatchNormOp(_NormalizeOp):
         else:
             # NOTE: copies, not views: a later training-mode call updates the running
             # statistics in place, and this graph's backward must see the values it used.
+            compute = accumulation_dtype(x.dtype)
             mean, var = running_mean.astype(compute), running_var.astype(compute)
             self.statistics = (mean, var)
-            centered = xc - mean
-        return self.normalize(x, centered, var, eps, weight, bias)
+            centered = x.astype(compute, copy=False) - mean
+            out, xhat, inv_std = normalize(x, centered, var, eps, weight, bias)
+        self.saved = (xhat, inv_std, weight)
+        return out
 
     def backward(self, g):
         xhat, inv_std, weight = self.saved
-        needs = self.needs_input_grad
-        gy = g.astype(xhat.dtype, copy=False)
-        axes = tuple(range(g.ndim - 1))
-        sum_gy = gy.sum(axis=axes)
-        channels = g.shape[-1]
-        sum_gy_xhat = np.einsum("nc,nc->c", gy.reshape(-1, channels), xhat.reshape(-1, channels))
-        gx = None
-        if needs[0]:
-            scale = inv_std if weight is None else inv_std * weight
-            if self.training:
-                # (gy - (sum_gy + xhat * sum_gy_xhat) / count) * scale, the same operations
-                # in the same order, in one buffer: a quarter faster than five temporaries
-                gx = np.multiply(xhat, sum_gy_xhat)
-                gx += sum_gy
-                gx /= g.size // g.shape[-1]
-                np.subtract(gy, gx, out=gx)
-                # (a wider scale, e.g. a float64 weight: a wider result, rounded once later)
-                gx = np.multiply(gx, scale, out=gx if scale.dtype == gx.dtype else None)
-            else:
-                gx = gy * scale
-        gw = sum_gy_xhat if len(needs) > 1 and needs[1] else None
-        gb = sum_gy if len(needs) > 2 and needs[2] else None
-        return gx, gw, gb
+        return kernel.batch_norm_backward(g, xhat, inv_std, weight, self.training,
+                                          self.needs_input_grad)
 
     def composite(self, x, weight=None, bias=None):
         """Batch (training) or running (evaluation) statistics with differentiable ops; the

@@ -4,18 +4,17 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from everyo import EveryOError, Module, Op, Parameter, dispatch
+from everyo.kernels import kernel
 from everyo_layers.checks import (
     argument,
     check_float,
     normalized_shape_argument,
     optional_argument,
 )
-from everyo_layers.norm_stats import mean_over, moments
+from everyo_layers.norm_kernels import group_shape
 from everyo_layers.precision import accumulation_dtype
 
 
@@ -33,44 +32,17 @@ class GroupNormOp(Op):
             raise EveryOError(f"group_norm: {groups} groups do not divide the {c} channels of "
                               f"input {x.shape}")
         self.groups, self.eps, self.shape = groups, eps, x.shape
-        xc = x.astype(accumulation_dtype(x.dtype), copy=False).reshape(self._grouped())
-        _, centered, var = moments(xc, (1, 3))
-        inv_std = (1.0 / np.sqrt(var + eps)).astype(xc.dtype)
-        xhat = (centered * inv_std).reshape(x.shape)
-        out = xhat if weight is None else xhat * weight
-        if bias is not None:
-            out = out + bias
+        out, xhat, inv_std = kernel.group_norm_forward(x, weight, bias, groups, eps)
         self.saved = (xhat, inv_std, weight)
-        return out.astype(x.dtype, copy=False)
+        return out
 
     def backward(self, g):
         xhat, inv_std, weight = self.saved
-        needs = self.needs_input_grad
-        gy = g.astype(xhat.dtype, copy=False)
-        lead = tuple(range(g.ndim - 1))
-        gx = gw = gb = None
-        if needs[0]:
-            gxhat = gy * weight if weight is not None else gy
-            grouped = self._grouped()
-            gxhat, xh = gxhat.reshape(grouped), xhat.reshape(grouped)
-            mean_g = mean_over(gxhat, (1, 3))
-            mean_gx = mean_over(gxhat * xh, (1, 3))
-            # inv_std * (gxhat - mean_g - xh * mean_gx), the same operations in one buffer
-            gx = np.subtract(gxhat, mean_g)
-            gx -= xh * mean_gx
-            gx *= inv_std
-            gx = gx.reshape(self.shape).astype(g.dtype, copy=False)
-        if len(needs) > 1 and needs[1]:
-            gw = (gy * xhat).sum(axis=lead).astype(g.dtype, copy=False)
-        if len(needs) > 2 and needs[2]:
-            gb = gy.sum(axis=lead).astype(g.dtype, copy=False)
-        return gx, gw, gb
+        return kernel.group_norm_backward(g, xhat, inv_std, weight, self.groups,
+                                          self.needs_input_grad)
 
     def _grouped(self) -> tuple:
-        """``(N, positions, groups, C / groups)``; explicit sizes, as NumPy cannot infer an
-        axis (-1) when the batch is empty."""
-        n, c = self.shape[0], self.shape[-1]
-        return n, math.prod(self.shape[1:-1]), self.groups, c // self.groups
+        return group_shape(self.shape, self.groups)
 
     def composite(self, x, weight=None, bias=None):
         xg = dispatch("reshape", x, shape=self._grouped())

@@ -23,8 +23,9 @@ import everyo as eo
 ROOT = Path(__file__).resolve().parents[2]
 DISTRIBUTIONS = {"everyo-core": "everyo_core", "everyo-layers": "everyo_layers",
                  "everyo-amp": "everyo_amp", "everyo-onnx": "everyo_onnx",
-                 "everyo-dist": "everyo_dist", "everyo": "."}
-FIRST_PARTY = ("everyo-core", "everyo-layers", "everyo-amp", "everyo-onnx", "everyo-dist")
+                 "everyo-dist": "everyo_dist", "everyo-numba": "everyo_numba", "everyo": "."}
+FIRST_PARTY = ("everyo-core", "everyo-layers", "everyo-amp", "everyo-onnx", "everyo-dist",
+               "everyo-numba")
 VERSION = (ROOT / "VERSION").read_text().strip()
 
 pytestmark = pytest.mark.slow
@@ -201,6 +202,9 @@ assert np.allclose(eo.run_onnx(path, x), model(eo.tensor(x)).data, atol=1e-6)
 with eo.autocast():
     assert model(eo.tensor(x)).dtype == "float16"
 import mpi4py  # the [mpi] extra of everyo-dist
+assert eo.kernels.provider_name() == "numba"  # everyo-numba's kernels, the default provider
+pooled = eo.MaxPool2D(2)(eo.tensor(np.arange(16.0, dtype=np.float32).reshape(1, 4, 4, 1)))
+assert pooled.data.ravel().tolist() == [5.0, 7.0, 13.0, 15.0]
 """)
     assert plugins_listed(python) == set(FIRST_PARTY)
     assert eo.__version__ == VERSION  # the developer install agrees with the one version file

@@ -1,0 +1,21 @@
+"""The one Numba configuration every kernel of this provider is compiled with.
+
+- ``cache=True``: compiled once per machine, kept next to the module (or in Numba's user cache
+  directory when the package's folder is read-only).
+- ``error_model="numpy"``: a division by zero gives inf/NaN, as NumPy's does, never a Python
+  exception.
+- No ``fastmath`` and no ``parallel``: IEEE arithmetic in the order the loops say, on the
+  calling thread, so every result is the same from run to run and at every thread count.
+- ``nogil=True``: a data-parallel rank's communication thread keeps running meanwhile.
+"""
+
+from __future__ import annotations
+
+import numba
+
+#: ``@njit`` as every kernel uses it.
+njit = numba.njit(cache=True, error_model="numpy", nogil=True)
+
+#: The dtypes the compiled loops take (NumPy has no float16 or bfloat16 arithmetic in Numba);
+#: the kernels widen 16-bit operands to float32 themselves or leave them to the reference.
+COMPILED_DTYPES = frozenset({"float32", "float64"})

@@ -1,0 +1,43 @@
+"""Entry point of everyo-numba: registers the Numba kernel provider.
+
+Nothing here imports Numba: each implementation is a ``"module:function"`` path that the
+kernel registry imports on the kernel's first call, so ``import everyo`` stays fast with this
+plugin installed and a kernel never used is never compiled.
+"""
+
+from __future__ import annotations
+
+from importlib import metadata
+
+from everyo import hookimpl
+from everyo.kernels import KernelProvider
+
+#: Kernel name -> its implementation, by module.
+IMPLEMENTATIONS = {
+    "max_pool2d_forward": "everyo_numba.pool:max_pool2d_forward",
+    "max_pool2d_backward": "everyo_numba.pool:max_pool2d_backward",
+    "conv2d_input_grad": "everyo_numba.conv:conv2d_input_grad",
+    "layer_norm_forward": "everyo_numba.norm:layer_norm_forward",
+    "layer_norm_backward": "everyo_numba.norm:layer_norm_backward",
+    "batch_norm_forward": "everyo_numba.norm:batch_norm_forward",
+    "batch_norm_backward": "everyo_numba.norm:batch_norm_backward",
+    "group_norm_forward": "everyo_numba.norm:group_norm_forward",
+    "group_norm_backward": "everyo_numba.norm:group_norm_backward",
+}
+
+
+def _version() -> str:
+    """This provider's version with Numba's (both decide the compiled code's bits)."""
+    def of(dist):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            return "?"
+
+    return f"{of('everyo-numba')} (numba {of('numba')})"
+
+
+@hookimpl
+def everyo_register_kernels(register):
+    register("numba", KernelProvider(IMPLEMENTATIONS, priority=10, version=_version(),
+                                     description="compiled CPU loops (Numba, cached on disk)"))

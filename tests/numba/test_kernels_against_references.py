@@ -1,0 +1,112 @@
+"""Every kernel everyo-numba implements, against its NumPy reference, on a table of shapes,
+dtypes (float32, float64, float16, bfloat16) and layouts (contiguous, non-contiguous,
+broadcast, empty), with special values (ties, NaN, -inf) where the kernel must treat them as
+the reference does.
+
+Bounds (the contract each implementation states):
+
+- ``exact`` kernels (max pooling) give the reference's bits;
+- the others agree within ``ULPS`` units of the dtype's epsilon times the largest magnitude of
+  the reference's output (a normwise bound: the loops sum in another order, in float64 where
+  the reference sums in the computation dtype).
+
+Each implementation is also deterministic: the same bits twice, and at one and two BLAS
+threads (the compiled loops run on the calling thread only).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from threadpoolctl import threadpool_limits
+
+import everyo as eo
+from support.kernel_cases import CASES, EXACT, ULPS, case_ids
+
+pytest.importorskip("numba", reason="everyo-numba's kernels need Numba")
+
+REGISTRY = eo.registry("kernels")
+PROVIDER = REGISTRY.providers().get("numba")
+pytestmark = pytest.mark.skipif(PROVIDER is None, reason="everyo-numba is not installed")
+
+
+def _as_tuple(result):
+    return result if isinstance(result, tuple) else (result,)
+
+
+def _eps(dtype: np.dtype) -> float:
+    return float(np.finfo(np.float32 if dtype.kind == "V" else dtype).eps) \
+        if dtype.name != "bfloat16" else 2.0 ** -7
+
+
+def _assert_close(name: str, got, expected) -> None:
+    for index, (a, b) in enumerate(zip(_as_tuple(got), _as_tuple(expected))):
+        where = f"{name} output {index}"
+        if b is None:
+            assert a is None, where
+            continue
+        assert a.shape == b.shape and a.dtype == b.dtype, (where, a.shape, b.shape, a.dtype,
+                                                          b.dtype)
+        if name in EXACT:  # the same bits (NaN payloads and the sign of zero included)
+            bits = np.dtype(f"u{a.dtype.itemsize}")
+            np.testing.assert_array_equal(a.view(bits), b.view(bits), err_msg=where)
+            continue
+        a64, b64 = a.astype(np.float64), b.astype(np.float64)
+        assert np.array_equal(np.isnan(a64), np.isnan(b64)), where
+        finite = ~np.isnan(b64)
+        scale = np.max(np.abs(b64[finite]), initial=0.0)
+        bound = ULPS[name] * _eps(b.dtype) * scale
+        worst = np.max(np.abs(a64[finite] - b64[finite]), initial=0.0)
+        assert worst <= bound, f"{where}: off by {worst:.3g}, bound {bound:.3g}"
+
+
+@pytest.mark.parametrize("name, build", CASES, ids=case_ids())
+def test_the_provider_agrees_with_the_reference(name, build):
+    args = build(np.random.default_rng(0))
+    expected = REGISTRY[name].reference(*args)
+    with eo.kernels.use("numba"):
+        got = getattr(eo.kernels.kernel, name)(*args)  # (NotImplemented: the reference ran)
+    _assert_close(name, got, expected)
+
+
+@pytest.mark.parametrize("name, build", CASES, ids=case_ids())
+def test_the_provider_is_deterministic_run_to_run_and_across_thread_counts(name, build):
+    args = build(np.random.default_rng(1))
+    implementation = PROVIDER.resolve(name)
+    with threadpool_limits(1):
+        first = implementation(*args)
+        second = implementation(*args)
+    if first is NotImplemented:
+        assert second is NotImplemented
+        return
+    with threadpool_limits(2):
+        third = implementation(*args)
+    for a, b, c in zip(_as_tuple(first), _as_tuple(second), _as_tuple(third)):
+        if a is None:
+            continue
+        bits = np.dtype(f"u{a.dtype.itemsize}")
+        np.testing.assert_array_equal(a.view(bits), b.view(bits))
+        if name not in ("conv2d_input_grad",):  # (one GEMM inside: BLAS decides its bits)
+            np.testing.assert_array_equal(a.view(bits), c.view(bits))
+
+
+def test_the_provider_covers_every_kernel_the_table_lists():
+    assert {name for name, _ in CASES} == set(PROVIDER.implementations)
+
+
+@pytest.mark.parametrize("name, args", [
+    ("layer_norm_forward", lambda x: (x, None, None, 1, 1e-5)),
+    ("batch_norm_forward", lambda x: (x, None, None, 1e-5)),
+    ("group_norm_forward", lambda x: (x, None, None, 2, 1e-5)),
+])
+@pytest.mark.parametrize("selection", ["numpy", "numba"])
+def test_norm_statistics_keep_float64_accuracy_on_a_large_offset(name, args, selection):
+    # NOTE: a mean of 1000 over values of spread 1: statistics summed in float32, or a float32
+    # mean without its rounding residue, put the output off by hundreds of ulps.
+    x64 = 1000.0 + np.random.default_rng(2).standard_normal((8, 6, 6, 4))
+    x = x64.astype(np.float32)
+    with eo.kernels.use(selection):
+        out = getattr(eo.kernels.kernel, name)(*args(x))[0]
+    exact = REGISTRY[name].reference(*args(x.astype(np.float64)))[0]
+    assert out.dtype == np.float32
+    assert np.max(np.abs(out - exact)) <= 4 * np.finfo(np.float32).eps * np.max(np.abs(exact))

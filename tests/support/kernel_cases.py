@@ -1,0 +1,205 @@
+"""The shape/dtype/layout table every kernel provider is tested on against the references.
+
+``CASES`` is a list of ``(kernel name, build)`` where ``build(rng)`` returns the kernel's
+arguments. Layouts: ``contiguous``, ``strided`` (a non-contiguous view), ``broadcast`` (zero
+strides), ``empty`` (a zero-length batch). Values include ties and, where the kernel must carry
+them, NaN and -inf.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+from everyo_layers.padding import output_size
+
+DTYPES = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16),
+          np.dtype(ml_dtypes.bfloat16))
+LAYOUTS = ("contiguous", "strided", "broadcast", "empty")
+
+#: Kernels whose implementations must give the reference's bits.
+EXACT = frozenset({"max_pool2d_forward", "max_pool2d_backward"})
+#: Normwise bound of the others, in units of the output dtype's epsilon (see the test module).
+ULPS = {"conv2d_input_grad": 16, "layer_norm_forward": 16, "layer_norm_backward": 16,
+        "batch_norm_forward": 16, "batch_norm_backward": 16, "group_norm_forward": 16,
+        "group_norm_backward": 16}
+
+
+def layout(array: np.ndarray, how: str) -> np.ndarray:
+    """``array`` (batch first) in layout ``how``, with the same values where it has any."""
+    if how == "strided":  # every other element of a twice-as-wide array
+        wide = np.empty(array.shape[:-1] + (2 * array.shape[-1],), array.dtype)
+        wide[..., ::2] = array
+        return wide[..., ::2]
+    if how == "broadcast":  # every sample the same: the batch axis has stride 0
+        return np.broadcast_to(array[:1], array.shape)
+    if how == "empty":
+        return array[:0]
+    return np.ascontiguousarray(array)
+
+
+def values(rng, shape, dtype, specials: bool = False) -> np.ndarray:
+    """Values with ties (rounded to tenths) and, with ``specials``, a NaN and a -inf."""
+    data = np.round(rng.standard_normal(shape), 1)
+    if specials and data.size >= 8:
+        flat = data.reshape(-1)
+        flat[3], flat[7] = np.nan, -np.inf
+    return data.astype(dtype)
+
+
+POOLS = [((2, 2), (2, 2), ((0, 0), (0, 0))),  # tiled
+         ((3, 3), (2, 2), ((1, 1), (1, 1))),
+         ((3, 3), (1, 1), ((1, 1), (1, 1))),
+         ((2, 3), (1, 2), ((0, 1), (1, 0)))]
+
+
+def _pool_geometry(shape, pool, stride, pads):
+    out_hw = (output_size(shape[1], pool[0], stride[0], 1, pads[0]),
+              output_size(shape[2], pool[1], stride[1], 1, pads[1]))
+    tiled = (pads == ((0, 0), (0, 0)) and stride == pool
+             and shape[1] == out_hw[0] * pool[0] and shape[2] == out_hw[1] * pool[1])
+    return out_hw, tiled
+
+
+def _pool_forward(pool, stride, pads, dtype, how):
+    def build(rng):
+        x = layout(values(rng, (3, 8, 8, 5), dtype, specials=True), how)
+        out_hw, tiled = _pool_geometry(x.shape, pool, stride, pads)
+        return x, pool, stride, pads, out_hw, tiled
+    return build
+
+
+def _pool_backward(pool, stride, pads, dtype, how):
+    from everyo_layers.pool_kernels import max_pool2d_forward
+
+    def build(rng):
+        x = values(rng, (3, 8, 8, 5), np.float32)
+        out_hw, tiled = _pool_geometry(x.shape, pool, stride, pads)
+        _, winner = max_pool2d_forward(x, pool, stride, pads, out_hw, tiled)
+        g = layout(values(rng, winner.shape, dtype), how)
+        winner = winner[:len(g)]
+        return g, winner, (len(g),) + x.shape[1:], pool, stride, pads, out_hw, tiled
+    return build
+
+
+CONVS = [((3, 3), (1, 1), (1, 1), ((1, 1), (1, 1))),
+         ((3, 3), (2, 2), (1, 1), ((1, 1), (1, 1))),
+         ((2, 2), (1, 1), (2, 2), ((0, 0), (0, 0))),
+         ((1, 1), (1, 1), (1, 1), ((0, 0), (0, 0)))]
+
+
+def _conv_input_grad(kernel, stride, dilation, pads, dtype, how):
+    def build(rng):
+        n, h, w, cin, cout = 3, 7, 6, 4, 5
+        ho = output_size(h, kernel[0], stride[0], dilation[0], pads[0])
+        wo = output_size(w, kernel[1], stride[1], dilation[1], pads[1])
+        g = layout(values(rng, (n, ho * wo, cout), dtype), how)
+        g2 = g.reshape(-1, cout) if how != "strided" else g[:, :, :].reshape(len(g) * ho * wo,
+                                                                              cout)
+        if how == "strided":  # keep it a view: a column slice of wider rows
+            wide = np.zeros((g2.shape[0], 2 * cout), dtype)
+            wide[:, ::2] = g2
+            g2 = wide[:, ::2]
+        w2 = values(rng, (kernel[0] * kernel[1] * cin, cout), dtype)
+        return (g2, w2, (len(g), h, w, cin), kernel + (cin, cout), stride, dilation, pads,
+                (ho, wo))
+    return build
+
+
+def _norm_input(rng, shape, dtype, how):
+    return layout((values(rng, shape, np.float64) * 3 + 10).astype(dtype), how)
+
+
+def _parameters(rng, shape, affine):
+    if not affine:
+        return None, None
+    return values(rng, shape, np.float32) + 1, values(rng, shape, np.float32)
+
+
+def _compute(dtype):
+    return np.dtype(np.float64) if dtype == np.float64 else np.dtype(np.float32)
+
+
+def _cast(parameters, dtype):
+    return tuple(None if p is None else p.astype(_compute(dtype)) for p in parameters)
+
+
+def _layer_norm(dtype, how, ndims, affine, backward):
+    from everyo_layers.norm_kernels import layer_norm_forward
+
+    def build(rng):
+        shape = (4, 6, 10)
+        x = _norm_input(rng, shape, dtype, how)
+        weight, bias = _cast(_parameters(rng, shape[3 - ndims:], affine), dtype)
+        if not backward:
+            return x, weight, bias, ndims, 1e-5
+        _, xhat, inv_std = layer_norm_forward(x, weight, bias, ndims, 1e-5)
+        g = layout(values(rng, x.shape, dtype), how if how != "empty" else "contiguous")
+        return g, xhat, inv_std, weight, ndims, (True, affine, affine)
+    return build
+
+
+def _batch_norm(dtype, how, affine, backward, training=True):
+    from everyo_layers.norm_kernels import batch_norm_forward
+
+    def build(rng):
+        x = _norm_input(rng, (4, 5, 3, 6), dtype, how)
+        weight, bias = _cast(_parameters(rng, (6,), affine), dtype)
+        if not backward:
+            return x, weight, bias, 1e-5
+        _, xhat, inv_std, _, _ = batch_norm_forward(x, weight, bias, 1e-5)
+        g = layout(values(rng, x.shape, dtype), how if how != "empty" else "contiguous")
+        return g, xhat, inv_std, weight, training, (True, affine, affine)
+    return build
+
+
+def _group_norm(dtype, how, affine, backward):
+    from everyo_layers.norm_kernels import group_norm_forward
+
+    def build(rng):
+        x = _norm_input(rng, (4, 5, 3, 8), dtype, how)
+        weight, bias = _cast(_parameters(rng, (8,), affine), dtype)
+        if not backward:
+            return x, weight, bias, 4, 1e-5
+        _, xhat, inv_std = group_norm_forward(x, weight, bias, 4, 1e-5)
+        g = layout(values(rng, x.shape, dtype), how if how != "empty" else "contiguous")
+        return g, xhat, inv_std, weight, 4, (True, affine, affine)
+    return build
+
+
+def _table() -> list:
+    cases = []
+    for dtype in DTYPES:
+        for how in LAYOUTS:
+            for pool in POOLS:
+                cases.append(("max_pool2d_forward", _pool_forward(*pool, dtype, how),
+                              f"{pool[0]}s{pool[1]}-{dtype.name}-{how}"))
+                cases.append(("max_pool2d_backward", _pool_backward(*pool, dtype, how),
+                              f"{pool[0]}s{pool[1]}-{dtype.name}-{how}"))
+            for conv in CONVS:
+                cases.append(("conv2d_input_grad", _conv_input_grad(*conv, dtype, how),
+                              f"k{conv[0]}s{conv[1]}d{conv[2]}-{dtype.name}-{how}"))
+            for affine in (True, False):
+                label = f"{dtype.name}-{how}-{'affine' if affine else 'plain'}"
+                for ndims in (1, 2):
+                    for backward in (False, True):
+                        name = "layer_norm_backward" if backward else "layer_norm_forward"
+                        cases.append((name, _layer_norm(dtype, how, ndims, affine, backward),
+                                      f"ndims{ndims}-{label}"))
+                for backward in (False, True):
+                    name = "batch_norm_backward" if backward else "batch_norm_forward"
+                    cases.append((name, _batch_norm(dtype, how, affine, backward), label))
+                    name = "group_norm_backward" if backward else "group_norm_forward"
+                    cases.append((name, _group_norm(dtype, how, affine, backward), label))
+                cases.append(("batch_norm_backward",
+                              _batch_norm(dtype, how, affine, True, training=False),
+                              f"eval-{label}"))
+    return cases
+
+
+_ALL = _table()
+CASES = [(name, build) for name, build, _ in _ALL]
+
+
+def case_ids() -> list:
+    return [f"{name}-{label}" for name, _, label in _ALL]

@@ -130,14 +130,14 @@ def test_kernels_and_providers_refuse_malformed_fields(build, message):
 
 def test_an_unknown_kernel_name_is_an_error_naming_it():
     with pytest.raises(eo.EveryOError, match="unknown kernel 'no_such_kernel_t'"):
-        K.kernel.no_such_kernel_t  # noqa: B018
+        K.kernel.no_such_kernel_t
 
 
 def test_use_restores_the_previous_selection_after_an_error():
     before = K.provider_name()
     with pytest.raises(ZeroDivisionError):
         with K.use("numpy"):
-            1 / 0  # noqa: B018
+            1 / 0
     assert K.provider_name() == before
 
 

@@ -19,6 +19,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(__file__))
 
 from _timing import best_of, ratio_line, torch_or_none
+from bench_training import time_interleaved, under_kernels
 
 
 def float32_moments(x, axes):
@@ -64,7 +65,8 @@ def main() -> None:
             print(f"{label:<28} {err32:14.2e} {err64:14.2e} {t32:8.3f} ms {t64:8.3f} ms")
         if torch is None:
             return
-        print("\nforward + backward, EveryO vs PyTorch (1 thread):")
+        print("\nforward + backward, EveryO (each kernel provider) vs PyTorch (1 thread), best "
+              "of 9 alternating rounds:")
         x = (rng.standard_normal((32, 32, 32, 64)) + 5).astype(np.float32)
         layers = [
             ("BatchNorm2D(64)", eo.BatchNorm2D(64), torch.nn.BatchNorm2d(64), x,
@@ -76,6 +78,7 @@ def main() -> None:
             ("RMSNorm(4096)", eo.RMSNorm(4096), torch.nn.RMSNorm(4096),
              (rng.standard_normal((64, 4096)) + 100).astype(np.float32), None),
         ]
+        providers = ["numpy"] + sorted(eo.registry("kernels").providers())
         for label, ours, ref, data, ref_data in layers:
             ref_data = data if ref_data is None else ref_data
             tx = torch.tensor(ref_data, requires_grad=True)
@@ -88,7 +91,11 @@ def main() -> None:
                 out = layer(t)
                 (out * out).mean().backward()
 
-            print(ratio_line(label, best_of(run_ours) * 1e3, best_of(run_ref) * 1e3, "ms"))
+            steps = {p: under_kernels(run_ours, p) for p in providers}
+            steps["PyTorch"] = run_ref
+            best = time_interleaved(steps, warmup=2, repeats=9, block=3)
+            for provider in providers:
+                print(ratio_line(f"{label} [{provider}]", best[provider], best["PyTorch"], "ms"))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """Training-step benchmark: EveryO against PyTorch CPU on the same models, same thread count.
 
 One step is forward, cross-entropy loss, backward and an SGD update. For each case the script
-prints ms/step for EveryO and PyTorch (measured in this run) and their ratio.
+prints ms/step for EveryO under each kernel provider (``numpy``, the references, and every
+installed provider such as ``numba``), PyTorch and, when a Python with ``jax[cpu]`` is found,
+JAX (``jax.jit`` over the whole step, in a subprocess), and the ratios to the fastest peer.
 
     python benchmarks/bench_training.py            # every case
     python benchmarks/bench_training.py --quick    # fewer repetitions
@@ -14,8 +16,9 @@ Other benchmark files reuse this machinery (benchmarks/bench_sequence.py does)::
 
     main([Case("lstm", 2.0, build_everyo_model, build_torch_model, make_batch, ...)])
 
-Timing: EveryO and PyTorch are measured in alternating blocks and the median block is
-reported, so that both see the same load on a shared machine.
+Timing: EveryO (each provider) and PyTorch are measured in alternating blocks and the best
+block is reported, so that all see the same load on a shared machine; JAX runs in its own
+process right after, best of as many blocks.
 """
 
 from __future__ import annotations
@@ -37,7 +40,8 @@ class Case:
 
     Attributes:
         name: the row's label.
-        target: the ratio (EveryO / PyTorch) we aim to stay under.
+        target: the ratio (EveryO / the fastest peer, PyTorch or JAX; ``peer="PyTorch"``: /
+            PyTorch) we aim to stay under.
         everyo_model: builds the EveryO model (no arguments).
         torch_model: builds the PyTorch model, given the ``torch`` module.
         make_batch: ``rng -> (inputs, integer targets)`` as NumPy arrays, channel-last/NHWC.
@@ -54,6 +58,7 @@ class Case:
     to_torch_layout: Callable = staticmethod(lambda x: x)
     everyo_loss: Callable | None = None
     torch_loss: Callable | None = None
+    peer: str = "fastest"  # the target's reference: "fastest" (PyTorch or JAX) or "PyTorch"
 
 
 def _classification_batch(shape, classes):
@@ -111,13 +116,13 @@ def _cnn_torch(in_channels, c1, c2, side):
 
 
 CASES = [
-    Case("mlp_small", 1.5, _mlp_everyo([64, 128, 10]), _mlp_torch([64, 128, 10]),
-         _classification_batch((64, 64), 10)),
+    Case("mlp_small", 0.8, _mlp_everyo([64, 128, 10]), _mlp_torch([64, 128, 10]),
+         _classification_batch((64, 64), 10), peer="PyTorch"),
     Case("mlp_large", 1.0, _mlp_everyo([1024, 2048, 2048, 10]),
          _mlp_torch([1024, 2048, 2048, 10]), _classification_batch((256, 1024), 10)),
-    Case("cnn_digits", 1.5, _cnn_everyo(1, 16, 32, 8), _cnn_torch(1, 16, 32, 8),
+    Case("cnn_digits", 1.0, _cnn_everyo(1, 16, 32, 8), _cnn_torch(1, 16, 32, 8),
          _classification_batch((128, 8, 8, 1), 10), _nchw),
-    Case("cnn_cifar", 1.5, _cnn_everyo(3, 32, 64, 32), _cnn_torch(3, 32, 64, 32),
+    Case("cnn_cifar", 1.0, _cnn_everyo(3, 32, 64, 32), _cnn_torch(3, 32, 64, 32),
          _classification_batch((64, 32, 32, 3), 10), _nchw),
 ]
 
@@ -175,26 +180,89 @@ def torch_step(case: Case, torch, x: np.ndarray, y: np.ndarray) -> Callable:
     return step
 
 
-def run(cases, quick: bool = False, threads: int | None = None) -> list:
-    """Measure every case; returns rows ``(name, everyo_ms, torch_ms, ratio, target)``."""
+def kernel_selections(requested: str | None) -> list:
+    """The kernel providers to time: ``numpy`` (the references) and every installed provider,
+    or the comma-separated ``requested`` ones."""
+    import everyo as eo
+
+    installed = ["numpy"] + sorted(eo.registry("kernels").providers())
+    if not requested:
+        return installed
+    chosen = [name.strip() for name in requested.split(",") if name.strip()]
+    missing = [name for name in chosen if name not in installed]
+    if missing:
+        raise SystemExit(f"kernel providers {missing} are not installed: {installed}")
+    return chosen
+
+
+def under_kernels(step: Callable, provider: str) -> Callable:
+    """``step`` with kernel provider ``provider`` selected while it runs."""
+    import everyo as eo
+
+    def run():
+        with eo.kernels.use(provider):
+            step()
+    return run
+
+
+def time_interleaved(steps: dict, warmup: int, repeats: int, block: int) -> dict:
+    """Best ms/step of each of ``steps`` (label -> callable), measured in alternating blocks
+    of ``block`` calls so that all see the same machine load."""
+    for _ in range(warmup):
+        for step in steps.values():
+            step()
+    best = {label: float("inf") for label in steps}
+    for _ in range(repeats):
+        for label, step in steps.items():
+            best[label] = min(best[label], time_block(step, block))
+    return best
+
+
+def run(cases, quick: bool = False, threads: int | None = None, kernels: str | None = None,
+        jax_python: str | None = None) -> list:
+    """Measure every case under each kernel selection, against PyTorch (and JAX when
+    ``jax_python`` runs it); returns rows ``(name, {label: ms}, target)``."""
     import torch
     from threadpoolctl import threadpool_limits
 
+    from _jax_reference import jax_ms
+
     threads = threads or os.cpu_count() or 1
     torch.set_num_threads(threads)
-    warmup, repeats = (2, 5) if quick else (3, 11)
+    warmup, repeats = (2, 5) if quick else (3, 9)
+    providers = kernel_selections(kernels)
     rows = []
     with threadpool_limits(limits=threads):
         for case in cases:
             x, y = case.make_batch(np.random.default_rng(0))
-            ours_step, ref_step = everyo_step(case, x, y), torch_step(case, torch, x, y)
+            ref_step = torch_step(case, torch, x, y)
+            steps = {p: under_kernels(everyo_step(case, x, y), p) for p in providers}
+            steps["PyTorch"] = ref_step
             once = time_block(ref_step, 1)  # ~0.2 s (quick: 0.05 s) per block, >= 1 step
-            steps = max(1, int((50 if quick else 200) / max(once, 1e-3)))
-            ours, ref = time_pair(ours_step, ref_step, warmup, repeats, steps)
-            rows.append((case.name, ours, ref, ours / ref, case.target))
-            print(f"{case.name:<12} EveryO {ours:9.3f} ms/step   PyTorch {ref:9.3f} ms/step   "
-                  f"ratio {ours / ref:5.2f}x (target <= {case.target:.1f}x)", flush=True)
+            block = max(1, int((50 if quick else 200) / max(once, 1e-3)))
+            best = time_interleaved(steps, warmup, repeats, block)
+            jax = jax_ms(jax_python, case.name, threads, quick)
+            if jax is not None:
+                best["JAX"] = jax
+            rows.append((case.name, best, case.target))
+            print(format_row(case, best), flush=True)
     return rows
+
+
+def format_row(case: Case, best: dict) -> str:
+    """One line: every timing, then each EveryO selection over the fastest peer."""
+    peers = {k: v for k, v in best.items() if k in ("PyTorch", "JAX")}
+    ours = {k: v for k, v in best.items() if k not in peers}
+    if case.peer == "PyTorch":
+        peer_label, peer = "PyTorch", peers["PyTorch"]
+    else:
+        peer_label, peer = min(peers.items(), key=lambda item: item[1])
+    times = "  ".join(f"{k} {v:8.3f}" for k, v in best.items())
+    ratios = "  ".join(f"{k}/{peer_label} {v / peer:4.2f}x" for k, v in ours.items())
+    if "numpy" in ours and len(ours) > 1:
+        ratios += "  " + "  ".join(f"{k}/numpy {v / ours['numpy']:4.2f}x"
+                                   for k, v in ours.items() if k != "numpy")
+    return f"{case.name:<16} {times} ms/step   {ratios} (target <= {case.target:.1f}x)"
 
 
 def main(cases=CASES, argv=None) -> list:
@@ -203,12 +271,27 @@ def main(cases=CASES, argv=None) -> list:
     parser.add_argument("--threads", type=int, default=None,
                         help="BLAS/PyTorch threads for both (default: all cores)")
     parser.add_argument("--only", nargs="*", default=None, help="case names to run")
+    parser.add_argument("--kernels", default=None,
+                        help="kernel providers to time, comma-separated (default: numpy and "
+                             "every installed provider)")
+    parser.add_argument("--jax-python", default=None,
+                        help="a Python with jax[cpu] (default: $EVERYO_BENCH_JAX_PYTHON, else "
+                             ".venv-jax/bin/python when it exists); JAX is skipped without one")
     args, _ = parser.parse_known_args(argv)  # run_all.py passes its own flags along
     chosen = [c for c in cases if args.only is None or c.name in args.only]
     import torch
+    from threadpoolctl import threadpool_info
+
+    from _jax_reference import find_jax_python
+
+    blas = ", ".join(f"{p.get('internal_api')} {p.get('version')} ({p.get('architecture')})"
+                     for p in threadpool_info() if p.get("user_api") == "blas")
+    jax_python = find_jax_python(args.jax_python)
     print(f"threads={args.threads or os.cpu_count()}  numpy {np.__version__}  "
-          f"torch {torch.__version__}  python {sys.version.split()[0]}")
-    return run(chosen, quick=args.quick, threads=args.threads)
+          f"torch {torch.__version__}  python {sys.version.split()[0]}  BLAS: {blas}  "
+          f"JAX: {jax_python or 'not installed (skipped)'}")
+    return run(chosen, quick=args.quick, threads=args.threads, kernels=args.kernels,
+               jax_python=jax_python)
 
 
 if __name__ == "__main__":

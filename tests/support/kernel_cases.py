@@ -11,7 +11,9 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
+from everyo_layers.norm_kernels import batch_norm_forward, group_norm_forward, layer_norm_forward
 from everyo_layers.padding import output_size
+from everyo_layers.pool_kernels import max_pool2d_forward
 
 DTYPES = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16),
           np.dtype(ml_dtypes.bfloat16))
@@ -70,8 +72,6 @@ def _pool_forward(pool, stride, pads, dtype, how):
 
 
 def _pool_backward(pool, stride, pads, dtype, how):
-    from everyo_layers.pool_kernels import max_pool2d_forward
-
     def build(rng):
         x = values(rng, (3, 8, 8, 5), np.float32)
         out_hw, tiled = _pool_geometry(x.shape, pool, stride, pads)
@@ -125,8 +125,6 @@ def _cast(parameters, dtype):
 
 
 def _layer_norm(dtype, how, ndims, affine, backward):
-    from everyo_layers.norm_kernels import layer_norm_forward
-
     def build(rng):
         shape = (4, 6, 10)
         x = _norm_input(rng, shape, dtype, how)
@@ -140,8 +138,6 @@ def _layer_norm(dtype, how, ndims, affine, backward):
 
 
 def _batch_norm(dtype, how, affine, backward, training=True):
-    from everyo_layers.norm_kernels import batch_norm_forward
-
     def build(rng):
         x = _norm_input(rng, (4, 5, 3, 6), dtype, how)
         weight, bias = _cast(_parameters(rng, (6,), affine), dtype)
@@ -154,8 +150,6 @@ def _batch_norm(dtype, how, affine, backward, training=True):
 
 
 def _group_norm(dtype, how, affine, backward):
-    from everyo_layers.norm_kernels import group_norm_forward
-
     def build(rng):
         x = _norm_input(rng, (4, 5, 3, 8), dtype, how)
         weight, bias = _cast(_parameters(rng, (8,), affine), dtype)

@@ -282,53 +282,52 @@ def batch_norm_backward(g, xhat, inv_std, weight, training, needs):
 
 
 @njit
-def _group_sums_f64(x, groups, out):
-    """``out[b, group]`` = float64 sum over positions and the group's channels of ``x[b]``
-    (N, P, C): per channel over the positions first, then the channels (the reference's
-    order of axes)."""
-    n, p, c = x.shape
-    per = c // groups
-    acc = np.zeros(c)
-    for b in range(n):
-        acc[:] = 0.0
-        for q in range(p):
-            for k in range(c):
-                acc[k] += x[b, q, k]
-        for grp in range(groups):
-            s = 0.0
-            for k in range(grp * per, (grp + 1) * per):
-                s += acc[k]
-            out[b, grp] = s
+def _group_means(acc, groups, count, t, high, residue):
+    """Per channel: its group's mean (from per-channel float64 sums ``acc``) rounded to ``t``,
+    and the rounding residue."""
+    per = acc.shape[0] // groups
+    for grp in range(groups):
+        s = 0.0
+        for k in range(grp * per, (grp + 1) * per):
+            s += acc[k]
+        mean = s / count
+        for k in range(grp * per, (grp + 1) * per):
+            high[k] = t(mean)
+            residue[k] = t(mean - t(mean))
 
 
 @njit
 def _group_norm_forward(x, groups, eps, weight, bias, has_weight, has_bias, out, xhat,
                         inv_std):
+    # NOTE: per sample, three passes over its (positions, channels) block, which stays in
+    # cache: the sums, the centered values with their squares' sums, the output. Sums per
+    # channel over the positions first, then over the group's channels (the reference's order
+    # of axes), in float64.
     n, p, c = x.shape
     t = x.dtype.type
     per = c // groups
     count = p * per
-    sums = np.empty((n, groups))
-    _group_sums_f64(x, groups, sums)
+    acc = np.zeros(c)
     high = np.empty(c, x.dtype)
     residue = np.empty(c, x.dtype)
+    inv = np.empty(c, x.dtype)
     for b in range(n):
-        for grp in range(groups):
-            mean = sums[b, grp] / count
-            for k in range(grp * per, (grp + 1) * per):
-                high[k] = t(mean)
-                residue[k] = t(mean - t(mean))
+        acc[:] = 0.0
+        for q in range(p):
+            for k in range(c):
+                acc[k] += x[b, q, k]
+        _group_means(acc, groups, count, t, high, residue)
+        acc[:] = 0.0
         for q in range(p):
             for k in range(c):
                 value = (x[b, q, k] - high[k]) - residue[k]
                 xhat[b, q, k] = value
-                out[b, q, k] = value * value  # (scratch: the squares)
-    _group_sums_f64(out, groups, sums)
-    inv = np.empty(c, x.dtype)
-    for b in range(n):
+                acc[k] += value * value
         for grp in range(groups):
-            var = t(sums[b, grp] / count)
-            value = t(1.0) / np.sqrt(var + t(eps))
+            s = 0.0
+            for k in range(grp * per, (grp + 1) * per):
+                s += acc[k]
+            value = t(1.0) / np.sqrt(t(s / count) + t(eps))
             inv_std[b, grp] = value
             for k in range(grp * per, (grp + 1) * per):
                 inv[k] = value

@@ -223,9 +223,8 @@ def run(cases, quick: bool = False, threads: int | None = None, kernels: str | N
     """Measure every case under each kernel selection, against PyTorch (and JAX when
     ``jax_python`` runs it); returns rows ``(name, {label: ms}, target)``."""
     import torch
-    from threadpoolctl import threadpool_limits
-
     from _jax_reference import jax_ms
+    from threadpoolctl import threadpool_limits
 
     threads = threads or os.cpu_count() or 1
     torch.set_num_threads(threads)
@@ -280,9 +279,8 @@ def main(cases=CASES, argv=None) -> list:
     args, _ = parser.parse_known_args(argv)  # run_all.py passes its own flags along
     chosen = [c for c in cases if args.only is None or c.name in args.only]
     import torch
-    from threadpoolctl import threadpool_info
-
     from _jax_reference import find_jax_python
+    from threadpoolctl import threadpool_info
 
     blas = ", ".join(f"{p.get('internal_api')} {p.get('version')} ({p.get('architecture')})"
                      for p in threadpool_info() if p.get("user_api") == "blas")

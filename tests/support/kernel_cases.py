@@ -14,6 +14,7 @@ import numpy as np
 from everyo_layers.norm_kernels import batch_norm_forward, group_norm_forward, layer_norm_forward
 from everyo_layers.padding import output_size
 from everyo_layers.pool_kernels import max_pool2d_forward
+from everyo_layers.recurrent_kernels import lstm_forward_steps
 
 DTYPES = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16),
           np.dtype(ml_dtypes.bfloat16))
@@ -21,10 +22,14 @@ LAYOUTS = ("contiguous", "strided", "broadcast", "empty")
 
 #: Kernels whose implementations must give the reference's bits.
 EXACT = frozenset({"max_pool2d_forward", "max_pool2d_backward"})
+#: Kernels that call BLAS (whose bits may depend on the thread count).
+USES_BLAS = frozenset({"conv2d_input_grad", "lstm_forward_steps", "lstm_backward_steps"})
+#: Arguments that are scratch (contents left open by the contract), by position.
+SCRATCH = {"lstm_backward_steps": (7,)}
 #: Normwise bound of the others, in units of the output dtype's epsilon (see the test module).
 ULPS = {"conv2d_input_grad": 16, "layer_norm_forward": 16, "layer_norm_backward": 16,
         "batch_norm_forward": 16, "batch_norm_backward": 16, "group_norm_forward": 16,
-        "group_norm_backward": 16}
+        "group_norm_backward": 16, "lstm_forward_steps": 16, "lstm_backward_steps": 64}
 
 
 def layout(array: np.ndarray, how: str) -> np.ndarray:
@@ -161,6 +166,34 @@ def _group_norm(dtype, how, affine, backward):
     return build
 
 
+def _lstm_state(rng, dtype, steps=5, batch=3, hidden=4):
+    """What LSTMOp hands the time loops: activations to be, the scaled hidden weight, the
+    state arrays with the initial states in place."""
+    acts = (values(rng, (steps, batch, 4 * hidden), np.float64) * 0.5).astype(dtype)
+    w = (values(rng, (hidden, 4 * hidden), np.float64) * 0.3).astype(dtype)
+    hs = np.zeros((steps + 2, batch, hidden), dtype)
+    cs = np.zeros((steps + 1, batch, hidden), dtype)
+    hs[0], cs[0] = values(rng, (batch, hidden), dtype), values(rng, (batch, hidden), dtype)
+    return acts, w, hs, cs, np.zeros((steps, batch, hidden), dtype)
+
+
+def _lstm(dtype, how, backward):
+    """``how``: the output gradient's layout (the loops' state arrays are the op's own)."""
+    def build(rng):
+        acts, w, hs, cs, tanh_c = _lstm_state(rng, dtype, batch=0 if how == "empty" else 3)
+        if not backward:
+            return acts, w, hs, cs, tanh_c
+        lstm_forward_steps(acts, w, hs, cs, tanh_c)
+        gt = values(rng, (hs.shape[0] - 1,) + hs.shape[1:], dtype)
+        gt = gt if how != "strided" else layout(gt.transpose(1, 0, 2), how).transpose(1, 0, 2)
+        if how == "broadcast":
+            gt = np.broadcast_to(gt[:1], gt.shape)
+        w_t = np.ascontiguousarray(w.T)
+        return (gt, acts, cs, tanh_c, w_t, np.array(gt[-1]), np.zeros(acts.shape, dtype),
+                np.zeros(tanh_c.shape, dtype))
+    return build
+
+
 def _table() -> list:
     cases = []
     for dtype in DTYPES:
@@ -188,6 +221,9 @@ def _table() -> list:
                 cases.append(("batch_norm_backward",
                               _batch_norm(dtype, how, affine, True, training=False),
                               f"eval-{label}"))
+            for backward in (False, True):
+                name = "lstm_backward_steps" if backward else "lstm_forward_steps"
+                cases.append((name, _lstm(dtype, how, backward), f"{dtype.name}-{how}"))
     return cases
 
 

@@ -38,6 +38,7 @@ MODULES = (
     "everyo_layers.conv_kernels",
     "everyo_layers.pool_kernels",
     "everyo_layers.norm_kernels",
+    "everyo_layers.recurrent_kernels",
 )
 
 

@@ -23,6 +23,8 @@ IMPLEMENTATIONS = {
     "batch_norm_backward": "everyo_numba.norm:batch_norm_backward",
     "group_norm_forward": "everyo_numba.norm:group_norm_forward",
     "group_norm_backward": "everyo_numba.norm:group_norm_backward",
+    "lstm_forward_steps": "everyo_numba.recurrent:lstm_forward_steps",
+    "lstm_backward_steps": "everyo_numba.recurrent:lstm_backward_steps",
 }
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from everyo import EveryOError, Op
-from everyo.kernels import blas_matmul
+from everyo.kernels import blas_matmul, kernel
 
 
 def sigmoid_(a: np.ndarray) -> np.ndarray:
@@ -29,15 +29,6 @@ def sigmoid_(a: np.ndarray) -> np.ndarray:
     a += 1.0
     a *= 0.5
     return a
-
-
-def matmul_into(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """``out[...] = a @ b`` without allocating (float16 goes through float32 BLAS)."""
-    if out.dtype == np.float16:
-        out[...] = blas_matmul(a, b)
-    else:
-        np.matmul(a, b, out=out)
-    return out
 
 
 class ScratchPool:
@@ -224,22 +215,8 @@ class LSTMOp(_FusedRecurrentOp):
         hs = np.empty((steps + 2, batch, H), acts.dtype)  # h0, h_1..h_T, then c_T
         cs = np.empty((steps + 1, batch, H), acts.dtype)
         tanh_c = np.empty((steps, batch, H), acts.dtype)
-        product = np.empty((batch, 4 * H), acts.dtype)
         hs[0], cs[0] = h0, c0
-        for t in range(steps):
-            a = acts[t]  # pre-activations become activations in place
-            a += matmul_into(hs[t], scaled_w_hh, product)
-            np.tanh(a, out=a)
-            sig = a[:, :3 * H]
-            sig += 1.0
-            sig *= 0.5
-            o, i, f, g = a[:, :H], a[:, H:2 * H], a[:, 2 * H:3 * H], a[:, 3 * H:]
-            c = cs[t + 1]
-            np.multiply(f, cs[t], out=c)
-            np.multiply(i, g, out=tanh_c[t])
-            c += tanh_c[t]
-            np.tanh(c, out=tanh_c[t])
-            np.multiply(o, tanh_c[t], out=hs[t + 1])
+        kernel.lstm_forward_steps(acts, scaled_w_hh, hs, cs, tanh_c)
         hs[steps + 1] = cs[steps]
         self.saved = (xt, hs, cs, acts, tanh_c, w_ih_k, w_hh_k)
         out = hs[1:]
@@ -248,45 +225,16 @@ class LSTMOp(_FusedRecurrentOp):
     def backward(self, g):
         xt, hs, cs, acts, tanh_c, w_ih_k, w_hh_k = self.saved
         gt = _time_major(g, self.batch_first)
-        steps, batch = acts.shape[:2]
-        H = hs.shape[-1]
-        o, i, f, gg = acts[..., :H], acts[..., H:2 * H], acts[..., 2 * H:3 * H], acts[..., 3 * H:]
-        # Per-step factors, computed for all steps at once (in place: no temporaries):
-        # d_pre = factor * dh for the o gate, factor * dc for i, f, g.
-        factor = SCRATCH.take(acts.shape, acts.dtype)
-        for block, gate, other in ((slice(None, H), o, tanh_c), (slice(H, 2 * H), i, gg),
-                                   (slice(2 * H, 3 * H), f, cs[:steps])):
-            out = factor[..., block]  # sigmoid'(z) = s * (1 - s), times the other factor
-            np.subtract(1, gate, out=out)
-            out *= gate
-            out *= other
-        out = factor[..., 3 * H:]  # tanh'(z) = 1 - g^2, times i
-        np.multiply(gg, gg, out=out)
-        np.subtract(1, out, out=out)
-        out *= i
-        dc_from_dh = np.multiply(tanh_c, tanh_c, out=SCRATCH.take(tanh_c.shape, tanh_c.dtype))
-        np.subtract(1, dc_from_dh, out=dc_from_dh)
-        dc_from_dh *= o
-        # NOTE: each step's factors are read once, so d_pre overwrites them in place (one
-        # fewer (T, B, 4H) array to allocate and page in).
-        d_pre = factor
-        d_cell = d_pre.reshape(steps, batch, 4, H)[:, :, 1:]
-        dh = np.zeros_like(hs[0])
+        steps = acts.shape[0]
+        d_pre = SCRATCH.take(acts.shape, acts.dtype)
+        work = SCRATCH.take(tanh_c.shape, tanh_c.dtype)
         dc = np.array(gt[steps], copy=True)  # gradient reaching the final cell state
-        scratch = np.empty_like(dh)
         w_hh_t = np.ascontiguousarray(w_hh_k.T)  # NOTE: BLAS is ~30% faster on it than on .T
-        for t in range(steps - 1, -1, -1):
-            dh += gt[t]
-            np.multiply(dh, dc_from_dh[t], out=scratch)
-            dc += scratch
-            d_pre[t, :, :H] *= dh
-            d_cell[t] *= dc[:, None, :]
-            dc *= f[t]
-            matmul_into(d_pre[t], w_hh_t, dh)
+        dh = kernel.lstm_backward_steps(gt, acts, cs, tanh_c, w_hh_t, dc, d_pre, work)
         need_c0 = self.needs_input_grad[2]
         grads = self._gradients(xt, hs, w_ih_k, w_hh_k, d_pre, d_pre, dh,
                                 extra=(dc if need_c0 else None,))
-        SCRATCH.give(factor, dc_from_dh)  # _gradients copied out what it needed
+        SCRATCH.give(d_pre, work)  # _gradients copied out what it needed
         inverse = np.argsort(self.columns)
         return tuple(grad if grad is None or k < 3 else grad[..., inverse]
                      for k, grad in enumerate(grads))

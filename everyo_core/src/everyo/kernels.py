@@ -36,11 +36,12 @@ from everyo.grad_rows import row_block_stops
 from everyo.half_precision import narrow, widen
 from everyo.kernel_definitions import REFERENCE, Kernel, KernelProvider
 from everyo.kernel_registry import KERNELS_ENV, coverage, fingerprint, kernel, provider_name, use
+from everyo.ops.activation_kernels import keep_where
 from everyo.ops.einsum import parse_equation as parse_einsum_equation
 from everyo.ops.graph_math import broadcast_tensor, expand_reduced, swap_last, unbroadcast_tensor
 from everyo.ops.linalg import blas_matmul
 from everyo.ops.reduction import log_softmax_array
-from everyo.ops.unary import keep_where, stable_sigmoid
+from everyo.ops.unary import stable_sigmoid
 from everyo.versioning import check_operand_unchanged
 
 __all__ = ["HALF_DTYPES", "KERNELS_ENV", "Kernel", "KernelProvider", "REFERENCE", "as_tensors",

@@ -21,7 +21,7 @@ DTYPES = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16),
 LAYOUTS = ("contiguous", "strided", "broadcast", "empty")
 
 #: Kernels whose implementations must give the reference's bits.
-EXACT = frozenset({"max_pool2d_forward", "max_pool2d_backward"})
+EXACT = frozenset({"max_pool2d_forward", "max_pool2d_backward", "relu_forward"})
 #: Kernels that call BLAS (whose bits may depend on the thread count).
 USES_BLAS = frozenset({"conv2d_input_grad", "lstm_forward_steps", "lstm_backward_steps"})
 #: Arguments that are scratch (contents left open by the contract), by position.
@@ -194,6 +194,21 @@ def _lstm(dtype, how, backward):
     return build
 
 
+def _signed(rng, shape, dtype):
+    """Values with ties, +-0.0, NaNs of both signs and both infinities."""
+    data = values(rng, shape, np.float64)
+    flat = data.reshape(-1)
+    if flat.size >= 8:
+        flat[:8] = [0.0, -0.0, np.nan, -np.nan, np.inf, -np.inf, 1e-30, -1e-30]
+    return data.astype(dtype)
+
+
+def _relu(dtype, how):
+    def build(rng):
+        return (layout(_signed(rng, (4, 3, 6), dtype), how),)
+    return build
+
+
 def _table() -> list:
     cases = []
     for dtype in DTYPES:
@@ -221,6 +236,7 @@ def _table() -> list:
                 cases.append(("batch_norm_backward",
                               _batch_norm(dtype, how, affine, True, training=False),
                               f"eval-{label}"))
+            cases.append(("relu_forward", _relu(dtype, how), f"{dtype.name}-{how}"))
             for backward in (False, True):
                 name = "lstm_backward_steps" if backward else "lstm_forward_steps"
                 cases.append((name, _lstm(dtype, how, backward), f"{dtype.name}-{how}"))

@@ -14,6 +14,7 @@ from everyo.kernels import KernelProvider
 
 #: Kernel name -> its implementation, by module.
 IMPLEMENTATIONS = {
+    "relu_forward": "everyo_numba.activation:relu_forward",
     "max_pool2d_forward": "everyo_numba.pool:max_pool2d_forward",
     "max_pool2d_backward": "everyo_numba.pool:max_pool2d_backward",
     "conv2d_input_grad": "everyo_numba.conv:conv2d_input_grad",

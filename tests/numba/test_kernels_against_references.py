@@ -30,8 +30,11 @@ PROVIDER = REGISTRY.providers().get("numba")
 pytestmark = pytest.mark.skipif(PROVIDER is None, reason="everyo-numba is not installed")
 
 
-def _as_tuple(result):
-    return result if isinstance(result, tuple) else (result,)
+def _as_tuple(result) -> tuple:
+    """A result as a flat tuple of arrays (and Nones): lists of per-parameter arrays too."""
+    if isinstance(result, (tuple, list)):
+        return tuple(leaf for item in result for leaf in _as_tuple(item))
+    return (result,)
 
 
 def _eps(dtype: np.dtype) -> float:
@@ -61,9 +64,10 @@ def _assert_close(name: str, got, expected) -> None:
 
 
 def _arrays(name: str, args) -> tuple:
-    """The array arguments, but scratch whose contents the contract leaves open."""
-    return tuple(a for index, a in enumerate(args)
-                 if isinstance(a, np.ndarray) and index not in SCRATCH.get(name, ()))
+    """The array arguments (lists of them flattened), but scratch whose contents the contract
+    leaves open."""
+    kept = [a for index, a in enumerate(args) if index not in SCRATCH.get(name, ())]
+    return tuple(a for a in _as_tuple(kept) if isinstance(a, np.ndarray))
 
 
 @pytest.mark.parametrize("name, build", CASES, ids=case_ids())

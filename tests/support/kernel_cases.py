@@ -21,7 +21,8 @@ DTYPES = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16),
 LAYOUTS = ("contiguous", "strided", "broadcast", "empty")
 
 #: Kernels whose implementations must give the reference's bits.
-EXACT = frozenset({"max_pool2d_forward", "max_pool2d_backward", "relu_forward"})
+EXACT = frozenset({"max_pool2d_forward", "max_pool2d_backward", "relu_forward", "sgd_step",
+                   "adam_step"})
 #: Kernels that call BLAS (whose bits may depend on the thread count).
 USES_BLAS = frozenset({"conv2d_input_grad", "lstm_forward_steps", "lstm_backward_steps"})
 #: Arguments that are scratch (contents left open by the contract), by position.
@@ -209,6 +210,53 @@ def _relu(dtype, how):
     return build
 
 
+SGD_OPTIONS = [dict(lr=0.1, momentum=0.0, dampening=0.0, nesterov=False, weight_decay=0.0),
+               dict(lr=0.05, momentum=0.9, dampening=0.1, nesterov=False, weight_decay=1e-2),
+               dict(lr=0.05, momentum=0.9, dampening=0.0, nesterov=True, weight_decay=0.0)]
+ADAM_OPTIONS = [dict(lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0,
+                     decoupled=False, amsgrad=False),
+                dict(lr=3e-3, beta1=0.8, beta2=0.99, eps=1e-6, weight_decay=0.1,
+                     decoupled=True, amsgrad=True),
+                dict(lr=3e-3, beta1=0.8, beta2=0.99, eps=1e-6, weight_decay=0.1,
+                     decoupled=False, amsgrad=False)]
+_PARAMETER_SHAPES = [(5, 3), (3,), (2, 2, 2), (1,)]
+
+
+def _group(rng, dtype, how):
+    """A parameter group's weights (``how`` "empty": one weight has no elements)."""
+    shapes = _PARAMETER_SHAPES + ([(0, 4)] if how == "empty" else [])
+    return [values(rng, shape, dtype) for shape in shapes]
+
+
+def _sgd(dtype, how, options, first):
+    def build(rng):
+        weights = _group(rng, dtype, how)
+        grads = [values(rng, w.shape, dtype) for w in weights]
+        if how == "strided":  # one gradient a strided view
+            grads[0] = layout(grads[0], "strided")
+        buffers = [None if first else values(rng, w.shape, dtype) for w in weights]
+        return (weights, grads, buffers, options["lr"], options["momentum"],
+                options["dampening"], options["nesterov"], options["weight_decay"])
+    return build
+
+
+def _adam(dtype, how, options, step):
+    def build(rng):
+        weights = _group(rng, dtype, how)
+        grads = [values(rng, w.shape, dtype) for w in weights]
+        if how == "strided":
+            grads[0] = layout(grads[0], "strided")
+        m = [values(rng, w.shape, dtype) * 0.1 for w in weights]
+        v = [np.abs(values(rng, w.shape, dtype)) * 0.1 for w in weights]
+        top = [np.abs(values(rng, w.shape, dtype)) * 0.1 for w in weights] \
+            if options["amsgrad"] else None
+        steps = [step + k for k in range(len(weights))]
+        return (weights, grads, m, v, top, steps, options["lr"], options["beta1"],
+                options["beta2"], options["eps"], options["weight_decay"],
+                options["decoupled"])
+    return build
+
+
 def _table() -> list:
     cases = []
     for dtype in DTYPES:
@@ -237,6 +285,13 @@ def _table() -> list:
                               _batch_norm(dtype, how, affine, True, training=False),
                               f"eval-{label}"))
             cases.append(("relu_forward", _relu(dtype, how), f"{dtype.name}-{how}"))
+            for k, options in enumerate(SGD_OPTIONS):
+                for first in (True, False):
+                    cases.append(("sgd_step", _sgd(dtype, how, options, first),
+                                  f"{dtype.name}-{how}-options{k}-{'first' if first else 'later'}"))
+            for k, options in enumerate(ADAM_OPTIONS):
+                cases.append(("adam_step", _adam(dtype, how, options, step=1 + 5 * k),
+                              f"{dtype.name}-{how}-options{k}"))
             for backward in (False, True):
                 name = "lstm_backward_steps" if backward else "lstm_forward_steps"
                 cases.append((name, _lstm(dtype, how, backward), f"{dtype.name}-{how}"))

@@ -1,6 +1,7 @@
 """The core's own plugin: it registers the core ops and kernels through the same hooks as everyone
 else."""
 
+from everyo import optim_kernels
 from everyo.hookspecs import hookimpl
 from everyo.ops import activation_kernels, core_ops
 
@@ -13,6 +14,6 @@ def everyo_register_ops(register):
 
 @hookimpl
 def everyo_register_kernels(register):
-    for module in (activation_kernels,):
+    for module in (activation_kernels, optim_kernels):
         for name, kernel in module.KERNELS.items():
             register(name, kernel)

@@ -14,6 +14,8 @@ from everyo.kernels import KernelProvider
 
 #: Kernel name -> its implementation, by module.
 IMPLEMENTATIONS = {
+    "sgd_step": "everyo_numba.optim:sgd_step",
+    "adam_step": "everyo_numba.optim:adam_step",
     "relu_forward": "everyo_numba.activation:relu_forward",
     "max_pool2d_forward": "everyo_numba.pool:max_pool2d_forward",
     "max_pool2d_backward": "everyo_numba.pool:max_pool2d_backward",

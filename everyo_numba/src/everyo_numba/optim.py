@@ -1,0 +1,115 @@
+"""SGD and Adam over a whole parameter group in ONE compiled call.
+
+The reference (``everyo.optim_kernels``) makes 3-8 NumPy calls per parameter, each with its
+own temporaries; for small models that per-parameter Python is most of an optimizer step. Here
+the group's parameters arrive as one tuple of flat views, and one loop updates every element
+in one pass (weight, gradient and buffers read once). The arithmetic is the reference's,
+operation by operation, with the scalars converted to the parameters' dtype once, as NumPy
+converts a Python float meeting a float32 array (a NumPy scalar, which NumPy would not
+convert, leaves the call to the reference): the same bits.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from everyo_numba.jit import COMPILED_DTYPES, njit
+
+
+def _flat(arrays, dtype):
+    """``arrays`` as a tuple of flat views, or None when one is not a C-contiguous ``dtype``
+    array (no copy: the kernels write through these views)."""
+    flat = []
+    for a in arrays:
+        if a.dtype != dtype or not a.flags.c_contiguous:
+            return None
+        flat.append(a.reshape(-1))
+    return tuple(flat)
+
+
+@njit
+def _sgd(weights, grads, buffers, has_buffer, lr, momentum, dampening, nesterov, decay):
+    for p in range(len(weights)):
+        w, g, buf = weights[p], grads[p], buffers[p]
+        t = w.dtype.type
+        lr_, momentum_, keep, decay_ = t(lr), t(momentum), t(1 - dampening), t(decay)
+        for i in range(w.size):
+            step = g[i]
+            if decay != 0.0:
+                step = step + decay_ * w[i]
+            if momentum != 0.0:
+                b = buf[i] * momentum_ + keep * step if has_buffer[p] else step
+                buf[i] = b
+                step = step + momentum_ * b if nesterov else b
+            w[i] = w[i] - lr_ * step
+
+
+def _python_numbers(*values) -> bool:
+    """True when every value is a Python int or float: NumPy then converts it to the array's
+    dtype (a NumPy float64 scalar would widen the reference's arithmetic instead)."""
+    return all(type(v) in (int, float, bool) for v in values)
+
+
+def sgd_step(weights, grads, buffers, lr, momentum, dampening, nesterov, weight_decay):
+    dtype = weights[0].dtype if weights else None
+    if dtype is None or dtype.name not in COMPILED_DTYPES or not _python_numbers(
+            lr, momentum, dampening, weight_decay):
+        return NotImplemented
+    fresh = [np.empty_like(w) if buf is None else buf for w, buf in zip(weights, buffers)] \
+        if momentum else list(weights)  # (without momentum the buffers are not read)
+    flat_w, flat_g, flat_b = _flat(weights, dtype), _flat(grads, dtype), _flat(fresh, dtype)
+    if flat_w is None or flat_g is None or flat_b is None or any(
+            w.shape != g.shape for w, g in zip(weights, grads)):
+        return NotImplemented
+    has_buffer = np.array([buf is not None for buf in buffers], np.bool_)
+    _sgd(flat_w, flat_g, flat_b, has_buffer, float(lr), float(momentum), float(dampening),
+         bool(nesterov), float(weight_decay))
+    return fresh if momentum else list(buffers)
+
+
+@njit
+def _adam(weights, grads, exp_avgs, exp_avg_sqs, maxima, amsgrad, step_sizes, corrections,
+          lr, beta1, beta2, eps, decay, decoupled):
+    for p in range(len(weights)):
+        w, g, m, v, top = weights[p], grads[p], exp_avgs[p], exp_avg_sqs[p], maxima[p]
+        t = w.dtype.type
+        b1, b2, keep1, keep2 = t(beta1), t(beta2), t(1 - beta1), t(1 - beta2)
+        shrink, decay_ = t(1 - lr * decay), t(decay)
+        step_size, correction = t(step_sizes[p]), corrections[p]
+        for i in range(w.size):
+            wi, gi = w[i], g[i]
+            if decay != 0.0:
+                if decoupled:
+                    wi = wi * shrink
+                else:
+                    gi = gi + decay_ * wi
+            mi = m[i] * b1 + keep1 * gi
+            vi = v[i] * b2 + keep2 * (gi * gi)
+            m[i], v[i] = mi, vi
+            if amsgrad:
+                if top[i] > vi or top[i] != top[i]:  # np.maximum(top, v): a NaN wins
+                    vi = top[i]
+                top[i] = vi
+            # NOTE: the reference's denominator is float64 (sqrt(v) over a NumPy float64
+            # scalar), its quotient rounded to the weight's dtype once.
+            denominator = np.float64(np.sqrt(vi)) / correction + eps
+            w[i] = wi - t(np.float64(step_size * mi) / denominator)
+
+
+def adam_step(weights, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, lr, beta1, beta2,
+              eps, weight_decay, decoupled):
+    dtype = weights[0].dtype if weights else None
+    if dtype is None or dtype.name not in COMPILED_DTYPES or not _python_numbers(
+            lr, beta1, beta2, eps, weight_decay):
+        return NotImplemented
+    amsgrad = max_exp_avg_sqs is not None
+    groups = [_flat(arrays, dtype) for arrays in (
+        weights, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs if amsgrad else exp_avgs)]
+    if any(g is None for g in groups) or any(w.shape != g.shape for w, g in zip(weights, grads)):
+        return NotImplemented
+    # NOTE: per parameter, the Python scalars the reference computes (its own step count).
+    step_sizes = np.array([lr / (1 - beta1 ** t) for t in steps])
+    corrections = np.array([np.sqrt(1 - beta2 ** t) for t in steps])
+    _adam(*groups, amsgrad, step_sizes, corrections, float(lr), float(beta1), float(beta2),
+          float(eps), float(weight_decay), bool(decoupled))
+    return None

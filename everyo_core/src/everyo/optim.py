@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from everyo.errors import EveryOError
+from everyo.kernel_registry import kernel
 from everyo.tensor import Tensor
 from everyo.versioning import bump_version
 
@@ -126,11 +127,18 @@ class Optimizer:
         """Apply one update to every parameter that has a gradient."""
         self.step_count += 1
         for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is not None:
-                    self._update(p.data, p.grad, self.state.setdefault(p, {}), group)
-                    # NOTE: a graph that saved p before this step must not run backward
-                    bump_version(p)
+            params = [p for p in group["params"] if p.grad is not None]
+            if params:
+                self._update_group(params, group)
+            for p in params:
+                # NOTE: a graph that saved p before this step must not run backward
+                bump_version(p)
+
+    def _update_group(self, params: list, group: dict) -> None:
+        """Update ``params`` (the parameters of ``group`` that have a gradient). By default one
+        :meth:`_update` call each; SGD and Adam run one kernel over the whole group."""
+        for p in params:
+            self._update(p.data, p.grad, self.state.setdefault(p, {}), group)
 
     def _update(self, w: np.ndarray, g: np.ndarray, state: dict,
                 group: dict) -> None:  # pragma: no cover - interface
@@ -252,19 +260,15 @@ class SGD(Optimizer):
         if group["nesterov"] and (group["momentum"] <= 0 or group["dampening"] != 0):
             raise EveryOError("SGD: nesterov needs momentum > 0 and dampening == 0")
 
-    def _update(self, w, g, state, group):
-        momentum, weight_decay = group["momentum"], group["weight_decay"]
-        if weight_decay:
-            g = g + weight_decay * w
-        if momentum:
-            buf = state.get("momentum_buffer")
-            if buf is None:
-                buf = state["momentum_buffer"] = np.array(g, dtype=w.dtype, copy=True)
-            else:
-                buf *= momentum
-                buf += (1 - group["dampening"]) * g
-            g = g + momentum * buf if group["nesterov"] else buf
-        w -= (group["lr"] * g).astype(w.dtype, copy=False)
+    def _update_group(self, params, group):
+        states = [self.state.setdefault(p, {}) for p in params]
+        buffers = kernel.sgd_step([p.data for p in params], [p.grad for p in params],
+                                  [state.get("momentum_buffer") for state in states],
+                                  group["lr"], group["momentum"], group["dampening"],
+                                  group["nesterov"], group["weight_decay"])
+        if group["momentum"]:
+            for state, buffer in zip(states, buffers):
+                state["momentum_buffer"] = buffer
 
 
 class Adam(Optimizer):
@@ -303,32 +307,24 @@ class Adam(Optimizer):
             raise EveryOError(f"{type(self).__name__}: betas must be in [0, 1), got "
                               f"{group['betas']}")
 
-    def _update(self, w, g, state, group):
+    def _update_group(self, params, group):
         beta1, beta2 = group["betas"]
-        lr, weight_decay = group["lr"], group["weight_decay"]
-        if weight_decay:
-            if self.decoupled:
-                w *= 1 - lr * weight_decay
-            else:
-                g = g + weight_decay * w
-        if "exp_avg" not in state:
-            state["exp_avg"] = np.zeros_like(w)
-            state["exp_avg_sq"] = np.zeros_like(w)
-            if group["amsgrad"]:
-                state["max_exp_avg_sq"] = np.zeros_like(w)
-        # NOTE: the bias correction counts this parameter's own updates, as PyTorch's: a
-        # parameter whose first gradient arrives late starts from t = 1.
-        t = state["step"] = int(state.get("step", 0)) + 1
-        m, v = state["exp_avg"], state["exp_avg_sq"]
-        m *= beta1
-        m += (1 - beta1) * g
-        v *= beta2
-        v += (1 - beta2) * (g * g)
-        if group["amsgrad"]:
-            v = np.maximum(state["max_exp_avg_sq"], v, out=state["max_exp_avg_sq"])
-        step_size = lr / (1 - beta1 ** t)
-        denom = np.sqrt(v) / np.sqrt(1 - beta2 ** t) + group["eps"]
-        w -= (step_size * m / denom).astype(w.dtype, copy=False)
+        states = [self.state.setdefault(p, {}) for p in params]
+        for p, state in zip(params, states):
+            if "exp_avg" not in state:
+                state["exp_avg"] = np.zeros_like(p.data)
+                state["exp_avg_sq"] = np.zeros_like(p.data)
+                if group["amsgrad"]:
+                    state["max_exp_avg_sq"] = np.zeros_like(p.data)
+            # NOTE: the bias correction counts this parameter's own updates, as PyTorch's: a
+            # parameter whose first gradient arrives late starts from t = 1.
+            state["step"] = int(state.get("step", 0)) + 1
+        maxima = [state["max_exp_avg_sq"] for state in states] if group["amsgrad"] else None
+        kernel.adam_step([p.data for p in params], [p.grad for p in params],
+                         [state["exp_avg"] for state in states],
+                         [state["exp_avg_sq"] for state in states], maxima,
+                         [state["step"] for state in states], group["lr"], beta1, beta2,
+                         group["eps"], group["weight_decay"], self.decoupled)
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)

@@ -22,7 +22,7 @@ LAYOUTS = ("contiguous", "strided", "broadcast", "empty")
 
 #: Kernels whose implementations must give the reference's bits.
 EXACT = frozenset({"max_pool2d_forward", "max_pool2d_backward", "relu_forward", "sgd_step",
-                   "adam_step"})
+                   "adam_step", "unscale_all_finite"})
 #: Kernels that call BLAS (whose bits may depend on the thread count).
 USES_BLAS = frozenset({"conv2d_input_grad", "lstm_forward_steps", "lstm_backward_steps"})
 #: Arguments that are scratch (contents left open by the contract), by position.
@@ -257,6 +257,18 @@ def _adam(dtype, how, options, step):
     return build
 
 
+def _unscale(dtype, how, special, inverse):
+    """Gradients of a parameter group, one holding ``special`` (None: all finite)."""
+    def build(rng):
+        grads = [values(rng, w.shape, dtype) * 1e4 for w in _group(rng, dtype, how)]
+        if how == "strided":
+            grads[0] = layout(grads[0], "strided")
+        if special is not None:
+            grads[1].reshape(-1)[-1] = special
+        return grads, inverse
+    return build
+
+
 def _table() -> list:
     cases = []
     for dtype in DTYPES:
@@ -289,6 +301,10 @@ def _table() -> list:
                 for first in (True, False):
                     cases.append(("sgd_step", _sgd(dtype, how, options, first),
                                   f"{dtype.name}-{how}-options{k}-{'first' if first else 'later'}"))
+            for special in (None, np.inf, -np.inf, np.nan, 3e38):
+                for inverse in (2.0 ** -16, 1.0):
+                    cases.append(("unscale_all_finite", _unscale(dtype, how, special, inverse),
+                                  f"{dtype.name}-{how}-{special}-{inverse}"))
             for k, options in enumerate(ADAM_OPTIONS):
                 cases.append(("adam_step", _adam(dtype, how, options, step=1 + 5 * k),
                               f"{dtype.name}-{how}-options{k}"))

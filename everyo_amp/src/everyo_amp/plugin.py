@@ -18,3 +18,11 @@ def everyo_register_api(register):
 
     register("autocast", autocast)
     register("GradScaler", GradScaler)
+
+
+@hookimpl
+def everyo_register_kernels(register):
+    from everyo_amp.scaler_kernels import KERNELS
+
+    for name, kernel in KERNELS.items():
+        register(name, kernel)

@@ -14,6 +14,7 @@ from everyo.kernels import KernelProvider
 
 #: Kernel name -> its implementation, by module.
 IMPLEMENTATIONS = {
+    "unscale_all_finite": "everyo_numba.scaler:unscale_all_finite",
     "sgd_step": "everyo_numba.optim:sgd_step",
     "adam_step": "everyo_numba.optim:adam_step",
     "relu_forward": "everyo_numba.activation:relu_forward",

@@ -12,9 +12,9 @@ import pytest
 
 import everyo as eo
 import everyo_amp.autocast_mode as autocast_mode
-import everyo_amp.grad_scaler as grad_scaler
 from everyo import EveryOError, half_precision
 from everyo.dtypes import FLOAT32, HALF_DTYPES
+from everyo.kernels import kernel
 from everyo.ops import linalg
 
 
@@ -55,7 +55,8 @@ def plain_conversions(monkeypatch):
             for name, (fast, slow) in plain.items():
                 if getattr(module, name, None) is fast:
                     monkeypatch.setattr(module, name, slow)
-        monkeypatch.setattr(grad_scaler, "_unscale_all_finite", plain_unscale_all_finite)
+        # (the kernel table's entry: the selected provider's implementation, or the reference)
+        monkeypatch.setitem(kernel.__dict__, "unscale_all_finite", plain_unscale_all_finite)
         monkeypatch.setattr(autocast_mode, "FOLD_WEIGHT_CASTS", False)
     return patch
 

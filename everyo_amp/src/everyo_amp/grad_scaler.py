@@ -12,48 +12,13 @@ from __future__ import annotations
 import numpy as np
 
 from everyo import EveryOError, Tensor
+from everyo.kernels import kernel
 
 _READY, _UNSCALED, _STEPPED = "ready", "unscaled", "stepped"
 
 
 def _optimizer_grads(optimizer) -> list[np.ndarray]:
     return [p.grad for p in optimizer.params if p.grad is not None]
-
-
-#: Gradient elements unscaled and checked at a time: the block stays in cache between the two.
-_BLOCK = 1 << 15
-
-
-def _unscale_all_finite(grads, inverse: float) -> bool:
-    """Multiply every gradient by ``inverse`` in place; True when none holds an inf or NaN.
-
-    NOTE: one pass over memory: each block is multiplied, then its min and max are taken while
-    it is in cache. min and max propagate NaN and are inf iff an inf is present: no mask
-    array, and no risk of a sum of large finite values overflowing.
-    """
-    finite = True
-    scaled = inverse != 1.0  # (a scale of 1, e.g. a scaler kept under bfloat16: check only)
-    with np.errstate(over="ignore", invalid="ignore"):
-        for g in grads:
-            # NOTE: the inverse is held in at least float32: rounded to float16 it would
-            # reach zero at a scale of 2**25 and wipe out float16 gradients.
-            factor = np.asarray(inverse, dtype=np.promote_types(g.dtype, np.float32))
-            flat = g.reshape(-1) if g.flags.c_contiguous else None
-            if flat is None:  # (a non-contiguous gradient: whole-array passes)
-                if scaled:
-                    g *= factor
-                finite = finite and _block_finite(g)
-                continue
-            for start in range(0, flat.size, _BLOCK):
-                block = flat[start:start + _BLOCK]
-                if scaled:
-                    np.multiply(block, factor, out=block)
-                finite = finite and _block_finite(block)
-    return finite
-
-
-def _block_finite(block: np.ndarray) -> bool:
-    return not block.size or bool(np.isfinite(block.min()) and np.isfinite(block.max()))
 
 
 class GradScaler:
@@ -148,7 +113,8 @@ class GradScaler:
                               "since the last update(); call it at most once per step")
         if state["stage"] == _STEPPED:
             raise EveryOError("GradScaler.unscale_() after step(): call update() first")
-        found_inf = not _unscale_all_finite(_optimizer_grads(optimizer), 1.0 / self._scale)
+        found_inf = not kernel.unscale_all_finite(_optimizer_grads(optimizer),
+                                                  1.0 / self._scale)
         if self.group is not None:
             # NOTE: every rank takes part in this all-reduce on every step, found inf or not,
             # so the collectives stay in lockstep and all ranks agree on the skip.

@@ -1,4 +1,4 @@
-"""The six distributions as a user gets them: wheels built from this tree, installed à la carte
+"""The seven distributions as a user gets them: wheels built from this tree, installed à la carte
 into fresh virtual environments, each checked for imports, install hints, ``everyo plugins``
 and a smoke use of what it holds.
 

@@ -5,8 +5,6 @@ gradient's dtype), so the gradients get the same bits and the verdict is the sam
 
 from __future__ import annotations
 
-import numpy as np
-
 from everyo_numba.jit import njit
 
 

@@ -10,14 +10,14 @@ from everyo.kernels import (
     blas_matmul,
     check_operand_unchanged,
     gradients_from_parts,
+    kernel,
     narrow,
     widen,
 )
 from everyo_layers.checks import argument, check_float, check_groups
 from everyo_layers.initializers import fan_in_bound, layer_generator, uniform_parameter
 from everyo_layers.padding import output_size, resolve_padding
-from everyo_layers.precision import accumulation_dtype
-from everyo_layers.windows import check_geometry, pad_hw, window_arguments, window_slices, window_view
+from everyo_layers.windows import check_geometry, pad_hw, window_arguments, window_view
 
 
 def _sum_rows(g2: np.ndarray) -> np.ndarray:
@@ -111,30 +111,9 @@ class Conv2DOp(Op):
             yield 0, self._input_grad(g2, w2)
 
     def _input_grad(self, g2: np.ndarray, w2: np.ndarray) -> np.ndarray:
-        """The input's gradient: one batched matmul gives, per kernel position, the gradient
-        of the input elements that position touched; each is added back in place (col2im).
-
-        NOTE: one (N*Ho*Wo, C) block per position keeps each block contiguous, so every add
-        runs over long rows; the loop runs over the kh*kw kernel positions, never over pixels.
-        """
-        n, h, w, c = self.x_shape
-        kh, kw, _, cout = self.w_shape
-        (top, bottom), (left, right) = self.pads
-        ho, wo = self.out_hw
-        # (kh*kw, out, in), contiguous so that NumPy hands each product to BLAS
-        # NOTE: float16 blocks are multiplied and summed in float32 and rounded once at the
-        # end: one rounding instead of kh*kw, and no slow float16 additions.
-        accumulate = accumulation_dtype(np.result_type(g2, w2))
-        per_position = np.ascontiguousarray(
-            w2.reshape(kh * kw, c, cout).transpose(0, 2, 1), dtype=accumulate)
-        blocks = np.matmul(widen(g2).astype(accumulate, copy=False), per_position)
-        blocks = blocks.reshape(kh, kw, n, ho, wo, c)
-        gxp = np.zeros((n, h + top + bottom, w + left + right, c), dtype=accumulate)
-        for i in range(kh):
-            for j in range(kw):
-                gxp[window_slices((i, j), self.stride, self.dilation, self.out_hw)] += blocks[i, j]
-        out_dtype = np.result_type(g2, w2)
-        return narrow(gxp[:, top:top + h, left:left + w, :], out_dtype)
+        """The input's gradient (the ``conv2d_input_grad`` kernel, conv_kernels.py)."""
+        return kernel.conv2d_input_grad(g2, w2, self.x_shape, self.w_shape, self.stride,
+                                        self.dilation, self.pads, self.out_hw)
 
     def backward_graph(self, g, out):
         from everyo_layers.grad_ops import conv2d_backward_graph

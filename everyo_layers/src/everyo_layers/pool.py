@@ -10,11 +10,12 @@ from __future__ import annotations
 import numpy as np
 
 from everyo import EveryOError, Module, Op, dispatch
-from everyo.kernels import keep_where
+from everyo.kernels import kernel
 from everyo_layers.checks import check_float
 from everyo_layers.padding import output_size, resolve_padding
+from everyo_layers.pool_kernels import pool_views
 from everyo_layers.precision import accumulation_dtype
-from everyo_layers.windows import check_geometry, pad_hw, window_arguments, window_slices
+from everyo_layers.windows import check_geometry, pad_hw, window_arguments
 
 _NO_PADS = ((0, 0), (0, 0))
 
@@ -50,13 +51,7 @@ class _Windows:
 
     def views(self, padded: np.ndarray):
         """One ``(N, Ho, Wo, C)`` view per kernel position (writable if ``padded`` is)."""
-        (ph, pw), (ho, wo) = self.pool, self.out_hw
-        if self.tiled:
-            # NOTE: non-overlapping windows: (N, Ho, ph, Wo, pw, C) is a free reshape.
-            blocks = padded.reshape(padded.shape[0], ho, ph, wo, pw, padded.shape[3])
-            return [blocks[:, :, i, :, j, :] for i in range(ph) for j in range(pw)]
-        return [padded[window_slices((i, j), self.stride, (1, 1), self.out_hw)]
-                for i in range(ph) for j in range(pw)]
+        return pool_views(padded, self.pool, self.stride, self.out_hw, self.tiled)
 
     def padded_shape(self, shape: tuple) -> tuple:
         (top, bottom), (left, right) = self.pads
@@ -76,34 +71,16 @@ class MaxPool2DOp(Op):
     def forward(self, x, pool_size=(2, 2), stride=None, padding=_NO_PADS):
         self.windows = windows = _Windows("max_pool2d", x, pool_size, stride, padding)
         self.x_shape = x.shape
-        views = windows.views(pad_hw(x, windows.pads, value=-np.inf))
-        out = views[0].copy()
-        # NOTE: remember which kernel position won (one byte per output), so that backward
-        # needs neither the input nor a full-size mask; ">" keeps the first of tied maxima.
-        # The winner is the last position that beat the running maximum, i.e. the largest
-        # such position: a maximum of 0/position arrays (much faster than masked writes).
-        code = np.uint8 if len(views) < 256 else np.int32
-        winner = np.zeros(out.shape, code)
-        for position, view in enumerate(views[1:], start=1):
-            beats = np.greater(view, out).view(np.uint8).astype(code, copy=False)
-            np.maximum(winner, beats * code(position), out=winner)
-            np.maximum(out, view, out=out)
-        self.saved = winner
+        # NOTE: the winner (the kernel position of each window's first maximum, one byte per
+        # output) is all backward needs: the max_pool2d_forward kernel (pool_kernels.py).
+        out, self.saved = kernel.max_pool2d_forward(x, windows.pool, windows.stride,
+                                                    windows.pads, windows.out_hw, windows.tiled)
         return out
 
     def backward(self, g):
-        winner = self.saved
-        windows = self.windows
-        if windows.tiled:  # the views cover the input exactly once: write, no zero-fill
-            grad = np.empty(self.x_shape, dtype=g.dtype)
-            for position, target in enumerate(windows.views(grad)):
-                keep_where(winner == position, g, out=target)
-            return (grad,)
-        accumulate = accumulation_dtype(g.dtype)  # overlapping windows add up: float16 in float32
-        grad = np.zeros(windows.padded_shape(self.x_shape), dtype=accumulate)
-        for position, target in enumerate(windows.views(grad)):
-            target += keep_where(winner == position, g)
-        return (windows.crop(grad, self.x_shape).astype(g.dtype, copy=False),)
+        w = self.windows
+        return (kernel.max_pool2d_backward(g, self.saved, self.x_shape, w.pool, w.stride,
+                                           w.pads, w.out_hw, w.tiled),)
 
     def backward_graph(self, g, out):
         from everyo_layers.grad_ops import max_pool2d_backward_graph

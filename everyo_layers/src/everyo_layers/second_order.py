@@ -80,7 +80,7 @@ def pad_hw_tensor(x, pads: tuple, value: float):
 
 def window_tensors(padded, kernel: tuple, stride: tuple, dilation: tuple, out_hw: tuple) -> list:
     """One ``(N, Ho, Wo, C)`` Tensor per kernel position: the elements it meets in each window."""
-    from everyo_layers.conv import window_slices
+    from everyo_layers.windows import window_slices
 
     return [dispatch("getitem", padded, index=window_slices((i, j), stride, dilation, out_hw))
             for i in range(kernel[0]) for j in range(kernel[1])]

@@ -28,7 +28,11 @@ That is the most a per-region cache of weight casts could save (see docs/mixed_p
 weight casts switched off (every weight through a cast node, as before they existed): an A/B
 of that change on the same heap and load.
 
+Every measurement runs once per kernel provider (``numpy``, the references, and each installed
+one; ``--kernels`` picks), the ratios within one provider.
+
 Run:  python benchmarks/bench_amp.py [--repeats N] [--model mlp_large|cnn_cifar] [--cast-nodes]
+      [--kernels numpy,numba]
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ import argparse
 import gc
 import os
 import statistics
+import sys
 import time
 import tracemalloc
 
@@ -44,6 +49,10 @@ import numpy as np
 
 import everyo as eo
 import everyo_amp.autocast_mode as autocast_mode
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from bench_training import kernel_selections
 
 
 def mlp_large() -> tuple:
@@ -275,10 +284,16 @@ def main(argv=None) -> None:
     parser.add_argument("--model", choices=sorted(MODELS), action="append")
     parser.add_argument("--cast-nodes", action="store_true",
                         help="also time the 16-bit steps without folded weight casts")
+    parser.add_argument("--kernels", default=None,
+                        help="kernel providers to run under, comma-separated (default: numpy "
+                             "and every installed provider)")
     args = parser.parse_args(argv)
     print(f"load average {' '.join(f'{v:.2f}' for v in os.getloadavg())} at start")
-    for name in args.model or ["mlp_large", "cnn_cifar"]:
-        run(name, args.repeats, args.cast_nodes)
+    for provider in kernel_selections(args.kernels):
+        print(f"\n== kernels: {provider}")
+        with eo.kernels.use(provider):
+            for name in args.model or ["mlp_large", "cnn_cifar"]:
+                run(name, args.repeats, args.cast_nodes)
     print(f"load average {' '.join(f'{v:.2f}' for v in os.getloadavg())} at end")
 
 

@@ -52,8 +52,9 @@ class KernelProvider:
             call it does not support; the reference then runs.
         priority: the default selection is the installed provider with the highest priority
             (the references count as 0).
-        version: recorded in :func:`fingerprint`, so ranks that would compute different bits can
-            tell.
+        version: recorded in ``everyo.kernels.fingerprint()``, so ranks that would compute
+            different bits can tell; a string, or a function returning one (called once, when
+            first needed: a metadata lookup need not slow ``import everyo``).
         description: one line for ``everyo plugins``.
 
     Example:
@@ -64,9 +65,10 @@ class KernelProvider:
 
     implementations: Mapping[str, Callable | str]
     priority: int = 1
-    version: str = ""
+    version: str | Callable[[], str] = ""
     description: str = ""
     _resolved: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    _version_text: list = field(default_factory=list, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for name, impl in self.implementations.items():
@@ -75,6 +77,13 @@ class KernelProvider:
                                   f"a 'module:attribute' path, got {impl!r}")
         if not isinstance(self.priority, int) or isinstance(self.priority, bool):
             raise EveryOError(f"a kernel provider's priority is an int, got {self.priority!r}")
+
+    def version_text(self) -> str:
+        """The version as text (a version function is called once)."""
+        if not self._version_text:
+            self._version_text.append(str(self.version() if callable(self.version)
+                                          else self.version))
+        return self._version_text[0]
 
     def resolve(self, name: str) -> Callable:
         """The implementation of kernel ``name`` (imported on first use when given as a path)."""

@@ -213,4 +213,4 @@ def fingerprint() -> str:
     name, provider = kernel.selected()
     if provider is None:
         return REFERENCE
-    return f"{name} {provider.version}".strip()
+    return f"{name} {provider.version_text()}".strip()

@@ -45,5 +45,5 @@ def _version() -> str:
 
 @hookimpl
 def everyo_register_kernels(register):
-    register("numba", KernelProvider(IMPLEMENTATIONS, priority=10, version=_version(),
+    register("numba", KernelProvider(IMPLEMENTATIONS, priority=10, version=_version,
                                      description="compiled CPU loops (Numba, cached on disk)"))

@@ -38,20 +38,26 @@ def _rows(a, compute, rows, cols):
 
 
 @njit
-def _row_mean_f64(x, r):
+def _row_mean_f64(x, r, square):
+    """The float64 mean of row ``r`` of ``x`` (``square``: of its squares, each squared in x's
+    dtype as the reference's ``np.square``)."""
     # NOTE: four float64 partial sums, combined in a fixed order: not the reference's pairwise
     # order, but deterministic, and four times shorter a dependency chain.
     d = x.shape[1]
     s0 = s1 = s2 = s3 = 0.0
     k = 0
     while k + 4 <= d:
-        s0 += x[r, k]
-        s1 += x[r, k + 1]
-        s2 += x[r, k + 2]
-        s3 += x[r, k + 3]
+        a, b, c, e = x[r, k], x[r, k + 1], x[r, k + 2], x[r, k + 3]
+        if square:
+            a, b, c, e = a * a, b * b, c * c, e * e
+        s0 += a
+        s1 += b
+        s2 += c
+        s3 += e
         k += 4
     while k < d:
-        s0 += x[r, k]
+        a = x[r, k]
+        s0 += a * a if square else a
         k += 1
     return ((s0 + s1) + (s2 + s3)) / d
 
@@ -61,12 +67,12 @@ def _layer_norm_forward(x, weight, bias, eps, has_weight, has_bias, out, xhat, i
     m, d = x.shape
     t = x.dtype.type
     for r in range(m):
-        mean = _row_mean_f64(x, r)
+        mean = _row_mean_f64(x, r, False)
         high = t(mean)
         residue = t(mean - high)
         for k in range(d):
             xhat[r, k] = (x[r, k] - high) - residue
-        var = t(_row_square_mean_f64(xhat, r))
+        var = t(_row_mean_f64(xhat, r, True))
         inv = t(1.0) / np.sqrt(var + t(eps))
         inv_std[r] = inv
         for k in range(d):
@@ -79,25 +85,6 @@ def _layer_norm_forward(x, weight, bias, eps, has_weight, has_bias, out, xhat, i
             elif has_bias:
                 value = value + bias[k]
             out[r, k] = value
-
-
-@njit
-def _row_square_mean_f64(x, r):
-    d = x.shape[1]
-    s0 = s1 = s2 = s3 = 0.0
-    k = 0
-    while k + 4 <= d:
-        a, b, c, e = x[r, k], x[r, k + 1], x[r, k + 2], x[r, k + 3]
-        s0 += a * a
-        s1 += b * b
-        s2 += c * c
-        s3 += e * e
-        k += 4
-    while k < d:
-        a = x[r, k]
-        s0 += a * a
-        k += 1
-    return ((s0 + s1) + (s2 + s3)) / d
 
 
 def layer_norm_forward(x, weight, bias, ndims, eps):

@@ -77,14 +77,19 @@ class KernelTable:
     """
 
     __slots__ = ("registry", "chosen", "pinned", "__dict__")
+    registry: KernelRegistry | None
+    chosen: tuple | None
+    pinned: bool
 
     def __init__(self) -> None:
         object.__setattr__(self, "registry", None)
         object.__setattr__(self, "chosen", None)  # (name, provider or None); None: not decided
         object.__setattr__(self, "pinned", False)  # chosen by use(), kept when plugins change
 
-    def bind(self, registry: KernelRegistry) -> None:
+    def bind(self, registry: Registry) -> None:
         """Read kernels from ``registry`` (the plugin host's ``kernels`` registry)."""
+        if not isinstance(registry, KernelRegistry):
+            raise EveryOError(f"the kernel table reads a KernelRegistry, got {registry!r}")
         object.__setattr__(self, "registry", registry)
         self.invalidate()
 
@@ -119,9 +124,11 @@ class KernelTable:
 
     def selected(self) -> tuple:
         """``(name, KernelProvider or None)`` of the provider in use (None: the references)."""
-        if self.chosen is None:
-            self.select(_choose(self.registry, _env_choice()))
-        return self.chosen
+        chosen = self.chosen
+        if chosen is None:
+            chosen = _choose(self.registry, _env_choice())
+            self.select(chosen)
+        return chosen
 
     def select(self, chosen: tuple | None) -> None:
         """Use ``chosen`` (``(name, provider)`` from :func:`_choose`; None: decide again)."""
@@ -180,7 +187,7 @@ def use(name: str) -> Iterator[str]:
     kernel.select(_choose(kernel.registry, str(name).strip().lower()))
     object.__setattr__(kernel, "pinned", True)
     try:
-        yield kernel.chosen[0]
+        yield kernel.selected()[0]
     finally:
         object.__setattr__(kernel, "pinned", was_pinned)
         kernel.select(previous)
@@ -194,8 +201,9 @@ def coverage() -> dict:
     """
     registry = kernel.registry
     name, provider = kernel.selected()
+    names = sorted(registry.definitions()) if registry is not None else []
     return {k: name if provider is not None and k in provider.implementations else REFERENCE
-            for k in sorted(registry.definitions())}
+            for k in names}
 
 
 def fingerprint() -> str:

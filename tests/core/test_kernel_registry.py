@@ -169,3 +169,23 @@ def test_an_environment_naming_no_installed_provider_fails_at_the_first_kernel_c
     """, EVERYO_KERNELS="numbaa")
     assert result.returncode == 0, result.stderr
     assert "'numbaa'" in result.stdout and "numpy" in result.stdout
+
+
+def test_everyo_plugins_shows_the_provider_and_what_it_runs():
+    listing = subprocess.run([sys.executable, "-m", "everyo", "plugins"], capture_output=True,
+                             text=True, timeout=120, env={**os.environ, "EVERYO_KERNELS": "numpy"})
+    assert "kernel provider: numpy" in listing.stdout, listing.stdout
+    providers = sorted(eo.registry("kernels").providers())
+    if not providers:
+        return
+    chosen = providers[-1]
+    listing = subprocess.run([sys.executable, "-m", "everyo", "plugins"], capture_output=True,
+                             text=True, timeout=120, env={**os.environ, "EVERYO_KERNELS": chosen})
+    covered = [k for k, p in _coverage_under(chosen).items() if p == chosen]
+    assert f"kernel provider: {chosen}" in listing.stdout, listing.stdout
+    assert f"runs {len(covered)} of " in listing.stdout and covered[0] in listing.stdout
+
+
+def _coverage_under(provider: str) -> dict:
+    with K.use(provider):
+        return K.coverage()

@@ -1,6 +1,7 @@
 """Entry point of the everyo-amp plugin: its hookimpls register what it provides."""
 
 from everyo import hookimpl
+from everyo_amp.scaler_kernels import KERNELS as SCALER_KERNELS
 
 
 @hookimpl
@@ -22,7 +23,5 @@ def everyo_register_api(register):
 
 @hookimpl
 def everyo_register_kernels(register):
-    from everyo_amp.scaler_kernels import KERNELS
-
-    for name, kernel in KERNELS.items():
+    for name, kernel in SCALER_KERNELS.items():
         register(name, kernel)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from everyo.errors import EveryOError
 from everyo.hookspecs import HOOKS
 
 PLURAL = {h.kind: h.plural for h in HOOKS}
@@ -36,8 +37,7 @@ def _plugins(out) -> int:
 
 def _kernels(out) -> None:
     """The kernel provider in use and which kernels it runs (the rest run the references)."""
-    from everyo import kernels
-    from everyo.errors import EveryOError
+    from everyo import kernels  # (like _plugins: importing everyo loads the plugins)
 
     try:
         chosen = kernels.fingerprint()

@@ -36,6 +36,7 @@ def run(args, **kwargs) -> subprocess.CompletedProcess:
            "MKL_NUM_THREADS": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
     env.pop("PYTHONPATH", None)
     env.pop("EVERYO_DISABLE_PLUGIN_AUTOLOAD", None)
+    env.pop("EVERYO_KERNELS", None)  # (a fresh install: the default kernel provider)
     return subprocess.run(args, capture_output=True, text=True, timeout=600, env=env, **kwargs)
 
 

@@ -1,9 +1,14 @@
 """The core's own plugin: it registers the core ops and kernels through the same hooks as everyone
 else."""
 
-from everyo import optim_kernels
 from everyo.hookspecs import hookimpl
-from everyo.ops import activation_kernels, core_ops
+from everyo.ops import core_ops
+from everyo.ops.activation_kernels import KERNELS as ACTIVATION_KERNELS
+
+# NOTE: not `from everyo import optim_kernels`: while the package is still being built, that
+# first asks everyo's module __getattr__, which computes install hints (importing every
+# first-party plugin).
+from everyo.optim_kernels import KERNELS as OPTIM_KERNELS
 
 
 @hookimpl
@@ -14,6 +19,6 @@ def everyo_register_ops(register):
 
 @hookimpl
 def everyo_register_kernels(register):
-    for module in (activation_kernels, optim_kernels):
-        for name, kernel in module.KERNELS.items():
+    for table in (ACTIVATION_KERNELS, OPTIM_KERNELS):
+        for name, kernel in table.items():
             register(name, kernel)

@@ -4,6 +4,7 @@ float64, float32 results for float16 input and the errors of bad targets."""
 from __future__ import annotations
 
 import re
+import warnings
 
 import numpy as np
 import pytest
@@ -97,6 +98,50 @@ def test_bce_with_logits_matches_torch(torch, rng, reduction, pos_weight):
                  a, b, reduction=reduction,
                  pos_weight=None if pw is None else torch.from_numpy(pw)),
              x, y, grad_targets=True)
+
+
+CLASS_WEIGHT = np.array([0.5, 2.0, 1.0, 1.5])
+ALL_IGNORED = [  # (id, ours, PyTorch's): every target ignored, as in a padding-only batch
+    ("cross_entropy", lambda x, t, r: eo.cross_entropy(x, t, r),
+     lambda F, x, t, r: F.cross_entropy(x, t, reduction=r)),
+    ("cross_entropy_smoothing", lambda x, t, r: eo.cross_entropy(x, t, r, label_smoothing=0.2),
+     lambda F, x, t, r: F.cross_entropy(x, t, reduction=r, label_smoothing=0.2)),
+    ("cross_entropy_weight", lambda x, t, r: eo.cross_entropy(x, t, r, weight=CLASS_WEIGHT,
+                                                              label_smoothing=0.1),
+     lambda F, x, t, r: F.cross_entropy(x, t, reduction=r, label_smoothing=0.1,
+                                        weight=F.torch.tensor(CLASS_WEIGHT))),
+    ("nll_loss", lambda x, t, r: eo.nll_loss(eo.log_softmax(x), t, r),
+     lambda F, x, t, r: F.nll_loss(x.log_softmax(-1), t, reduction=r)),
+    ("nll_loss_weight", lambda x, t, r: eo.nll_loss(eo.log_softmax(x), t, r, weight=CLASS_WEIGHT),
+     lambda F, x, t, r: F.nll_loss(x.log_softmax(-1), t, reduction=r,
+                                   weight=F.torch.tensor(CLASS_WEIGHT))),
+]
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("case", ALL_IGNORED, ids=[case[0] for case in ALL_IGNORED])
+def test_a_batch_of_only_ignored_targets_gives_zero_gradients_as_torch(torch, rng, case,
+                                                                       reduction):
+    """Regression: "mean" over no counted target divided the gradient by zero, so a
+    padding-only batch gave NaN gradients (and NaN weights after the step); PyTorch's loss is
+    NaN (0 / 0) there and its gradients, first and second, are zeros."""
+    _, ours, theirs = case
+    logits, targets = rng.standard_normal((3, 4)), np.full(3, -100)
+    x = eo.tensor(logits, requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no NumPy warning on the way either
+        loss = ours(x, targets, reduction)
+        (g,) = eo.grad(loss, x, create_graph=True)
+        (gg,) = eo.grad((g * g).sum() + g.sum(), x, allow_unused=True)
+        plain = eo.tensor(logits, requires_grad=True)
+        ours(plain, targets, reduction).backward()  # the fused ops' own backward
+    xt = torch.tensor(logits, requires_grad=True)
+    expected = theirs(torch.nn.functional, xt, torch.tensor(targets), reduction)
+    (g_t,) = torch.autograd.grad(expected, xt)
+    np.testing.assert_array_equal(loss.data, expected.detach().numpy())  # nan for "mean"
+    for gradient in (g.data, plain.grad):
+        np.testing.assert_array_equal(gradient, g_t.numpy())
+    assert not g.data.any() and (gg is None or not gg.data.any())
 
 
 def test_bce_with_logits_is_stable_for_huge_logits():

@@ -3,7 +3,10 @@ its gradient is spread back over them: on arrays (the loss ops' forward and back
 Tensors (their ``composite`` and ``backward_graph``, and the losses built from other ops).
 
 ``"mean"`` divides by ``count``: the number of elements, of targets not ignored, or the summed
-class weights of those targets.
+class weights of those targets. When nothing is counted (every target is ``ignore_index``, a
+padding-only batch) the loss is NaN (0 / 0) and its gradient is zero, as in PyTorch: no
+gradient flows from a batch that holds nothing, so one such batch cannot poison the weights
+(or, under data-parallel training, every rank's).
 """
 
 from __future__ import annotations
@@ -36,7 +39,9 @@ def spread_array(g: np.ndarray, reduction: str, count, shape: tuple) -> np.ndarr
     """A loss's output gradient (an array) spread over its per-element losses of ``shape``."""
     if reduction == "none":
         return g
-    return np.broadcast_to(g / count if reduction == "mean" else g, shape)
+    if reduction == "mean":
+        g = g / count if count else np.zeros_like(g)  # nothing counted: no gradient
+    return np.broadcast_to(g, shape)
 
 
 def reduce_tensor(loss, reduction: str, count):
@@ -46,12 +51,17 @@ def reduce_tensor(loss, reduction: str, count):
     total = dispatch("sum", loss)
     if reduction == "sum":
         return total
-    with np.errstate(invalid="ignore", divide="ignore"):  # nothing counted: nan, as PyTorch
-        return total / float(count)
+    if not count:
+        # NOTE: NaN, as 0 / 0, but attached to ``total`` by a where that never picks it, so
+        # its gradient (and every higher one) is zero rather than 0 * inf.
+        return dispatch("where", np.zeros((), bool), total, np.nan)
+    return total / float(count)
 
 
 def spread_tensor(g, reduction: str, count, shape: tuple):
     """A loss op's output gradient (a Tensor) spread over its per-element losses of ``shape``."""
     if reduction == "none":
         return g
-    return broadcast_tensor(g / float(count) if reduction == "mean" else g, shape)
+    if reduction == "mean":
+        g = g / float(count) if count else g * 0.0  # nothing counted: no gradient
+    return broadcast_tensor(g, shape)

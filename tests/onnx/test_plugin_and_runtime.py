@@ -1,5 +1,6 @@
-"""The plugin side: converters registered by layer class (a third party's too), lazy imports of
-onnx/onnxruntime with install hints, ``run_onnx``'s checks, and ``verify=True``."""
+"""The plugin side: converters registered by layer class (a third party's too) and written by
+registered name, everyo-onnx without everyo-layers, lazy imports of onnx/onnxruntime with
+install hints, ``run_onnx``'s checks, and ``verify=True``."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 
 import everyo as eo
+from everyo_onnx.converters.by_name import by_layer_name, by_op_name
 from everyo_onnx.runtime import MissingOnnxPackageError
 
 
@@ -100,6 +102,52 @@ def test_builtin_converters_are_registered_by_class():
     assert eo.Sequential not in converters  # containers are traced
     for name in ("RNN", "LSTM", "GRU", "Embedding", "MultiHeadAttention"):
         assert getattr(eo, name) not in converters
+
+
+def test_a_converter_table_resolves_whole_or_not_at_all():
+    convert = object()
+    assert by_op_name({"add": convert, "matmul": convert}) == {
+        eo.registry("ops")["add"]: convert, eo.registry("ops")["matmul"]: convert}
+    assert by_layer_name({"NoSuchLayer": convert, "NorThisOne": convert}) == {}  # not loaded
+    with pytest.raises(eo.PluginError, match=r"layers \['Conv2d'\], which no loaded plugin"):
+        by_layer_name({"Conv2D": convert, "Conv2d": convert})  # a misspelt name
+
+
+# A model of core ops only, exported and verified where everyo-layers is not installed:
+# ``sys.modules["everyo_layers"] = None`` is what an uninstalled package looks like to import
+# and find_spec, and EVERYO_DISABLE_PLUGINS keeps its entry point (still on disk) unloaded.
+WITHOUT_LAYERS = """
+import sys
+sys.modules["everyo_layers"] = None
+import numpy as np
+import everyo as eo
+
+class Mlp(eo.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = eo.Parameter(np.linspace(-1, 1, 12, dtype=np.float32).reshape(4, 3))
+        self.b = eo.Parameter(np.float32([0.1, -0.2, 0.3]))
+
+    def forward(self, x):
+        return eo.log_softmax(eo.relu(x @ self.w + self.b), axis=-1)
+
+eo.export_onnx(Mlp(), sys.argv[1], input_shape=(2, 4), verify=True)
+x = np.random.default_rng(0).standard_normal((5, 4)).astype(np.float32)
+with eo.no_grad():
+    expected = Mlp()(eo.tensor(x)).data
+assert np.allclose(eo.run_onnx(sys.argv[1], x), expected, atol=1e-5)
+assert not hasattr(eo, "Linear") and sys.modules["everyo_layers"] is None
+assert all(cls.__module__.startswith("everyo.ops.") for cls in eo.registry("onnx_converters").items)
+"""
+
+
+def test_everyo_onnx_exports_models_of_core_ops_without_everyo_layers(tmp_path, ort):
+    env = {**os.environ, "EVERYO_DISABLE_PLUGINS": "everyo_layers"}
+    result = subprocess.run([sys.executable, "-c", WITHOUT_LAYERS, str(tmp_path / "m.onnx")],
+                            capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr
+    assert "Warning" not in result.stderr, result.stderr  # no plugin failed to load
+    assert os.path.getsize(tmp_path / "m.onnx") > 0
 
 
 def test_third_party_converters_export_and_match(parity, onnx):

@@ -18,6 +18,7 @@ import contextlib
 import os
 import tempfile
 import threading
+from importlib import metadata
 
 from everyo import EveryOSerializationError, Module, no_grad, registry
 from everyo_onnx.arguments import (
@@ -27,6 +28,8 @@ from everyo_onnx.arguments import (
     output_axes,
 )
 from everyo_onnx.runtime import import_onnx
+from everyo_onnx.trace_passes import trace_model
+from everyo_onnx.verify import verify_export
 
 # NOTE: 17 is the first opset with LayerNormalization and is run by every maintained runtime
 # (ONNX Runtime >= 1.13, TensorRT, OpenVINO); GELU uses the native op from opset 20 on.
@@ -84,8 +87,6 @@ def export_onnx(model, path, input_shape, input_name: str = "input", output_name
                                        f"{type(model).__name__}")
     opset = check_opset(opset, DEFAULT_OPSET, MIN_OPSET, onnx.defs.onnx_opset_version())
     specs = input_specs(input_shape, input_name, input_names, dynamic_axes)
-    from everyo_onnx.trace_passes import trace_model  # imports onnx: only now that we export
-
     converters = registry("onnx_converters").items
     with _exporting, eval_mode(model), no_grad():
         traced = trace_model(model, converters, opset, specs)
@@ -99,8 +100,6 @@ def export_onnx(model, path, input_shape, input_name: str = "input", output_name
         check_graph(onnx, proto)
         data = proto.SerializeToString()
         if verify:
-            from everyo_onnx.verify import verify_export
-
             verify_export(model, data, specs)
     write_atomically(path, data)
 
@@ -166,8 +165,6 @@ def write_atomically(path, data: bytes) -> None:
 
 
 def _version() -> str:
-    from importlib import metadata
-
     try:
         return metadata.version("everyo-onnx")
     except metadata.PackageNotFoundError:

@@ -36,9 +36,10 @@ class AttentionWeightsOp(Op):
         scores *= scores.dtype.type(scale)
         if mask is not None:
             scores = scores + mask
-        scores -= scores.max(axis=-1, keepdims=True)
-        np.exp(scores, out=scores)
-        scores /= scores.sum(axis=-1, keepdims=True)
+        if scores.shape[-1]:  # no keys: nothing to attend to, empty weights (as PyTorch)
+            scores -= scores.max(axis=-1, keepdims=True)
+            np.exp(scores, out=scores)
+            scores /= scores.sum(axis=-1, keepdims=True)
         self.saved = (q, k, scores)
         return scores
 

@@ -22,11 +22,13 @@ from importlib import metadata
 
 from everyo import EveryOSerializationError, Module, no_grad, registry
 from everyo_onnx.arguments import (
+    check_inputs_fit,
     check_opset,
     input_specs,
     names_for,
     output_axes,
 )
+from everyo_onnx.refusals import refusal_reason
 from everyo_onnx.runtime import import_onnx
 from everyo_onnx.trace_passes import trace_model
 from everyo_onnx.verify import verify_export
@@ -87,6 +89,8 @@ def export_onnx(model, path, input_shape, input_name: str = "input", output_name
                                        f"{type(model).__name__}")
     opset = check_opset(opset, DEFAULT_OPSET, MIN_OPSET, onnx.defs.onnx_opset_version())
     specs = input_specs(input_shape, input_name, input_names, dynamic_axes)
+    if refusal_reason(model) is None:  # (a model refused by design is named as that)
+        check_inputs_fit(model, specs)
     converters = registry("onnx_converters").items
     with _exporting, eval_mode(model), no_grad():
         traced = trace_model(model, converters, opset, specs)

@@ -164,6 +164,38 @@ def test_a_forward_taking_any_number_of_inputs_takes_every_shape(tmp_path, ort):
                    verify=True)
 
 
+class Predict(eo.Module):
+    def __init__(self):
+        super().__init__()
+        self.head = eo.Linear(4, 3, seed=0)
+
+    def forward(self, x):
+        return self.head(x).argmax(axis=-1)
+
+
+class Constant(eo.Module):
+    def __init__(self):
+        super().__init__()
+        self.table = eo.Parameter(np.ones((1, 3), np.float32))
+
+    def forward(self, x):
+        return self.table
+
+
+@pytest.mark.parametrize("model, pattern", [
+    (Predict(), r"output 0 of the model is an int64 Tensor computed outside the ops the tracer "
+                r"sees.*argmax/argmin.*take the argmax of the exported model's output"),
+    (Constant(), r"output 0 of the model is a float32 Tensor that no op computed from the "
+                 r"inputs \(the parameter 'table'\)"),
+])
+def test_an_untraced_output_is_named_for_what_it_is(model, pattern, tmp_path):
+    """Regression: an argmax output was reported as "not computed from the inputs", which it
+    was; it was computed outside dispatch, where the tracer cannot see it."""
+    with pytest.raises(eo.EveryOSerializationError, match=pattern):
+        eo.export_onnx(model, tmp_path / "m.onnx", input_shape=(2, 4))
+    assert leftovers(tmp_path) == []
+
+
 def test_missing_directory_is_named(tmp_path):
     with pytest.raises(eo.EveryOSerializationError, match=re.escape(str(tmp_path / "nope"))):
         eo.export_onnx(eo.ReLU(), tmp_path / "nope" / "m.onnx", input_shape=(1, 2))

@@ -278,6 +278,92 @@ class InfThenDoubler(eo.Module):  # one inf in every row, then a wrongly convert
         return eo.concatenate([self.doubler(x), eo.log(x * 0.0)], axis=-1)
 
 
+class SharpLogSoftmax(eo.Module):  # classes far apart: probabilities below float32's range
+    def forward(self, x):
+        return eo.log_softmax(x * 100.0, axis=-1)
+
+
+def test_verify_accepts_a_correct_log_softmax_whose_probabilities_underflow(tmp_path, ort):
+    """Regression: onnx.reference's LogSoftmax takes the log of the softmax, -inf where a
+    probability underflows (ONNX Runtime agrees with the model to ~1e-13), and verify=True
+    refused the correct export. verify now reads LogSoftmax by its definition there."""
+    eo.export_onnx(SharpLogSoftmax(), tmp_path / "m.onnx", input_shape=(2, 5), verify=True)
+    eo.export_onnx(eo.Sequential(eo.Linear(4, 30, seed=0), eo.LogSoftmax()),
+                   tmp_path / "n.onnx", input_shape=(2, 4), verify=True)
+    x = np.float32([[0.0, 1.0, 2.0, 3.0, 4.0]])
+    with eo.no_grad():
+        expected = SharpLogSoftmax()(eo.tensor(x)).data
+    np.testing.assert_allclose(eo.run_onnx(tmp_path / "m.onnx", x), expected, rtol=1e-6)
+
+
+class PositiveOnly(eo.Module):
+    """``abs(x)`` to a third party whose converter forgot the sign (an Identity): right on
+    positive inputs only."""
+
+    def forward(self, x):
+        return abs(x)
+
+
+def convert_positive_only(layer, ctx, x):
+    return ctx.node("Identity", [x])
+
+
+class SignForgetting:
+    @eo.hookimpl
+    def everyo_register_onnx_converters(self, register):
+        register(PositiveOnly, convert_positive_only)
+
+
+@pytest.fixture
+def sign_forgetting():
+    eo.register_plugin(SignForgetting(), name="onnx-tests-sign-forgetting")
+    yield
+    eo.unregister_plugin("onnx-tests-sign-forgetting")
+
+
+def test_verify_runs_on_the_users_own_inputs(tmp_path, ort, sign_forgetting):
+    positive = np.random.default_rng(3).uniform(0.5, 2.0, (6, 4)).astype(np.float32)
+    with pytest.raises(eo.EveryOSerializationError, match="disagrees"):  # random inputs
+        eo.export_onnx(PositiveOnly(), tmp_path / "m.onnx", input_shape=(2, 4), verify=True)
+    eo.export_onnx(PositiveOnly(), tmp_path / "m.onnx", input_shape=(2, 4),
+                   verify_inputs=positive)  # the user's inputs: the export is right on them
+    with pytest.raises(eo.EveryOSerializationError, match="disagrees.*shape \\(2, 4\\)"):
+        eo.export_onnx(PositiveOnly(), tmp_path / "n.onnx", input_shape=(2, 4),
+                       verify_inputs=[positive[:1], -positive[:2]])  # several batches
+    assert sorted(os.listdir(tmp_path)) == ["m.onnx"]
+
+
+@pytest.mark.parametrize("inputs, pattern", [
+    (np.ones((3, 5), np.float32), r"verify_inputs: input 'input' needs shape \('batch', 4\), "
+                                  r"got \(3, 5\)"),
+    ([[np.ones((3, 4))]], r"verify_inputs: a batch for 1 input is an array or Tensor, got list"),
+    ([np.array([["a", "b", "c", "d"]])], r"verify_inputs: the batch for input 'input' is not "
+                                         r"numeric \(dtype <U1\)"),
+    ([], r"verify_inputs: no batch to verify on"),
+])
+def test_verify_inputs_that_do_not_fit_are_named(inputs, pattern, tmp_path, ort):
+    with pytest.raises(eo.EveryOSerializationError, match=pattern):
+        eo.export_onnx(eo.Linear(4, 2, seed=0), tmp_path / "m.onnx", input_shape=(2, 4),
+                       verify_inputs=inputs)
+    assert os.listdir(tmp_path) == []
+
+
+def test_verify_inputs_of_a_model_with_two_inputs(tmp_path, ort):
+    x, y = np.ones((3, 4), np.float32), np.full((3, 2), 2.0, np.float32)
+    model = Concat()
+    eo.export_onnx(model, tmp_path / "m.onnx", input_shape=[(1, 4), (1, 2)],
+                   verify_inputs=[(x, y), (x[:1], y[:1])])
+    with pytest.raises(eo.EveryOSerializationError,
+                       match=r"a batch for 2 inputs is a tuple of 2 arrays or Tensors, one per input, got 1"):
+        eo.export_onnx(model, tmp_path / "n.onnx", input_shape=[(1, 4), (1, 2)],
+                       verify_inputs=[(x,)])
+
+
+class Concat(eo.Module):
+    def forward(self, a, b):
+        return eo.concatenate([a, b], axis=-1)
+
+
 def test_verify_accepts_nan_where_the_model_has_nan(tmp_path, ort):
     with np.errstate(invalid="ignore", divide="ignore"):
         eo.export_onnx(Log(), tmp_path / "m.onnx", input_shape=(2, 4), verify=True)

@@ -31,7 +31,7 @@ from everyo_onnx.arguments import (
 from everyo_onnx.refusals import refusal_reason
 from everyo_onnx.runtime import import_onnx
 from everyo_onnx.trace_passes import trace_model
-from everyo_onnx.verify import verify_export
+from everyo_onnx.verify import verification_batches, verify_export
 
 # NOTE: 17 is the first opset with LayerNormalization and is run by every maintained runtime
 # (ONNX Runtime >= 1.13, TensorRT, OpenVINO); GELU uses the native op from opset 20 on.
@@ -46,7 +46,7 @@ _exporting = threading.RLock()
 
 def export_onnx(model, path, input_shape, input_name: str = "input", output_name: str = "output",
                 opset: int | None = None, verify: bool = False, *, input_names=None,
-                output_names=None, dynamic_axes=None) -> None:
+                output_names=None, dynamic_axes=None, verify_inputs=None) -> None:
     """Export ``model`` to an ONNX file by tracing its forward pass; the batch axis (and any
     axis named in ``dynamic_axes``) is symbolic.
 
@@ -62,13 +62,16 @@ def export_onnx(model, path, input_shape, input_name: str = "input", output_name
             shapes, one per input. The sizes of symbolic axes are not baked in.
         input_name, output_name: names of the graph's only input and output.
         opset: ONNX opset version, at least 17; None picks ``DEFAULT_OPSET`` (17).
-        verify: run the file in ONNX Runtime (and ``onnx.reference`` where installed) on
-            random inputs of other sizes and raise if either disagrees with the model.
+        verify: run the file in ONNX Runtime and ``onnx.reference`` on random inputs of other
+            sizes and raise if either disagrees with the model.
         input_names, output_names: names for several inputs/outputs (default ``input_0``...,
             ``output_0``...).
         dynamic_axes: ``{input_name: {axis: dim_name}}`` for symbolic axes beyond the batch,
             e.g. ``{"tokens": {1: "sequence"}}``; an output's entry names its symbolic axes
             (otherwise they take the name of the input axis they follow).
+        verify_inputs: verify on these batches instead of random ones (and verify even with
+            ``verify=False``): one batch or a list of them, a batch being an array or Tensor
+            (one input) or a tuple with one per input. Symbolic axes take any size.
 
     Raises:
         EveryOSerializationError: refused modules and ops (every one, with its module path),
@@ -91,6 +94,7 @@ def export_onnx(model, path, input_shape, input_name: str = "input", output_name
     specs = input_specs(input_shape, input_name, input_names, dynamic_axes)
     if refusal_reason(model) is None:  # (a model refused by design is named as that)
         check_inputs_fit(model, specs)
+    batches = None if verify_inputs is None else verification_batches(specs, verify_inputs)
     converters = registry("onnx_converters").items
     with _exporting, eval_mode(model), no_grad():
         traced = trace_model(model, converters, opset, specs)
@@ -103,8 +107,8 @@ def export_onnx(model, path, input_shape, input_name: str = "input", output_name
                                        producer_version=_version())
         check_graph(onnx, proto)
         data = proto.SerializeToString()
-        if verify:
-            verify_export(model, data, specs)
+        if verify or batches is not None:
+            verify_export(model, data, specs, batches)
     write_atomically(path, data)
 
 

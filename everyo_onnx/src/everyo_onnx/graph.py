@@ -23,7 +23,7 @@ import numpy as np
 
 from everyo import EveryOSerializationError
 from everyo.kernels import is_floating
-from everyo_onnx.runtime import import_onnx
+from everyo_onnx.runtime import import_onnx, reference_evaluator
 from everyo_onnx.symbolic import ONNX_ARITHMETIC, SymInt
 
 
@@ -219,8 +219,6 @@ class GraphContext:
 
     def _evaluate(self, name: str) -> np.ndarray:
         """Run the graph built so far in ``onnx.reference`` to get value ``name``'s sample."""
-        from onnx.reference import ReferenceEvaluator
-
         helper = self._helper
         if not any(name in node.output for node in self.nodes):
             raise EveryOSerializationError(f"export_onnx: no value named {name!r} in the graph")
@@ -231,4 +229,4 @@ class GraphContext:
             initializer=self.initializers)
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", self.opset)])
         feeds = {n: self.samples[n].astype(onnx_dtype(self.samples[n].dtype)) for n in self.inputs}
-        return np.asarray(ReferenceEvaluator(model).run([name], feeds)[0])
+        return np.asarray(reference_evaluator(model).run([name], feeds)[0])

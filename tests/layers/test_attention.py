@@ -1,5 +1,5 @@
 """MultiHeadAttention and the fused attention_weights op: gradcheck, PyTorch oracle with and
-without masks, mask validation."""
+without masks (first and second derivatives), mask validation."""
 
 from __future__ import annotations
 
@@ -8,6 +8,14 @@ import pytest
 
 import everyo as eo
 from everyo_layers.attention import causal_mask
+from support.second_order import (
+    T,
+    assert_gradgradcheck,
+    assert_second_derivatives_match_torch,
+    case_id,
+    normal,
+    torch_cases,
+)
 from support.sequence_torch import assert_grads_close, attention_grad_pairs, copy_attention
 
 
@@ -160,3 +168,23 @@ def test_attention_over_an_empty_key_sequence_matches_torch(torch, rng):
     (gq,) = eo.grad(eo.dispatch("attention_weights", q, k).sum() + (q * q).sum(), q,
                     create_graph=True)  # the composite (second derivatives) too
     np.testing.assert_allclose(gq.data, 2 * q.data)
+
+
+MASK = np.where(np.triu(np.ones((3, 4)), 2) > 0, -np.inf, 0.0)
+SECOND_ORDER = [
+    ("attention_weights_masked",
+     lambda q, k: eo.dispatch("attention_weights", q, k, scale=0.5, mask=MASK),
+     lambda q, k: (q @ k.transpose(-1, -2) * 0.5 + T().tensor(MASK)).softmax(-1),
+     [normal(2, 3, 5), normal(2, 4, 5)]),
+]
+
+
+@pytest.mark.parametrize("case", SECOND_ORDER, ids=case_id)
+def test_second_derivatives_pass_gradgradcheck(case):
+    assert_gradgradcheck(case)
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("case", torch_cases(SECOND_ORDER), ids=case_id)
+def test_second_derivatives_match_torch(case, torch):
+    assert_second_derivatives_match_torch(case, torch)

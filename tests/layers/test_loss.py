@@ -1,5 +1,6 @@
-"""Every loss against PyTorch (all reductions, label smoothing, ignored targets), gradcheck in
-float64, float32 results for float16 input and the errors of bad targets."""
+"""The unweighted losses against PyTorch (all reductions, label smoothing, ignored targets,
+padding-only batches), first and second derivatives in float64, float32 results for float16
+input and the errors of bad targets."""
 
 from __future__ import annotations
 
@@ -10,6 +11,15 @@ import numpy as np
 import pytest
 
 import everyo as eo
+from support.second_order import (
+    F,
+    T,
+    assert_gradgradcheck,
+    assert_second_derivatives_match_torch,
+    case_id,
+    normal,
+    torch_cases,
+)
 
 REDUCTIONS = ["mean", "sum", "none"]
 
@@ -206,3 +216,56 @@ def test_loss_bad_inputs():
                                                 pos_weight=pos_weight)
     with pytest.raises(eo.EveryOError, match="floating-point input, got int64"):
         eo.cross_entropy(eo.tensor(np.zeros((2, 3), np.int64)), np.array([0, 1]))
+
+
+CLASSES = np.array([2, 0, 1, 2])
+IGNORED = np.array([2, -100, 1, 0])
+PROBS = np.random.default_rng(9).dirichlet(np.ones(3), size=4)
+SECOND_ORDER = [
+    ("cross_entropy_smoothing",
+     lambda x: eo.cross_entropy(x, CLASSES, label_smoothing=0.1),
+     lambda x: F().cross_entropy(x, T().tensor(CLASSES), label_smoothing=0.1),
+     [normal(4, 3)]),
+    ("cross_entropy_ignore_sum",
+     lambda x: eo.cross_entropy(x, IGNORED, reduction="sum"),
+     lambda x: F().cross_entropy(x, T().tensor(IGNORED), reduction="sum"),
+     [normal(4, 3)]),
+    ("cross_entropy_probabilities",
+     lambda x: eo.cross_entropy(x, PROBS),
+     lambda x: F().cross_entropy(x, T().tensor(PROBS)), [normal(4, 3)]),
+    ("nll_loss_ignore",
+     lambda x: eo.nll_loss(eo.log_softmax(x), IGNORED),
+     lambda x: F().nll_loss(x.log_softmax(-1), T().tensor(IGNORED)), [normal(4, 3)]),
+    ("mse_loss", lambda x, y: eo.mse_loss(x, y), lambda x, y: F().mse_loss(x, y),
+     [normal(3, 4), normal(3, 4)]),
+    ("l1_loss_none", lambda x, y: eo.l1_loss(x, y, reduction="none") ** 2,
+     lambda x, y: F().l1_loss(x, y, reduction="none") ** 2,
+     [normal(3, 4), lambda rng: np.zeros((3, 4)) + 5.0]),
+    ("bce_with_logits_pos_weight",
+     lambda x, y: eo.binary_cross_entropy_with_logits(x, y, pos_weight=np.array([0.5, 2.0])),
+     lambda x, y: F().binary_cross_entropy_with_logits(
+         x, y, pos_weight=T().tensor([0.5, 2.0])),
+     [normal(3, 2), lambda rng: rng.uniform(0, 1, (3, 2))]),
+    ("bce_with_logits_at_zero",
+     lambda x, y: eo.binary_cross_entropy_with_logits(x, y, reduction="sum"),
+     lambda x, y: F().binary_cross_entropy_with_logits(x, y, reduction="sum"),
+     [lambda rng: np.array([0.0, 1.0, -2.0]), lambda rng: np.array([0.2, 0.5, 1.0])]),
+]
+
+
+@pytest.mark.parametrize("case", SECOND_ORDER, ids=case_id)
+def test_second_derivatives_pass_gradgradcheck(case):
+    assert_gradgradcheck(case)
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("case", torch_cases(SECOND_ORDER), ids=case_id)
+def test_second_derivatives_match_torch(case, torch):
+    assert_second_derivatives_match_torch(case, torch)
+
+
+@pytest.mark.parametrize("target", [CLASSES, IGNORED, PROBS], ids=["classes", "ignored", "probs"])
+def test_cross_entropy_composite_reproduces_the_fused_loss(target):
+    x = eo.tensor(np.random.default_rng(8).standard_normal((4, 3)), requires_grad=True)
+    out = eo.cross_entropy(x, target, label_smoothing=0.2)
+    np.testing.assert_allclose(out._ctx.composite(x).data, out.data, rtol=1e-12)

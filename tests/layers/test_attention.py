@@ -10,11 +10,8 @@ import everyo as eo
 from everyo_layers.attention import causal_mask
 from support.second_order import (
     T,
-    assert_gradgradcheck,
-    assert_second_derivatives_match_torch,
-    case_id,
     normal,
-    torch_cases,
+    second_order_tests,
 )
 from support.sequence_torch import assert_grads_close, attention_grad_pairs, copy_attention
 
@@ -178,13 +175,5 @@ SECOND_ORDER = [
      [normal(2, 3, 5), normal(2, 4, 5)]),
 ]
 
-
-@pytest.mark.parametrize("case", SECOND_ORDER, ids=case_id)
-def test_second_derivatives_pass_gradgradcheck(case):
-    assert_gradgradcheck(case)
-
-
-@pytest.mark.torch
-@pytest.mark.parametrize("case", torch_cases(SECOND_ORDER), ids=case_id)
-def test_second_derivatives_match_torch(case, torch):
-    assert_second_derivatives_match_torch(case, torch)
+test_second_derivatives_pass_gradgradcheck, test_second_derivatives_match_torch = (
+    second_order_tests(SECOND_ORDER))

@@ -15,13 +15,10 @@ from everyo_layers.padding import output_size, resolve_padding
 from support.second_order import (
     F,
     assert_composite_reproduces,
-    assert_gradgradcheck,
-    assert_second_derivatives_match_torch,
-    case_id,
     nchw,
     nhwc,
     normal,
-    torch_cases,
+    second_order_tests,
 )
 
 
@@ -245,16 +242,8 @@ SECOND_ORDER = [
      [normal(1, 7, 6, 2), normal(2, 2, 2, 2)]),
 ]
 
-
-@pytest.mark.parametrize("case", SECOND_ORDER, ids=case_id)
-def test_second_derivatives_pass_gradgradcheck(case):
-    assert_gradgradcheck(case)
-
-
-@pytest.mark.torch
-@pytest.mark.parametrize("case", torch_cases(SECOND_ORDER), ids=case_id)
-def test_second_derivatives_match_torch(case, torch):
-    assert_second_derivatives_match_torch(case, torch)
+test_second_derivatives_pass_gradgradcheck, test_second_derivatives_match_torch = (
+    second_order_tests(SECOND_ORDER))
 
 
 @pytest.mark.torch

@@ -11,11 +11,8 @@ from everyo_layers.embedding import scatter_add_rows
 from support.second_order import (
     F,
     T,
-    assert_gradgradcheck,
-    assert_second_derivatives_match_torch,
-    case_id,
     normal,
-    torch_cases,
+    second_order_tests,
 )
 
 
@@ -100,16 +97,8 @@ SECOND_ORDER = [
      lambda w: F().embedding(T().tensor(TOKENS), w) ** 2, [normal(4, 3)]),
 ]
 
-
-@pytest.mark.parametrize("case", SECOND_ORDER, ids=case_id)
-def test_second_derivatives_pass_gradgradcheck(case):
-    assert_gradgradcheck(case)
-
-
-@pytest.mark.torch
-@pytest.mark.parametrize("case", torch_cases(SECOND_ORDER), ids=case_id)
-def test_second_derivatives_match_torch(case, torch):
-    assert_second_derivatives_match_torch(case, torch)
+test_second_derivatives_pass_gradgradcheck, test_second_derivatives_match_torch = (
+    second_order_tests(SECOND_ORDER))
 
 
 @pytest.mark.torch

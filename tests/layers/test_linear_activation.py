@@ -9,12 +9,9 @@ import pytest
 import everyo as eo
 from support.second_order import (
     F,
-    assert_gradgradcheck,
-    assert_second_derivatives_match_torch,
     away_from_zero,
-    case_id,
     normal,
-    torch_cases,
+    second_order_tests,
 )
 
 
@@ -165,13 +162,5 @@ SECOND_ORDER = [
      None, [normal(3, 4)]),
 ]
 
-
-@pytest.mark.parametrize("case", SECOND_ORDER, ids=case_id)
-def test_second_derivatives_pass_gradgradcheck(case):
-    assert_gradgradcheck(case)
-
-
-@pytest.mark.torch
-@pytest.mark.parametrize("case", torch_cases(SECOND_ORDER), ids=case_id)
-def test_second_derivatives_match_torch(case, torch):
-    assert_second_derivatives_match_torch(case, torch)
+test_second_derivatives_pass_gradgradcheck, test_second_derivatives_match_torch = (
+    second_order_tests(SECOND_ORDER))

@@ -14,11 +14,8 @@ import everyo as eo
 from support.second_order import (
     F,
     T,
-    assert_gradgradcheck,
-    assert_second_derivatives_match_torch,
-    case_id,
     normal,
-    torch_cases,
+    second_order_tests,
 )
 
 REDUCTIONS = ["mean", "sum", "none"]
@@ -252,16 +249,8 @@ SECOND_ORDER = [
      [lambda rng: np.array([0.0, 1.0, -2.0]), lambda rng: np.array([0.2, 0.5, 1.0])]),
 ]
 
-
-@pytest.mark.parametrize("case", SECOND_ORDER, ids=case_id)
-def test_second_derivatives_pass_gradgradcheck(case):
-    assert_gradgradcheck(case)
-
-
-@pytest.mark.torch
-@pytest.mark.parametrize("case", torch_cases(SECOND_ORDER), ids=case_id)
-def test_second_derivatives_match_torch(case, torch):
-    assert_second_derivatives_match_torch(case, torch)
+test_second_derivatives_pass_gradgradcheck, test_second_derivatives_match_torch = (
+    second_order_tests(SECOND_ORDER))
 
 
 @pytest.mark.parametrize("target", [CLASSES, IGNORED, PROBS], ids=["classes", "ignored", "probs"])

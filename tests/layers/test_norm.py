@@ -11,11 +11,8 @@ import everyo as eo
 from support.second_order import (
     F,
     T,
-    assert_gradgradcheck,
-    assert_second_derivatives_match_torch,
-    case_id,
     normal,
-    torch_cases,
+    second_order_tests,
 )
 from support.torch_oracle import compare_with_torch
 
@@ -288,13 +285,5 @@ SECOND_ORDER = [
      [normal(5, 3), normal(3), normal(3)]),
 ]
 
-
-@pytest.mark.parametrize("case", SECOND_ORDER, ids=case_id)
-def test_second_derivatives_pass_gradgradcheck(case):
-    assert_gradgradcheck(case)
-
-
-@pytest.mark.torch
-@pytest.mark.parametrize("case", torch_cases(SECOND_ORDER), ids=case_id)
-def test_second_derivatives_match_torch(case, torch):
-    assert_second_derivatives_match_torch(case, torch)
+test_second_derivatives_pass_gradgradcheck, test_second_derivatives_match_torch = (
+    second_order_tests(SECOND_ORDER))

@@ -2,6 +2,11 @@
 ``eo.gradgradcheck`` in float64, and ``torch.autograd.grad(create_graph=True)`` as the oracle
 for the first, second (and value) of the same computation.
 
+A family's test file lists its cases and takes its two tests from :func:`second_order_tests`:
+
+    test_second_derivatives_pass_gradgradcheck, test_second_derivatives_match_torch = (
+        second_order_tests(SECOND_ORDER))
+
 A case is ``(id, ours, theirs, builders)``: ``ours`` and ``theirs`` compute the same function
 of EveryO and PyTorch tensors (``theirs`` is None where PyTorch has no such computation, e.g.
 dropout with a given generator), ``builders`` make the inputs from a NumPy generator.
@@ -10,6 +15,7 @@ dropout with a given generator), ``builders`` make the inputs from a NumPy gener
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 import everyo as eo
 
@@ -107,3 +113,19 @@ def assert_composite_reproduces(name: str, attrs: dict, arrays) -> None:
     out = eo.dispatch(name, *tensors, **attrs)
     np.testing.assert_allclose(out._ctx.composite(*tensors).data, out.data, rtol=1e-12,
                                atol=1e-12)
+
+
+def second_order_tests(cases) -> tuple:
+    """The two tests of a family's ``cases``: ``eo.gradgradcheck`` on every case, and PyTorch
+    as the oracle on every case that has a PyTorch computation (skipped without PyTorch)."""
+
+    @pytest.mark.parametrize("case", cases, ids=case_id)
+    def test_second_derivatives_pass_gradgradcheck(case):
+        assert_gradgradcheck(case)
+
+    @pytest.mark.torch
+    @pytest.mark.parametrize("case", torch_cases(cases), ids=case_id)
+    def test_second_derivatives_match_torch(case, torch):
+        assert_second_derivatives_match_torch(case, torch)
+
+    return test_second_derivatives_pass_gradgradcheck, test_second_derivatives_match_torch

@@ -87,14 +87,8 @@ def export_onnx(model, path, input_shape, input_name: str = "input", output_name
         (5, 3)
     """
     onnx = import_onnx()
-    if not isinstance(model, Module):
-        raise EveryOSerializationError(f"export_onnx: model must be an everyo Module, got "
-                                       f"{type(model).__name__}")
-    opset = check_opset(opset, DEFAULT_OPSET, MIN_OPSET, onnx.defs.onnx_opset_version())
-    specs = input_specs(input_shape, input_name, input_names, dynamic_axes)
-    if refusal_reason(model) is None:  # (a model refused by design is named as that)
-        check_inputs_fit(model, specs)
-    batches = None if verify_inputs is None else verification_batches(specs, verify_inputs)
+    opset, specs, batches = _checked_arguments(onnx, model, opset, input_shape, input_name,
+                                               input_names, dynamic_axes, verify_inputs)
     converters = registry("onnx_converters").items
     with _exporting, eval_mode(model), no_grad():
         traced = trace_model(model, converters, opset, specs)
@@ -110,6 +104,21 @@ def export_onnx(model, path, input_shape, input_name: str = "input", output_name
         if verify or batches is not None:
             verify_export(model, data, specs, batches)
     write_atomically(path, data)
+
+
+def _checked_arguments(onnx, model, opset, input_shape, input_name, input_names, dynamic_axes,
+                       verify_inputs) -> tuple:
+    """``(opset, input specs, the user's verification batches or None)``, every argument
+    checked before anything is traced."""
+    if not isinstance(model, Module):
+        raise EveryOSerializationError(f"export_onnx: model must be an everyo Module, got "
+                                       f"{type(model).__name__}")
+    opset = check_opset(opset, DEFAULT_OPSET, MIN_OPSET, onnx.defs.onnx_opset_version())
+    specs = input_specs(input_shape, input_name, input_names, dynamic_axes)
+    if refusal_reason(model) is None:  # (a model refused by design is named as that)
+        check_inputs_fit(model, specs)
+    batches = None if verify_inputs is None else verification_batches(specs, verify_inputs)
+    return opset, specs, batches
 
 
 def _output_names(outputs: list[str], output_name: str, output_names, input_names) -> list[str]:

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import everyo as eo
+from everyo_layers.recurrent_ops import ScratchPool
 from support.sequence_torch import assert_grads_close, copy_recurrent, recurrent_grad_pairs
 
 KINDS = ["RNN", "LSTM", "GRU"]
@@ -170,8 +171,6 @@ def test_backward_twice_with_retained_graph_gives_the_same_gradients(kind):
 
 
 def test_scratch_pool_reuses_and_bounds():
-    from everyo_layers.recurrent_ops import ScratchPool
-
     pool = ScratchPool(keep=1, max_keys=2)
     a = pool.take((2, 3), np.float32)
     pool.give(a, np.empty((2, 3), np.float32))  # only one kept per shape

@@ -4,6 +4,10 @@ inside a custom module."""
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -212,10 +216,6 @@ def test_subclasses_of_layers_export_through_their_ops(approximate, tmp_path):
 
 
 def _char_transformer():
-    import importlib.util
-    import sys
-    from pathlib import Path
-
     path = Path(__file__).resolve().parents[2] / "examples" / "char_transformer.py"
     spec = importlib.util.spec_from_file_location("char_transformer_for_onnx", path)
     if spec.name not in sys.modules:  # dataclasses look their module up while being built

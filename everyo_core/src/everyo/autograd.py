@@ -309,13 +309,6 @@ def backward_arrays(root: Tensor, grad=None, retain_graph: bool = False) -> None
         accumulate_leaf(t, gi, copy=False)
 
 
-def run_backward(root, grad=None, retain_graph=None, create_graph=False) -> None:
-    """(Transitional: ``Tensor.backward`` calls :func:`everyo.engine.backward` next.)"""
-    from everyo.engine import backward
-
-    backward(root, grad, retain_graph, create_graph)
-
-
 def release(op) -> None:
     """Free what ``op`` kept for backward (``retain_graph=False``): a second backward through
     it raises instead of reading freed values."""

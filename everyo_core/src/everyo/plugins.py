@@ -34,6 +34,7 @@ import pluggy
 from everyo import hookspecs
 from everyo.dispatch import OPS
 from everyo.errors import PluginError
+from everyo.first_party import FIRST_PARTY
 from everyo.registries import Registry, key_name, validate
 
 ENTRY_POINT_GROUP = "everyo"
@@ -291,8 +292,6 @@ def disabled_plugin_names() -> set[str]:
 
 def ordered_entry_points(entry_points) -> list:
     """First-party entry points in ``FIRST_PARTY`` order, then every other one by name."""
-    from everyo.first_party import FIRST_PARTY
-
     rank = {dist: i for i, dist in enumerate(FIRST_PARTY)}
 
     def order(ep):

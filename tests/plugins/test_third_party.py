@@ -99,6 +99,19 @@ def test_console_script_is_installed():
     assert result.returncode == 0 and "ops: add" in result.stdout
 
 
+def test_the_listing_stops_quietly_when_its_reader_goes_away():
+    # `everyo plugins | head -2`, made deterministic: the reader has left before the first write
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        result = subprocess.run([sys.executable, "-m", "everyo", "plugins"], stdout=write_end,
+                                stderr=subprocess.PIPE, text=True, timeout=60)
+    finally:
+        os.close(write_end)
+    assert result.stderr == ""
+    assert result.returncode == 141  # 128 + SIGPIPE, as a shell reports a tool stopped by it
+
+
 def test_a_broken_plugin_is_reported_and_does_not_break_import(tmp_path):
     make_distribution(tmp_path, "everyo-broken", "everyo_broken",
                       "raise RuntimeError('missing dependency frobnicate')")

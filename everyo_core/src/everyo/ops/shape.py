@@ -10,6 +10,7 @@ from everyo.dispatch import dispatch
 from everyo.dtypes import result_dtype
 from everyo.errors import EveryOError, EveryOIndexError
 from everyo.ops.padding import pad_widths
+from everyo.tensor import Tensor
 
 
 def _checked_axis(op: str, axis, ndim: int, shape: tuple) -> int:
@@ -65,8 +66,6 @@ class Transpose(Op):
 
 def _plain_index(index):
     """Tensors inside an index become arrays; lists become integer/bool arrays."""
-    from everyo.tensor import Tensor
-
     if isinstance(index, Tensor):
         return index.data
     if isinstance(index, list):

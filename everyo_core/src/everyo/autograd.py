@@ -50,8 +50,10 @@ class Op:
         attrs: the keyword attributes of the call (set when the op is recorded), for
             ``composite``.
 
-    A subclass must declare ``__slots__`` (the attributes it stores besides ``saved``), and
-    may define ``backward_graph(g, out)`` or ``composite(*inputs)`` for second derivatives.
+    A subclass may define ``backward_graph(g, out)`` or ``composite(*inputs)`` for second
+    derivatives. ``__slots__`` (the attributes it stores besides ``saved``) is optional: without
+    it each instance carries a ``__dict__`` (slower attribute access, ~100 bytes more per graph
+    node), which a notebook's custom op can afford; EveryO's own ops declare it (a test checks).
     """
 
     __slots__ = ("parents", "needs_input_grad", "saved", "epoch", "attrs", "__weakref__")
@@ -80,14 +82,6 @@ class Op:
     #: ``backward`` must return the same arrays: write it as
     #: ``return gradients_from_parts(self, g)``.
     backward_parts = None
-
-    def __init_subclass__(cls, **kwargs):
-        super().__init_subclass__(**kwargs)
-        if "__slots__" not in cls.__dict__:
-            # NOTE: without __slots__ every op instance carries a __dict__: slower attribute
-            # access and ~100 bytes more per graph node, and typos in attribute names pass.
-            raise TypeError(f"op class {cls.__qualname__} must declare __slots__ (the "
-                            f"attributes it stores on self; () if none)")
 
     def forward(self, *arrays, **attrs) -> np.ndarray:  # pragma: no cover - interface
         raise NotImplementedError

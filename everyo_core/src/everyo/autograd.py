@@ -70,6 +70,10 @@ class Op:
     saved_inputs: tuple | None = None
     #: True when backward reads the op's own output (exp, tanh, softmax...).
     saves_output: bool = True
+    #: Attributes holding arrays backward reads that are not operands (gather's ``index``): an
+    #: array, or a tuple of them and other values (an indexing key). Checked as saved operands
+    #: are: backward raises if one was written in place (through EveryO) after the forward.
+    saved_attributes: tuple = ()
     #: ``backward_graph(self, g, out) -> tuple``: backward written with EveryO ops on Tensors.
     backward_graph = None
     #: ``composite(self, *inputs) -> Tensor``: forward written with differentiable EveryO ops.

@@ -8,6 +8,7 @@ import numpy as np
 from everyo.autograd import Op
 from everyo.dispatch import dispatch
 from everyo.errors import EveryOError
+from everyo.tensor import Tensor
 
 
 def gather_index(index: np.ndarray, axis: int, shape: tuple, op: str) -> tuple:
@@ -39,11 +40,13 @@ class Gather(Op):
     """``out[..., j, ...] = x[..., index[..., j, ...], ...]`` along ``axis``."""
 
     __slots__ = ("shape", "axis", "index")
-    saved_inputs, saves_output = (), False
+    saved_inputs, saves_output, saved_attributes = (), False, ("index",)
 
     def forward(self, x, axis, index):
         self.shape, self.axis = x.shape, axis
-        self.index = np.asarray(index.data if hasattr(index, "data") else index)
+        # NOTE: not hasattr(index, "data"): an ndarray's .data is a memoryview, and the array
+        # made from it would hide the index's storage from the version check
+        self.index = np.asarray(index.data if isinstance(index, Tensor) else index)
         return x[gather_index(self.index, axis, x.shape, "gather")]
 
     def backward(self, g):
@@ -59,10 +62,10 @@ class ScatterAdd(Op):
     """Zeros of ``shape`` into which ``src`` is added at ``index`` along ``axis``."""
 
     __slots__ = ("axis", "index")
-    saved_inputs, saves_output = (), False
+    saved_inputs, saves_output, saved_attributes = (), False, ("index",)
 
     def forward(self, src, axis, index, shape):
-        self.axis, self.index = axis, np.asarray(index)
+        self.axis, self.index = axis, np.asarray(index.data if isinstance(index, Tensor) else index)
         if self.index.shape != src.shape:
             raise EveryOError(f"scatter_add: index shape {self.index.shape} differs from the "
                               f"source's {src.shape}")

@@ -86,6 +86,7 @@ class GetItem(Op):
     __slots__ = ("shape", "index")
     saved_inputs = ()
     saves_output = False
+    saved_attributes = ("index",)
 
     def forward(self, x, index):
         self.shape, self.index = x.shape, _plain_index(index)
@@ -119,6 +120,7 @@ class ScatterGrad(Op):
     name = "getitem_backward"
     saved_inputs = ()
     saves_output = False
+    saved_attributes = ("index",)
 
     def forward(self, g, shape, index):
         self.index = index

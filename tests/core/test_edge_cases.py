@@ -199,3 +199,49 @@ def test_a_cast_to_an_integer_dtype_has_no_gradient_as_in_pytorch():
     np.testing.assert_array_equal(w.grad, [2.0, 2.0])
     with pytest.raises(eo.EveryOError, match="does not require grad"):
         (x * w.astype("int32")).sum().backward()
+
+
+def _clip_case():
+    x = np.array([0.0, 1.0, 2.0, 3.0, 4.0, 1.5, 0.2, 2.5])
+    lo = np.array([1.0, 1.0, 1.0, 3.5, 3.5, 2.0, 1.0, 1.0])
+    hi = np.array([3.0, 3.0, 2.0, 3.0, 3.0, 1.0, 1.0, 1.0])
+    return x, lo, hi  # (ties with each bound, min > max, min == max)
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("bounds", ["both", "min", "max"])
+def test_clip_with_tensor_bounds_differentiates_them_as_pytorch(bounds, torch):
+    x, lo, hi = _clip_case()
+    lo_arg = eo.tensor(lo, requires_grad=True) if bounds != "max" else None
+    hi_arg = eo.tensor(hi, requires_grad=True) if bounds != "min" else None
+    xs = eo.tensor(x, requires_grad=True)
+    out = eo.clip(xs, lo_arg, hi_arg)
+    weights = np.arange(1.0, 9.0)
+    (out * weights).sum().backward()
+    xt = torch.tensor(x, requires_grad=True)
+    lot = torch.tensor(lo, requires_grad=True) if lo_arg is not None else None
+    hit = torch.tensor(hi, requires_grad=True) if hi_arg is not None else None
+    expected = torch.clamp(xt, lot, hit)
+    (expected * torch.tensor(weights)).sum().backward()
+    np.testing.assert_array_equal(out.data, expected.detach().numpy())
+    np.testing.assert_array_equal(xs.grad, xt.grad.numpy())
+    tie = (x < lo) & (lo == hi)  # element 6: PyTorch gives neither bound its gradient
+    for ours, theirs in ((lo_arg, lot), (hi_arg, hit)):
+        if ours is not None:
+            expected_grad = theirs.grad.numpy().copy()
+            if bounds == "both":  # we split it between them, as maximum/minimum split a tie
+                assert not expected_grad[tie].any()
+                expected_grad[tie] = weights[tie] / 2
+            np.testing.assert_array_equal(ours.grad, expected_grad)
+
+
+def test_clip_with_broadcast_tensor_bounds_has_first_and_second_derivatives():
+    rng = np.random.default_rng(3)
+    x, lo, hi = rng.standard_normal((3, 4)), rng.standard_normal(4) - 1.0, np.array(0.5)
+    assert eo.gradcheck(lambda a, b, c: eo.clip(a, b, c) ** 2, x, lo, hi)
+    assert eo.gradgradcheck(lambda a, b, c: eo.clip(a, b, c) ** 2, x, lo, hi)
+    assert eo.gradcheck(lambda a, b: a.clip(min=b), x, lo)
+    held = eo.tensor(lo)  # a bound that does not require grad
+    ys = eo.tensor(x, requires_grad=True)
+    eo.clip(ys, held, 1.0).sum().backward()
+    np.testing.assert_array_equal(ys.grad, ((x >= lo) & (x <= 1.0)).astype(float))

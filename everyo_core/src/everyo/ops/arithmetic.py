@@ -11,6 +11,7 @@ from everyo.dtypes import result_dtype
 from everyo.errors import EveryOError
 from everyo.ops.graph_math import constant, unbroadcast_tensor
 from everyo.ops.unary import floating
+from everyo.tensor import Tensor
 
 
 class Add(Op):
@@ -243,11 +244,20 @@ class Where(Op):
 
 
 class Clip(Op):
-    """``clip(x, min=None, max=None)``; the gradient passes where min <= x <= max."""
+    """``clip(x, min=None, max=None)``; the gradient passes where min <= x <= max. A bound that
+    is a Tensor is an operand of :class:`ClipBetween` instead, so it gets a gradient too."""
 
     __slots__ = ()
     saved_inputs = (0,)
     saves_output = False
+
+    @classmethod
+    def apply(cls, x, min=None, max=None):
+        if isinstance(min, Tensor) or isinstance(max, Tensor):
+            bounds = [bound for bound in (min, max) if bound is not None]
+            return ClipBetween.apply(x, *bounds, has_min=min is not None,
+                                     has_max=max is not None)
+        return super().apply(x, min=min, max=max)
 
     def forward(self, x, min=None, max=None):
         self.saved = (x, min, max)
@@ -267,6 +277,55 @@ class Clip(Op):
 
     def backward_graph(self, g, out):
         return (dispatch("where", constant(self._inside()), g, np.zeros((), g.data.dtype)),)
+
+
+class ClipBetween(Op):
+    """``clip`` whose bounds are operands (Tensors), differentiated as PyTorch's ``clamp``: the
+    gradient goes to ``x`` where min <= x <= max, to ``min`` where x < min < max, to ``max``
+    where x > max or min > max (the output is max there, as NumPy's and PyTorch's). Where
+    x < min == max, PyTorch gives neither bound the gradient; we split it between them, as
+    maximum/minimum split a tie.
+
+    Not registered: ``dispatch("clip", ...)`` (what interceptors see) applies it.
+    """
+
+    __slots__ = ("has_min", "has_max")
+    name = "clip"
+    saves_output = False
+
+    def forward(self, x, *bounds, has_min=True, has_max=True):
+        self.has_min, self.has_max = has_min, has_max
+        self.saved = (x, *bounds)
+        return np.clip(x, bounds[0] if has_min else None, bounds[-1] if has_max else None)
+
+    def _shares(self, dtype) -> list:
+        """The share of the output gradient each operand gets, elementwise, in order."""
+        x, *bounds = self.saved
+        lo = bounds[0] if self.has_min else None
+        hi = bounds[-1] if self.has_max else None
+        inside = np.ones(np.broadcast_shapes(*(a.shape for a in self.saved)), bool)
+        if lo is not None:
+            inside &= lo <= x
+        if hi is not None:
+            inside &= x <= hi
+        shares = [inside.astype(dtype)]
+        tie = (x < lo) & (lo == hi) if lo is not None and hi is not None else False
+        if lo is not None:
+            below = (x < lo) & (lo < hi) if hi is not None else x < lo
+            shares.append(below + 0.5 * tie)
+        if hi is not None:
+            above = (x > hi) | (lo > hi) if lo is not None else x > hi
+            shares.append(above + 0.5 * tie)
+        return [np.asarray(share, dtype) for share in shares]
+
+    def backward(self, g):
+        return tuple(unbroadcast(g * share, t.shape) if needed else None for share, t, needed
+                     in zip(self._shares(g.dtype), self.saved, self.needs_input_grad))
+
+    def backward_graph(self, g, out):
+        return tuple(unbroadcast_tensor(g * constant(share), t.shape) if needed else None
+                     for share, t, needed
+                     in zip(self._shares(g.data.dtype), self.saved, self.needs_input_grad))
 
 
 OPS = {"add": Add, "sub": Sub, "mul": Mul, "div": Div, "pow": Pow, "maximum": Maximum,

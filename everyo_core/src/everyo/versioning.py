@@ -135,10 +135,11 @@ def _raise(op, saved, which: str) -> None:
     """``saved``: the Tensor (or the array an op kept) that was written."""
     array = saved if isinstance(saved, np.ndarray) else saved.data
     entry = _storage.get(id(_base(array)))
+    writes = 0 if entry is None else entry[1]
     raise EveryOError(
         f"backward through op {op_name(op)!r}: {which} (shape {array.shape}, "
         f"{array.dtype}) was modified in place after the forward pass (its version is now "
-        f"{0 if entry is None else entry[1]}; the op saved it before that write). The gradient would use values "
+        f"{writes}; the op saved it before that write). The gradient would use values "
         f"the forward pass never saw. Compute the forward again after the in-place update "
         f"(e.g. call optimizer.step() after backward()), or use an out-of-place operation."
     )

@@ -14,6 +14,23 @@ from everyo.ops.unary import floating
 from everyo.tensor import Tensor
 
 
+def refuse_unbroadcastable(op: str, *arrays: np.ndarray) -> None:
+    """Raise an EveryOError naming ``op`` and the shapes when ``arrays`` do not broadcast
+    together; return (so that the caller re-raises NumPy's error) when they do.
+
+    For an op's ``except ValueError:`` around its NumPy call: the check costs nothing until
+    NumPy has refused the operands.
+    """
+    shapes = [a.shape for a in arrays]
+    try:
+        np.broadcast_shapes(*shapes)
+    except ValueError:
+        listed = ", ".join(map(str, shapes[:-1])) + f" and {shapes[-1]}"
+        raise EveryOError(f"{op}: operands of shapes {listed} do not broadcast: aligned from "
+                          f"the last axis, each pair of sizes must be equal or one of them 1"
+                          ) from None
+
+
 class Add(Op):
     __slots__ = ("shapes",)
     saved_inputs = ()
@@ -21,7 +38,11 @@ class Add(Op):
 
     def forward(self, a, b):
         self.shapes = (a.shape, b.shape)
-        return a + b
+        try:
+            return a + b
+        except ValueError:
+            refuse_unbroadcastable(self.name, a, b)
+            raise
 
     def backward(self, g):
         na, nb = self.needs_input_grad
@@ -41,7 +62,11 @@ class Sub(Op):
 
     def forward(self, a, b):
         self.shapes = (a.shape, b.shape)
-        return a - b
+        try:
+            return a - b
+        except ValueError:
+            refuse_unbroadcastable(self.name, a, b)
+            raise
 
     def backward(self, g):
         na, nb = self.needs_input_grad
@@ -61,7 +86,11 @@ class Mul(Op):
 
     def forward(self, a, b):
         self.saved = (a, b)
-        return a * b
+        try:
+            return a * b
+        except ValueError:
+            refuse_unbroadcastable(self.name, a, b)
+            raise
 
     def backward(self, g):
         a, b = self.saved
@@ -84,7 +113,11 @@ class Div(Op):
     def forward(self, a, b):
         if a.dtype.kind not in "fc" and b.dtype.kind not in "fc":
             a, b = floating(a), floating(b)  # true division of integers: float32, as PyTorch
-        out = a / b
+        try:
+            out = a / b
+        except ValueError:
+            refuse_unbroadcastable(self.name, a, b)
+            raise
         self.saved = (a, b, out)
         return out
 
@@ -120,7 +153,11 @@ class Pow(Op):
             raise EveryOError(f"pow: an integer tensor ({a.dtype}) to a negative integer "
                               f"exponent ({b.min()}) has no integer result; make the base or "
                               f"the exponent floating")
-        out = a ** b
+        try:
+            out = a ** b
+        except ValueError:
+            refuse_unbroadcastable(self.name, a, b)
+            raise
         self.saved = (a, b, out)
         return out
 
@@ -182,7 +219,11 @@ class Maximum(Op):
 
     def forward(self, a, b):
         self.saved = (a, b)
-        return np.maximum(a, b)
+        try:
+            return np.maximum(a, b)
+        except ValueError:
+            refuse_unbroadcastable(self.name, a, b)
+            raise
 
     def backward(self, g):
         a, b = self.saved
@@ -200,7 +241,11 @@ class Minimum(Op):
 
     def forward(self, a, b):
         self.saved = (a, b)
-        return np.minimum(a, b)
+        try:
+            return np.minimum(a, b)
+        except ValueError:
+            refuse_unbroadcastable(self.name, a, b)
+            raise
 
     def backward(self, g):
         a, b = self.saved
@@ -224,7 +269,11 @@ class Where(Op):
         if a.dtype != b.dtype:  # (float16 with bfloat16: float32 with any ml_dtypes)
             common = result_dtype(a, b)
             a, b = a.astype(common, copy=False), b.astype(common, copy=False)
-        return np.where(condition, a, b)
+        try:
+            return np.where(condition, a, b)
+        except ValueError:
+            refuse_unbroadcastable(self.name, condition, a, b)
+            raise
 
     def backward(self, g):
         condition, sa, sb = self.saved
@@ -261,7 +310,12 @@ class Clip(Op):
 
     def forward(self, x, min=None, max=None):
         self.saved = (x, min, max)
-        return np.clip(x, min, max)
+        try:
+            return np.clip(x, min, max)
+        except ValueError:
+            refuse_unbroadcastable(self.name, x, *(np.asarray(b) for b in (min, max)
+                                                   if b is not None))
+            raise
 
     def backward(self, g):
         return (np.where(self._inside(), g, np.zeros((), g.dtype)),)
@@ -296,7 +350,11 @@ class ClipBetween(Op):
     def forward(self, x, *bounds, has_min=True, has_max=True):
         self.has_min, self.has_max = has_min, has_max
         self.saved = (x, *bounds)
-        return np.clip(x, bounds[0] if has_min else None, bounds[-1] if has_max else None)
+        try:
+            return np.clip(x, bounds[0] if has_min else None, bounds[-1] if has_max else None)
+        except ValueError:
+            refuse_unbroadcastable(self.name, x, *bounds)
+            raise
 
     def _shares(self, dtype) -> list:
         """The share of the output gradient each operand gets, elementwise, in order."""

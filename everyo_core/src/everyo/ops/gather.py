@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from everyo.autograd import Op
+from everyo.axes import check_axis
 from everyo.dispatch import dispatch
 from everyo.errors import EveryOError
 from everyo.tensor import Tensor
@@ -20,9 +21,7 @@ def gather_index(index: np.ndarray, axis: int, shape: tuple, op: str) -> tuple:
     if index.ndim != len(shape):
         raise EveryOError(f"{op}: index has {index.ndim} axes, the tensor {len(shape)} "
                           f"(shape {shape})")
-    if not -len(shape) <= axis < len(shape):
-        raise EveryOError(f"{op}: axis {axis} is out of range for shape {shape}")
-    axis %= len(shape)
+    axis = check_axis(axis, len(shape), op, shape)
     for d, (n, m) in enumerate(zip(index.shape, shape)):
         if d != axis and n > m:
             raise EveryOError(f"{op}: index shape {index.shape} is larger than the tensor's "

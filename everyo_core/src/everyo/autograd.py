@@ -301,8 +301,9 @@ def backward_arrays(root: Tensor, grad=None, retain_graph: bool = False) -> None
                     check_saved(ctx, t)
                 previous = pending.get(key)
                 pending[key] = gi if previous is None else previous + gi
-        if not retain_graph:
-            release(op)
+        if not retain_graph:  # (release(op), inlined: this loop is the per-op hot path)
+            op.saved = RELEASED
+            op.parents = None
     for t, gi in leaves.values():
         accumulate_leaf(t, gi, copy=False)
 

@@ -220,26 +220,24 @@ class _Walk:
         return by_step
 
     def step(self, op, g, waiting) -> None:
-        """Run ``op``'s backward on its summed output gradient ``g``; ``waiting``: ids of the
-        leaves to finalise as soon as their part arrives (or None)."""
+        """Run ``op``'s backward on its summed output gradient ``g`` and pass each operand's
+        part on (a gradient in row blocks once its last block is computed); ``waiting``: ids
+        of the leaves to finalise as soon as their part arrives (or None)."""
         out = self.outputs.pop(id(op))
+        create_graph = self.create_graph
         if self.run_hooks and hooks.tensor_hooks:
-            g = _run_tensor_hooks(hooks.tensor_hooks.get(id(op)), g, self.create_graph)
+            g = _run_tensor_hooks(hooks.tensor_hooks.get(id(op)), g, create_graph)
         position = self.wanted.get(id(out))
         if position is not None:
             self.captured[position] = g
         if op.epoch != self.now:
             check_saved(op)
         if waiting is None:
-            grads = _graph_vjp(op, g, out) if self.create_graph else op.backward(g)
-            self.deliver(op, enumerate(grads if type(grads) is tuple else (grads,)), g, None)
+            grads = _graph_vjp(op, g, out) if create_graph else op.backward(g)
+            parts = enumerate(grads if type(grads) is tuple else (grads,))
         else:
-            self.deliver(op, op.backward_parts(g), g, waiting)
-
-    def deliver(self, op, parts, g, waiting) -> None:
-        """Pass each ``(operand index, gradient[, stop])`` part of ``op``'s backward on to its
-        operand (a gradient in row blocks once its last block is computed)."""
-        parents, needs, create_graph = op.parents, op.needs_input_grad, self.create_graph
+            parts = op.backward_parts(g)
+        parents, needs = op.parents, op.needs_input_grad
         blocks = None  # (a RowBlocks once the op hands a gradient over in row blocks)
         try:
             for part in parts:

@@ -3,8 +3,8 @@
 
 ``Tensor.backward()`` calls :func:`backward`, which chooses: on arrays without hooks, the fast
 walk :func:`everyo.autograd.backward_arrays`; with hooks or ``create_graph``, the general walk
-here. With ``create_graph=True`` gradients are Tensors built from EveryO
-ops, so they can be differentiated again. Per op the engine uses, in this order:
+here. With ``create_graph=True`` gradients are Tensors built from EveryO ops, so they can be
+differentiated again. Per op the engine uses, in this order:
 
 1. ``op.backward_graph(g, out)``: the op's backward written with EveryO ops;
 2. ``op.composite(*parents)``: the op's forward written with EveryO ops, differentiated here;
@@ -205,7 +205,10 @@ class _Walk:
 
     def final_steps(self, order: list) -> dict:
         """step -> ids of the leaves whose gradient is final after that step's op (the last
-        that uses them); leaves no op uses (roots) are finalised now."""
+        that uses them); leaves no op uses (roots) are finalised now.
+
+        Hooks and accumulation happen there: for parameters used once per step, as soon as
+        their layer is done."""
         final_at: dict = {}
         stop = self.stop
         for i, op in enumerate(order):

@@ -322,10 +322,9 @@ def _half_imported_hint(plugin_module: str) -> str:
     plugin, this one included, while that module is still executing."""
     package = plugin_module.partition(".")[0]
     half = sorted(name for name, module in list(sys.modules.items())
-                  if (name == package or name.startswith(package + "."))
+                  if name.startswith(package + ".")
                   # NOTE: importlib marks a module's spec while its code runs (CPython)
                   and getattr(getattr(module, "__spec__", None), "_initializing", False))
-    half = [name for name in half if name != package]
     if not half:
         return ""
     return (f" ({', '.join(half)} was still being imported when `import everyo` loaded the "

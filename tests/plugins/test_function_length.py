@@ -14,7 +14,6 @@ LIMIT = 60
 KNOWN_LONG = {
     ("everyo_dist/src/everyo_dist/backends/hierarchical/group.py", "create_hierarchical_group"),
     ("everyo_dist/src/everyo_dist/backends/tcp/group.py", "init_tcp_process_group"),
-    ("everyo_onnx/src/everyo_onnx/export.py", "export_onnx"),
 }
 
 

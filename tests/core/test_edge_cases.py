@@ -79,7 +79,7 @@ def test_var_with_ddof_at_least_n_is_inf_like_pytorch(ddof, torch):
 @pytest.mark.parametrize("call, name", [
     (lambda: eo.softmax(eo.ones(2, 3), axis=2), "softmax: axis 2"),
     (lambda: eo.log_softmax(eo.ones(2, 3), axis=-3), "log_softmax: axis -3"),
-    (lambda: eo.softmax(eo.ones(2, 3), axis=(0, 1)), "softmax: axis must be one int"),
+    (lambda: eo.softmax(eo.ones(2, 3), axis=(0, 1)), "softmax: axis must be an int"),
     (lambda: eo.concatenate([eo.ones(2, 3), eo.ones(2, 3)], axis=2), "concatenate: axis 2"),
     (lambda: eo.stack([eo.ones(2), eo.ones(2)], axis=3), "stack: axis 3"),
     (lambda: eo.concatenate([], axis=0), "concatenate: needs at least one"),
@@ -199,3 +199,176 @@ def test_a_cast_to_an_integer_dtype_has_no_gradient_as_in_pytorch():
     np.testing.assert_array_equal(w.grad, [2.0, 2.0])
     with pytest.raises(eo.EveryOError, match="does not require grad"):
         (x * w.astype("int32")).sum().backward()
+
+
+def _clip_case():
+    x = np.array([0.0, 1.0, 2.0, 3.0, 4.0, 1.5, 0.2, 2.5])
+    lo = np.array([1.0, 1.0, 1.0, 3.5, 3.5, 2.0, 1.0, 1.0])
+    hi = np.array([3.0, 3.0, 2.0, 3.0, 3.0, 1.0, 1.0, 1.0])
+    return x, lo, hi  # (ties with each bound, min > max, min == max)
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("bounds", ["both", "min", "max"])
+def test_clip_with_tensor_bounds_differentiates_them_as_pytorch(bounds, torch):
+    x, lo, hi = _clip_case()
+    lo_arg = eo.tensor(lo, requires_grad=True) if bounds != "max" else None
+    hi_arg = eo.tensor(hi, requires_grad=True) if bounds != "min" else None
+    xs = eo.tensor(x, requires_grad=True)
+    out = eo.clip(xs, lo_arg, hi_arg)
+    weights = np.arange(1.0, 9.0)
+    (out * weights).sum().backward()
+    xt = torch.tensor(x, requires_grad=True)
+    lot = torch.tensor(lo, requires_grad=True) if lo_arg is not None else None
+    hit = torch.tensor(hi, requires_grad=True) if hi_arg is not None else None
+    expected = torch.clamp(xt, lot, hit)
+    (expected * torch.tensor(weights)).sum().backward()
+    np.testing.assert_array_equal(out.data, expected.detach().numpy())
+    np.testing.assert_array_equal(xs.grad, xt.grad.numpy())
+    tie = (x < lo) & (lo == hi)  # element 6: PyTorch gives neither bound its gradient
+    for ours, theirs in ((lo_arg, lot), (hi_arg, hit)):
+        if ours is not None:
+            expected_grad = theirs.grad.numpy().copy()
+            if bounds == "both":  # we split it between them, as maximum/minimum split a tie
+                assert not expected_grad[tie].any()
+                expected_grad[tie] = weights[tie] / 2
+            np.testing.assert_array_equal(ours.grad, expected_grad)
+
+
+def test_clip_with_broadcast_tensor_bounds_has_first_and_second_derivatives():
+    rng = np.random.default_rng(3)
+    x, lo, hi = rng.standard_normal((3, 4)), rng.standard_normal(4) - 1.0, np.array(0.5)
+    assert eo.gradcheck(lambda a, b, c: eo.clip(a, b, c) ** 2, x, lo, hi)
+    assert eo.gradgradcheck(lambda a, b, c: eo.clip(a, b, c) ** 2, x, lo, hi)
+    assert eo.gradcheck(lambda a, b: a.clip(min=b), x, lo)
+    held = eo.tensor(lo)  # a bound that does not require grad
+    ys = eo.tensor(x, requires_grad=True)
+    eo.clip(ys, held, 1.0).sum().backward()
+    np.testing.assert_array_equal(ys.grad, ((x >= lo) & (x <= 1.0)).astype(float))
+
+
+# -- one rule for every axis argument (everyo.kernels.check_axis) -----------------------------
+
+AXIS_OPS = {
+    "sum": lambda x, axis: eo.sum(x, axis=axis),
+    "mean": lambda x, axis: eo.mean(x, axis=axis),
+    "max": lambda x, axis: eo.max(x, axis=axis),
+    "min": lambda x, axis: eo.min(x, axis=axis),
+    "var": lambda x, axis: eo.var(x, axis=axis),
+    "softmax": lambda x, axis: eo.softmax(x, axis=axis),
+    "log_softmax": lambda x, axis: eo.log_softmax(x, axis=axis),
+    "concatenate": lambda x, axis: eo.concatenate([x, x], axis=axis),
+    "stack": lambda x, axis: eo.stack([x, x], axis=axis),
+    "cumsum": lambda x, axis: eo.dispatch("cumsum", x, axis=axis),
+    "gather": lambda x, axis: eo.dispatch("gather", x, axis=axis,
+                                          index=np.zeros((2, 3), np.int64)),
+    "transpose": lambda x, axis: eo.transpose(x, (axis, 0)),
+}
+
+
+@pytest.mark.parametrize("op", AXIS_OPS)
+@pytest.mark.parametrize("axis, message", [
+    (True, "axis must be an int, got True"), (1.0, "axis must be an int, got 1.0"),
+    ("1", "axis must be an int, got '1'"), (5, "axis 5 is out of range"),
+    (-5, "axis -5 is out of range")])
+def test_every_axis_argument_follows_one_rule(op, axis, message):
+    x = eo.ones(2, 3)
+    with pytest.raises(eo.EveryOError, match=f"{op}: {message}"):
+        AXIS_OPS[op](x, axis)
+
+
+@pytest.mark.parametrize("op", AXIS_OPS)
+def test_numpy_integers_and_negative_axes_are_axes(op):
+    x = eo.tensor(np.arange(6.0).reshape(2, 3))
+    last = 2 if op == "stack" else 1  # (stack's axes are its result's)
+    np.testing.assert_array_equal(AXIS_OPS[op](x, np.int64(-1)).data, AXIS_OPS[op](x, last).data)
+
+
+def test_a_repeated_reduction_axis_is_named():
+    with pytest.raises(eo.EveryOError, match="sum: axis 1 is listed twice"):
+        eo.sum(eo.ones(2, 3), axis=(1, -1))
+
+
+def test_check_axis_is_public_for_plugins():
+    from everyo.kernels import check_axis
+
+    assert check_axis(-1, 3, "myop") == 2
+    assert check_axis(0, 0, "myop") == 0  # a 0-d tensor takes axis 0 / -1, as in PyTorch
+    with pytest.raises(eo.EveryOError, match=r"myop: axis 3 is out of range for shape \(2, 3, 4\)"):
+        check_axis(3, 3, "myop", (2, 3, 4))
+
+
+# -- bad shapes are named; reductions of nothing -------------------------------------------
+
+BROADCASTING = {
+    "add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
+    "div": lambda a, b: a / b, "pow": lambda a, b: a ** b,
+    "maximum": eo.maximum, "minimum": eo.minimum,
+    "where": lambda a, b: eo.where(np.ones((2, 3), bool), a, b),
+    "clip": lambda a, b: eo.clip(a, b.data, None),
+    "matmul": lambda a, b: eo.ones(2, 3, 4) @ eo.ones(5, 4, 6),
+}
+
+
+@pytest.mark.parametrize("op", BROADCASTING)
+def test_shapes_that_do_not_broadcast_name_the_op_and_both_shapes(op):
+    a, b = eo.ones(2, 3), eo.ones(4)
+    shapes = (r"\(2, 3, 4\).*\(5, 4, 6\)" if op == "matmul" else r"\(2, 3\).*\(4,\)")
+    with pytest.raises(eo.EveryOError, match=f"^{op}: .*{shapes}.* do not broadcast"):
+        BROADCASTING[op](a, b)
+
+
+def test_a_matmul_bias_that_does_not_broadcast_is_named():
+    with pytest.raises(eo.EveryOError, match=r"matmul: bias of shape \(3,\) does not broadcast"):
+        eo.dispatch("matmul", eo.ones(2, 4), eo.ones(4, 5), eo.ones(3))
+
+
+@pytest.mark.parametrize("op", ["max", "min"])
+@pytest.mark.parametrize("shape, axis", [((0,), None), ((0, 3), 0), ((2, 0), None)])
+def test_max_and_min_of_nothing_are_named(op, shape, axis):
+    with pytest.raises(eo.EveryOError, match=f"{op}: axis . of shape .* is empty"):
+        getattr(eo, op)(eo.ones(*shape), axis=axis)
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("op", ["max", "min", "sum", "mean"])
+def test_reductions_over_a_non_empty_axis_of_an_empty_tensor_follow_pytorch(op, torch):
+    x = eo.tensor(np.zeros((0, 3)), requires_grad=True)
+    reference = getattr(torch, "amax" if op == "max" else "amin" if op == "min" else op)(
+        torch.zeros(0, 3, dtype=torch.float64), 1)
+    out = getattr(eo, op)(x, axis=1)
+    assert out.shape == tuple(reference.shape)
+    out.sum().backward()
+    assert x.grad.shape == (0, 3)
+
+
+@pytest.mark.torch
+def test_the_mean_of_nothing_is_nan_without_a_warning_as_in_pytorch(torch):
+    import warnings
+
+    x = eo.tensor(np.zeros((0, 3)), requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = eo.mean(x, axis=0)
+        out.sum().backward()
+        (g,) = eo.grad(eo.mean(x), x, create_graph=True)
+    expected = torch.zeros(0, 3, dtype=torch.float64).mean(0)
+    np.testing.assert_array_equal(out.data, expected.numpy())
+    assert x.grad.shape == (0, 3) and g.shape == (0, 3)
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("name", ["softmax", "log_softmax"])
+@pytest.mark.parametrize("axis", [0, -1])
+def test_softmax_of_a_0d_tensor_follows_pytorch(name, axis, torch):
+    x = eo.tensor(np.array(0.7), requires_grad=True)
+    out = getattr(eo, name)(x, axis=axis)
+    xt = torch.tensor(0.7, dtype=torch.float64, requires_grad=True)
+    expected = getattr(torch, name)(xt, axis)
+    assert out.shape == () and float(out.data) == float(expected.detach())  # 1 and 0
+    out.backward()
+    expected.backward()
+    assert float(x.grad) == float(xt.grad)
+    assert eo.gradgradcheck(lambda t: getattr(eo, name)(t) * t, np.array(0.7))
+    with pytest.raises(eo.EveryOError, match=f"{name}: axis 1 is out of range"):
+        getattr(eo, name)(x, axis=1)

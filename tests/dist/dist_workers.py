@@ -5,12 +5,19 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
 import everyo as eo
 from everyo.distributed import average_gradients, shard_indices
+
+EXAMPLES = str(Path(__file__).resolve().parents[2] / "examples")
+if EXAMPLES not in sys.path:
+    sys.path.insert(0, EXAMPLES)
+import distributed_training as example  # noqa: E402  (the documented example's worker)
 
 
 def rank_data(rank: int, shape, dtype, seed: int = 0) -> np.ndarray:
@@ -105,20 +112,10 @@ def build_model(features: int = 8, hidden: int = 32):
 
 
 def train_worker(group, inputs, targets, steps=STEPS):
-    """The worker of the documented example, unchanged apart from its parameters."""
-    model = build_model()
-    optimizer = eo.SGD(model.parameters(), lr=0.05)
-    rows = shard_indices(len(inputs), group.rank, group.world_size)
-    xs, ys = eo.tensor(inputs[rows]), eo.tensor(targets[rows])
-
-    for _ in range(steps):
-        optimizer.zero_grad()
-        residual = model(xs) - ys
-        eo.mean(residual * residual).backward()
-        average_gradients(model.parameters(), group)
-        optimizer.step()
-
-    return [p.data for p in model.parameters()]
+    """The documented example's worker (examples/distributed_training.py), imported rather
+    than copied, on this file's model and step count: the worker reads both from its module."""
+    example.build_model, example.steps = build_model, steps
+    return example.worker(group, inputs, targets)
 
 
 def train_single_process(inputs, targets, steps=STEPS):

@@ -3,6 +3,7 @@ single-process full-batch training, and every rank ends bit-identical."""
 
 from __future__ import annotations
 
+import inspect
 import os
 import subprocess
 import sys
@@ -61,27 +62,14 @@ def test_average_gradients_in_one_collective_with_none_gradients(clean_shm):
     np.testing.assert_array_equal(c.grad, [[1.0, -1.0]])
 
 
-# The user's block, verbatim, in a script without an `if __name__ == "__main__"` guard.
+# The user's block, in a script without an `if __name__ == "__main__"` guard: the example's
+# worker, verbatim (its source, not a copy of it), and its spawn call.
 USER_EXAMPLE = textwrap.dedent('''
 import everyo as eo
 from everyo.distributed import average_gradients, shard_indices, spawn
 
 
-def worker(group, inputs, targets):
-    model = build_model()  # same seeds on every rank
-    optimizer = eo.SGD(model.parameters(), lr=0.05)
-    rows = shard_indices(len(inputs), group.rank, group.world_size)
-    xs, ys = eo.tensor(inputs[rows]), eo.tensor(targets[rows])
-
-    for _ in range(steps):
-        optimizer.zero_grad()
-        residual = model(xs) - ys
-        eo.mean(residual * residual).backward()
-        average_gradients(model.parameters(), group)
-        optimizer.step()
-
-    return [p.data for p in model.parameters()]
-
+''') + inspect.getsource(dist_workers.example.worker) + textwrap.dedent('''
 
 results = spawn(worker, world_size=4, args=(inputs, targets))
 ''')

@@ -1,5 +1,5 @@
 """MultiHeadAttention and the fused attention_weights op: gradcheck, PyTorch oracle with and
-without masks, mask validation."""
+without masks (first and second derivatives), mask validation."""
 
 from __future__ import annotations
 
@@ -8,6 +8,11 @@ import pytest
 
 import everyo as eo
 from everyo_layers.attention import causal_mask
+from support.second_order import (
+    T,
+    normal,
+    second_order_tests,
+)
 from support.sequence_torch import assert_grads_close, attention_grad_pairs, copy_attention
 
 
@@ -133,3 +138,42 @@ def test_bad_input_and_masks_are_clear_errors():
         mha(eo.zeros(2, 3, 8), attn_mask=np.zeros((3, 3), np.int64))
     with pytest.raises(eo.EveryOError, match="multiple of num_heads"):
         eo.MultiHeadAttention(10, 3)
+
+
+def test_attention_over_an_empty_key_sequence_matches_torch(torch, rng):
+    """Regression: no keys at all raised NumPy's raw 'zero-size array to reduction' error;
+    PyTorch attends to nothing: empty weights, a zero weighted sum (the output projection's
+    bias), zero gradients for the query."""
+    mha = eo.MultiHeadAttention(8, 2, seed=1).to("float64")
+    for p in mha.parameters():
+        p.data[...] = rng.standard_normal(p.shape) * 0.3
+    ref = torch.nn.MultiheadAttention(8, 2, batch_first=True).double()
+    copy_attention(torch, mha, ref)
+    query, key = rng.standard_normal((2, 3, 8)), np.zeros((2, 0, 8))
+    mine = [eo.tensor(a, requires_grad=True) for a in (query, key)]
+    theirs = [torch.tensor(a, requires_grad=True) for a in (query, key)]
+    out, weights = mha(mine[0], mine[1], mine[1], need_weights=True)
+    ref_out, ref_weights = ref(theirs[0], theirs[1], theirs[1], need_weights=True)
+    assert weights.shape == tuple(ref_weights.shape) == (2, 3, 0)
+    np.testing.assert_allclose(out.data, ref_out.detach().numpy(), atol=1e-12)
+    out.sum().backward()
+    ref_out.sum().backward()
+    for m, t in zip(mine, theirs):
+        np.testing.assert_allclose(m.grad, t.grad.numpy(), atol=1e-12)
+    q, k = (eo.tensor(a, requires_grad=True) for a in (rng.standard_normal((2, 3, 4)),
+                                                       np.zeros((2, 0, 4))))
+    (gq,) = eo.grad(eo.dispatch("attention_weights", q, k).sum() + (q * q).sum(), q,
+                    create_graph=True)  # the composite (second derivatives) too
+    np.testing.assert_allclose(gq.data, 2 * q.data)
+
+
+MASK = np.where(np.triu(np.ones((3, 4)), 2) > 0, -np.inf, 0.0)
+SECOND_ORDER = [
+    ("attention_weights_masked",
+     lambda q, k: eo.dispatch("attention_weights", q, k, scale=0.5, mask=MASK),
+     lambda q, k: (q @ k.transpose(-1, -2) * 0.5 + T().tensor(MASK)).softmax(-1),
+     [normal(2, 3, 5), normal(2, 4, 5)]),
+]
+
+test_second_derivatives_pass_gradgradcheck, test_second_derivatives_match_torch = (
+    second_order_tests(SECOND_ORDER))

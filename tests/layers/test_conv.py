@@ -1,5 +1,5 @@
-"""Conv2D and the padding resolver: gradcheck, PyTorch oracle (NHWC <-> NCHW), shape
-properties and the errors a user meets first."""
+"""Conv2D and the padding resolver: gradcheck, PyTorch oracle (NHWC <-> NCHW) for first,
+second and third derivatives, shape properties and the errors a user meets first."""
 
 from __future__ import annotations
 
@@ -12,6 +12,14 @@ from hypothesis import strategies as st
 
 import everyo as eo
 from everyo_layers.padding import output_size, resolve_padding
+from support.second_order import (
+    F,
+    assert_composite_reproduces,
+    nchw,
+    nhwc,
+    normal,
+    second_order_tests,
+)
 
 
 def torch_conv_reference(torch, layer, x, g):
@@ -220,3 +228,53 @@ def test_float16_conv2d_input_gradient_is_the_float32_sum_rounded_once():
     np.testing.assert_array_equal(y16.data, y32.data.astype(np.float16))
     np.testing.assert_array_equal(x16.grad, x32.grad.astype(np.float16))
     np.testing.assert_array_equal(w16.grad, w32.grad.astype(np.float16))
+
+
+SAME = ((1, 1), (1, 1))
+SECOND_ORDER = [
+    ("conv2d_same_bias",
+     lambda x, w, b: eo.dispatch("conv2d", x, w, b, stride=(1, 1), padding=SAME),
+     lambda x, w, b: nhwc(F().conv2d(nchw(x), w.permute(3, 2, 0, 1), b, padding=1)),
+     [normal(2, 4, 4, 2), normal(3, 3, 2, 3), normal(3)]),
+    ("conv2d_stride2_dilation",
+     lambda x, w: eo.dispatch("conv2d", x, w, stride=(2, 2), dilation=(2, 1)),
+     lambda x, w: nhwc(F().conv2d(nchw(x), w.permute(3, 2, 0, 1), stride=2, dilation=(2, 1))),
+     [normal(1, 7, 6, 2), normal(2, 2, 2, 2)]),
+]
+
+test_second_derivatives_pass_gradgradcheck, test_second_derivatives_match_torch = (
+    second_order_tests(SECOND_ORDER))
+
+
+@pytest.mark.torch
+def test_third_order_through_conv2d_and_max_pool_matches_pytorch(torch):
+    """The gradient ops of conv2d and max_pool2d are differentiable themselves."""
+    rng = np.random.default_rng(5)
+    x, w = rng.standard_normal((2, 6, 6, 2)), rng.standard_normal((3, 3, 2, 3)) * 0.5
+
+    def chain(lib, conv, pool, x, w):
+        out = lib.tanh(pool(conv(x, w)))
+        (gx,) = grad(lib)(out.sum(), [x])
+        (gw,) = grad(lib)((gx * gx).sum(), [w])
+        return grad(lib, last=True)((gw * gw).sum(), [x])[0]
+
+    def grad(lib, last=False):
+        if lib is eo:
+            return lambda y, xs: eo.grad(y, xs, create_graph=not last)
+        return lambda y, xs: torch.autograd.grad(y, xs, create_graph=not last)
+
+    ours = chain(eo, lambda a, b: eo.dispatch("conv2d", a, b, stride=(1, 1), padding=SAME),
+                 lambda a: eo.dispatch("max_pool2d", a, pool_size=(2, 2)),
+                 eo.tensor(x, requires_grad=True), eo.tensor(w, requires_grad=True))
+    theirs = chain(torch, lambda a, b: nhwc(F().conv2d(nchw(a), b.permute(3, 2, 0, 1),
+                                                         padding=1)),
+                   lambda a: nhwc(F().max_pool2d(nchw(a), 2)),
+                   torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True))
+    np.testing.assert_allclose(ours.data, theirs.numpy(), rtol=1e-9, atol=1e-10)
+
+
+def test_the_conv2d_composite_reproduces_the_fused_forward(rng):
+    assert_composite_reproduces(
+        "conv2d", {"stride": (2, 1), "padding": SAME, "dilation": (1, 2)},
+        [rng.standard_normal((2, 5, 6, 2)), rng.standard_normal((3, 3, 2, 4)),
+         rng.standard_normal(4)])

@@ -1,4 +1,5 @@
-"""Embedding: scatter-add gradient (repeated ids), PyTorch oracle and index validation."""
+"""Embedding: scatter-add gradient (repeated ids), PyTorch oracle (first and second
+derivatives) and index validation."""
 
 from __future__ import annotations
 
@@ -7,6 +8,12 @@ import pytest
 
 import everyo as eo
 from everyo_layers.embedding import scatter_add_rows
+from support.second_order import (
+    F,
+    T,
+    normal,
+    second_order_tests,
+)
 
 
 def test_gradcheck_with_repeated_ids(rng):
@@ -81,3 +88,29 @@ def test_an_empty_batch_of_ids_gives_a_zero_gradient():
     assert out.shape == (2, 0, 3)
     out.sum().backward()
     assert emb.weight.grad.shape == (5, 3) and not emb.weight.grad.any()
+
+
+TOKENS = np.array([[0, 2, 1], [3, 1, 1]])
+SECOND_ORDER = [
+    ("embedding",
+     lambda w: eo.dispatch("embedding", w, indices=TOKENS) ** 2,
+     lambda w: F().embedding(T().tensor(TOKENS), w) ** 2, [normal(4, 3)]),
+]
+
+test_second_derivatives_pass_gradgradcheck, test_second_derivatives_match_torch = (
+    second_order_tests(SECOND_ORDER))
+
+
+@pytest.mark.torch
+def test_embedding_padding_row_gets_no_second_order_gradient_either(torch):
+    w = eo.tensor(np.random.default_rng(0).standard_normal((4, 3)), requires_grad=True)
+    out = eo.dispatch("embedding", w, indices=TOKENS, padding_idx=1)
+    (g,) = eo.grad((out ** 2).sum(), w, create_graph=True)
+    (gg,) = eo.grad((g ** 2).sum(), w)
+    wt = torch.tensor(w.data, requires_grad=True)
+    out_t = torch.nn.functional.embedding(torch.tensor(TOKENS), wt, padding_idx=1)
+    (g_t,) = torch.autograd.grad((out_t ** 2).sum(), wt, create_graph=True)
+    (gg_t,) = torch.autograd.grad((g_t ** 2).sum(), wt)
+    np.testing.assert_allclose(g.data, g_t.detach().numpy(), rtol=1e-12)
+    np.testing.assert_allclose(gg.data, gg_t.numpy(), rtol=1e-12)
+    assert not gg.data[1].any()

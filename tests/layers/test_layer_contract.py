@@ -1,5 +1,5 @@
-"""Registration, the attribute contract other plugins read, Flatten, and bad-input errors of the
-dense layers."""
+"""Registration, the attribute contract other plugins read (every op but the fused recurrent
+ones has a second derivative), Flatten, and bad-input errors of the dense layers."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import everyo as eo
+from everyo_layers import recurrent
 
 LAYER_NAMES = ["Linear", "Conv2D", "MaxPool2D", "AvgPool2D", "Flatten", "Dropout", "BatchNorm1D",
                "BatchNorm2D", "LayerNorm", "ReLU", "Sigmoid", "Tanh", "Softmax", "LogSoftmax",
@@ -90,3 +91,11 @@ def test_activation_refuses_integer_input():
 def test_layers_accept_plain_arrays():
     out = eo.Linear(3, 2, seed=0)(np.ones((1, 3), np.float32))
     assert out.shape == (1, 2)
+
+
+def test_every_layers_op_but_the_recurrent_ones_has_a_second_derivative():
+    ops = eo.registry("ops").items
+    recurrent_names = set(recurrent.OPS)
+    missing = [name for name, cls in ops.items() if name not in recurrent_names
+               and cls.backward_graph is None and cls.composite is None]
+    assert missing == []

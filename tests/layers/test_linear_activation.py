@@ -1,4 +1,5 @@
-"""Linear, the activations and Dropout: gradcheck in float64 and PyTorch as the oracle."""
+"""Linear, the activations and Dropout: first and second derivatives in float64 and PyTorch as
+the oracle."""
 
 from __future__ import annotations
 
@@ -6,6 +7,12 @@ import numpy as np
 import pytest
 
 import everyo as eo
+from support.second_order import (
+    F,
+    away_from_zero,
+    normal,
+    second_order_tests,
+)
 
 
 def test_linear_gradcheck_input_and_parameters(rng):
@@ -142,3 +149,18 @@ def test_layers_are_reachable_through_the_registry():
         assert name in eo.registry("layers").items
         assert getattr(eo, name) is eo.registry("layers").items[name]
     assert {"gelu", "leaky_relu", "dropout"} <= set(eo.registry("ops").items)
+
+
+SECOND_ORDER = [
+    ("gelu", lambda x: eo.dispatch("gelu", x), lambda x: F().gelu(x), [normal(3, 4)]),
+    ("gelu_tanh", lambda x: eo.dispatch("gelu", x, approximate="tanh"),
+     lambda x: F().gelu(x, approximate="tanh"), [normal(3, 4)]),
+    ("leaky_relu", lambda x: eo.dispatch("leaky_relu", x, negative_slope=0.2),
+     lambda x: F().leaky_relu(x, 0.2), [away_from_zero(3, 4)]),
+    ("dropout_same_mask",
+     lambda x: eo.dispatch("dropout", x, p=0.4, rng=np.random.default_rng(0)) ** 2,
+     None, [normal(3, 4)]),
+]
+
+test_second_derivatives_pass_gradgradcheck, test_second_derivatives_match_torch = (
+    second_order_tests(SECOND_ORDER))

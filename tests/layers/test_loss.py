@@ -1,14 +1,22 @@
-"""Every loss against PyTorch (all reductions, label smoothing, ignored targets), gradcheck in
-float64, float32 results for float16 input and the errors of bad targets."""
+"""The unweighted losses against PyTorch (all reductions, label smoothing, ignored targets,
+padding-only batches), first and second derivatives in float64, float32 results for float16
+input and the errors of bad targets."""
 
 from __future__ import annotations
 
 import re
+import warnings
 
 import numpy as np
 import pytest
 
 import everyo as eo
+from support.second_order import (
+    F,
+    T,
+    normal,
+    second_order_tests,
+)
 
 REDUCTIONS = ["mean", "sum", "none"]
 
@@ -99,6 +107,50 @@ def test_bce_with_logits_matches_torch(torch, rng, reduction, pos_weight):
              x, y, grad_targets=True)
 
 
+CLASS_WEIGHT = np.array([0.5, 2.0, 1.0, 1.5])
+ALL_IGNORED = [  # (id, ours, PyTorch's): every target ignored, as in a padding-only batch
+    ("cross_entropy", lambda x, t, r: eo.cross_entropy(x, t, r),
+     lambda F, x, t, r: F.cross_entropy(x, t, reduction=r)),
+    ("cross_entropy_smoothing", lambda x, t, r: eo.cross_entropy(x, t, r, label_smoothing=0.2),
+     lambda F, x, t, r: F.cross_entropy(x, t, reduction=r, label_smoothing=0.2)),
+    ("cross_entropy_weight", lambda x, t, r: eo.cross_entropy(x, t, r, weight=CLASS_WEIGHT,
+                                                              label_smoothing=0.1),
+     lambda F, x, t, r: F.cross_entropy(x, t, reduction=r, label_smoothing=0.1,
+                                        weight=F.torch.tensor(CLASS_WEIGHT))),
+    ("nll_loss", lambda x, t, r: eo.nll_loss(eo.log_softmax(x), t, r),
+     lambda F, x, t, r: F.nll_loss(x.log_softmax(-1), t, reduction=r)),
+    ("nll_loss_weight", lambda x, t, r: eo.nll_loss(eo.log_softmax(x), t, r, weight=CLASS_WEIGHT),
+     lambda F, x, t, r: F.nll_loss(x.log_softmax(-1), t, reduction=r,
+                                   weight=F.torch.tensor(CLASS_WEIGHT))),
+]
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("case", ALL_IGNORED, ids=[case[0] for case in ALL_IGNORED])
+def test_a_batch_of_only_ignored_targets_gives_zero_gradients_as_torch(torch, rng, case,
+                                                                       reduction):
+    """Regression: "mean" over no counted target divided the gradient by zero, so a
+    padding-only batch gave NaN gradients (and NaN weights after the step); PyTorch's loss is
+    NaN (0 / 0) there and its gradients, first and second, are zeros."""
+    _, ours, theirs = case
+    logits, targets = rng.standard_normal((3, 4)), np.full(3, -100)
+    x = eo.tensor(logits, requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no NumPy warning on the way either
+        loss = ours(x, targets, reduction)
+        (g,) = eo.grad(loss, x, create_graph=True)
+        (gg,) = eo.grad((g * g).sum() + g.sum(), x, allow_unused=True)
+        plain = eo.tensor(logits, requires_grad=True)
+        ours(plain, targets, reduction).backward()  # the fused ops' own backward
+    xt = torch.tensor(logits, requires_grad=True)
+    expected = theirs(torch.nn.functional, xt, torch.tensor(targets), reduction)
+    (g_t,) = torch.autograd.grad(expected, xt)
+    np.testing.assert_array_equal(loss.data, expected.detach().numpy())  # nan for "mean"
+    for gradient in (g.data, plain.grad):
+        np.testing.assert_array_equal(gradient, g_t.numpy())
+    assert not g.data.any() and (gg is None or not gg.data.any())
+
+
 def test_bce_with_logits_is_stable_for_huge_logits():
     loss = eo.binary_cross_entropy_with_logits(eo.tensor([1000.0, -1000.0]),
                                                eo.tensor([0.0, 1.0]), reduction="none")
@@ -161,3 +213,48 @@ def test_loss_bad_inputs():
                                                 pos_weight=pos_weight)
     with pytest.raises(eo.EveryOError, match="floating-point input, got int64"):
         eo.cross_entropy(eo.tensor(np.zeros((2, 3), np.int64)), np.array([0, 1]))
+
+
+CLASSES = np.array([2, 0, 1, 2])
+IGNORED = np.array([2, -100, 1, 0])
+PROBS = np.random.default_rng(9).dirichlet(np.ones(3), size=4)
+SECOND_ORDER = [
+    ("cross_entropy_smoothing",
+     lambda x: eo.cross_entropy(x, CLASSES, label_smoothing=0.1),
+     lambda x: F().cross_entropy(x, T().tensor(CLASSES), label_smoothing=0.1),
+     [normal(4, 3)]),
+    ("cross_entropy_ignore_sum",
+     lambda x: eo.cross_entropy(x, IGNORED, reduction="sum"),
+     lambda x: F().cross_entropy(x, T().tensor(IGNORED), reduction="sum"),
+     [normal(4, 3)]),
+    ("cross_entropy_probabilities",
+     lambda x: eo.cross_entropy(x, PROBS),
+     lambda x: F().cross_entropy(x, T().tensor(PROBS)), [normal(4, 3)]),
+    ("nll_loss_ignore",
+     lambda x: eo.nll_loss(eo.log_softmax(x), IGNORED),
+     lambda x: F().nll_loss(x.log_softmax(-1), T().tensor(IGNORED)), [normal(4, 3)]),
+    ("mse_loss", lambda x, y: eo.mse_loss(x, y), lambda x, y: F().mse_loss(x, y),
+     [normal(3, 4), normal(3, 4)]),
+    ("l1_loss_none", lambda x, y: eo.l1_loss(x, y, reduction="none") ** 2,
+     lambda x, y: F().l1_loss(x, y, reduction="none") ** 2,
+     [normal(3, 4), lambda rng: np.zeros((3, 4)) + 5.0]),
+    ("bce_with_logits_pos_weight",
+     lambda x, y: eo.binary_cross_entropy_with_logits(x, y, pos_weight=np.array([0.5, 2.0])),
+     lambda x, y: F().binary_cross_entropy_with_logits(
+         x, y, pos_weight=T().tensor([0.5, 2.0])),
+     [normal(3, 2), lambda rng: rng.uniform(0, 1, (3, 2))]),
+    ("bce_with_logits_at_zero",
+     lambda x, y: eo.binary_cross_entropy_with_logits(x, y, reduction="sum"),
+     lambda x, y: F().binary_cross_entropy_with_logits(x, y, reduction="sum"),
+     [lambda rng: np.array([0.0, 1.0, -2.0]), lambda rng: np.array([0.2, 0.5, 1.0])]),
+]
+
+test_second_derivatives_pass_gradgradcheck, test_second_derivatives_match_torch = (
+    second_order_tests(SECOND_ORDER))
+
+
+@pytest.mark.parametrize("target", [CLASSES, IGNORED, PROBS], ids=["classes", "ignored", "probs"])
+def test_cross_entropy_composite_reproduces_the_fused_loss(target):
+    x = eo.tensor(np.random.default_rng(8).standard_normal((4, 3)), requires_grad=True)
+    out = eo.cross_entropy(x, target, label_smoothing=0.2)
+    np.testing.assert_allclose(out._ctx.composite(x).data, out.data, rtol=1e-12)

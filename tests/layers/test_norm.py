@@ -1,5 +1,6 @@
-"""BatchNorm1D/2D (train and eval, running statistics) and LayerNorm against PyTorch, gradcheck
-in float64, float16 behaviour and errors."""
+"""BatchNorm1D/2D (train and eval, running statistics) and LayerNorm (also without bias) against
+PyTorch, first and second derivatives in float64, float16 behaviour, float32 accuracy and
+errors."""
 
 from __future__ import annotations
 
@@ -7,6 +8,13 @@ import numpy as np
 import pytest
 
 import everyo as eo
+from support.second_order import (
+    F,
+    T,
+    normal,
+    second_order_tests,
+)
+from support.torch_oracle import compare_with_torch
 
 
 def _copy_affine(torch, ours, ref):
@@ -219,3 +227,63 @@ def test_batchnorm_input_gradient_is_rounded_once_with_a_wider_weight():
     y.backward(g)
     assert expected.dtype == np.float64
     assert np.array_equal(x.grad, expected.astype(np.float16))
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_layer_norm_without_bias_matches_torch(torch, rng, dtype):
+    layer = eo.LayerNorm(6, bias=False).to(dtype)
+    assert layer.bias is None and [n for n, _ in layer.named_parameters()] == ["weight"]
+    layer.weight.data[...] = rng.standard_normal(6)
+    ref = torch.nn.LayerNorm(6, bias=False, dtype=getattr(torch, dtype))
+    with torch.no_grad():
+        ref.weight.copy_(torch.tensor(layer.weight.data))
+    compare_with_torch(torch, layer, ref, [rng.standard_normal((4, 6))],
+                       params=[(layer.weight, ref.weight)], dtype=dtype)
+
+
+def _float64_reference(x, axes, groups=None):
+    x = x.astype(np.float64)
+    if groups:
+        x = x.reshape(x.shape[0], -1, groups, x.shape[-1] // groups)
+    mean = x.mean(axis=axes, keepdims=True)
+    return (x - mean) / np.sqrt(((x - mean) ** 2).mean(axis=axes, keepdims=True) + 1e-5)
+
+
+def test_float32_norms_within_3e6_of_float64(rng):
+    """Channels-last statistics over many rows with a large mean: float32 output close to the
+    float64 computation (summing sequentially in float32 misses by 1e-5 here)."""
+    x = (rng.standard_normal((64, 8, 8, 16)) + 5).astype(np.float32)
+    bn = eo.BatchNorm2D(16)(eo.tensor(x)).data
+    assert np.abs(bn - _float64_reference(x, (0, 1, 2))).max() < 3e-6
+    gn = eo.GroupNorm(4, 16)(eo.tensor(x)).data
+    ref = _float64_reference(x, (1, 3), groups=4).reshape(x.shape)
+    assert np.abs(gn - ref).max() < 3e-6
+    wide = (rng.standard_normal((16, 4096)) + 100).astype(np.float32)
+    ln = eo.LayerNorm(4096)(eo.tensor(wide)).data
+    assert np.abs(ln - _float64_reference(wide, (-1,))).max() < 3e-6
+    rms = eo.RMSNorm(4096, eps=1e-5)(eo.tensor(wide)).data
+    w64 = wide.astype(np.float64)
+    assert np.abs(rms - w64 / np.sqrt((w64 ** 2).mean(-1, keepdims=True) + 1e-5)).max() < 3e-6
+
+
+RUNNING = (np.array([0.1, -0.2, 0.3]), np.array([0.9, 1.3, 0.7]))
+SECOND_ORDER = [
+    ("layer_norm",
+     lambda x, w, b: eo.dispatch("layer_norm", x, w, b, ndims=1, eps=1e-5),
+     lambda x, w, b: F().layer_norm(x, (4,), w, b, eps=1e-5),
+     [normal(3, 4), normal(4), normal(4)]),
+    ("batch_norm_training",
+     lambda x, w, b: eo.dispatch("batch_norm", x, w, b, training=True, eps=1e-5),
+     lambda x, w, b: F().batch_norm(x, None, None, w, b, training=True, eps=1e-5),
+     [normal(5, 3), normal(3), normal(3)]),
+    ("batch_norm_eval",
+     lambda x, w, b: eo.dispatch("batch_norm", x, w, b, running_mean=RUNNING[0],
+                                 running_var=RUNNING[1], training=False, eps=1e-5),
+     lambda x, w, b: F().batch_norm(x, T().tensor(RUNNING[0]),
+                                     T().tensor(RUNNING[1]), w, b, training=False,
+                                     eps=1e-5),
+     [normal(5, 3), normal(3), normal(3)]),
+]
+
+test_second_derivatives_pass_gradgradcheck, test_second_derivatives_match_torch = (
+    second_order_tests(SECOND_ORDER))

@@ -1,5 +1,5 @@
-"""eo.pad's modes and negative (cropping) widths against PyTorch's F.pad, gradcheck, and the
-composite against the fast kernel."""
+"""eo.pad's modes and negative (cropping) widths against PyTorch's F.pad, gradcheck (first and
+second derivatives), and the composite against the fast kernel."""
 
 from __future__ import annotations
 
@@ -62,3 +62,9 @@ def test_widths_that_are_not_integers_are_refused(mode, widths):
     """As np.pad: a width of 1.5 is an error, never silently a width of 1."""
     with pytest.raises(eo.EveryOError, match="pad: pad_width .* must be an int"):
         eo.pad(eo.ones(2, 3), widths, mode=mode)
+
+
+@pytest.mark.parametrize("mode", ["reflect", "replicate", "circular", "constant"])
+def test_pad_second_derivatives(rng, mode):
+    assert eo.gradgradcheck(lambda x: eo.pad(x, ((0, 0), (2, -1), (1, 1)), mode=mode) ** 2,
+                            rng.standard_normal((1, 4, 3)))

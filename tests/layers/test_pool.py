@@ -1,4 +1,5 @@
-"""MaxPool2D and AvgPool2D: gradcheck, PyTorch oracle (incl. "same" padding) and errors."""
+"""MaxPool2D and AvgPool2D: gradcheck, PyTorch oracle (incl. "same" padding and
+count_include_pad) for first and second derivatives, and errors."""
 
 from __future__ import annotations
 
@@ -11,6 +12,16 @@ from hypothesis import strategies as st
 
 import everyo as eo
 from everyo_layers.padding import resolve_padding
+from support.second_order import (
+    F,
+    assert_composite_reproduces,
+    distinct,
+    nchw,
+    nhwc,
+    normal,
+    second_order_tests,
+)
+from support.torch_oracle import compare_with_torch
 
 CASES = [  # (H, W, pool, stride, padding)
     (8, 8, 2, None, "valid"),      # tiles: the reshape path
@@ -153,3 +164,52 @@ def test_float16_max_pool_gradient_is_the_float32_one_exactly(pool_size, stride)
         grads.append(t.grad)
     assert grads[0].dtype == np.float16
     np.testing.assert_array_equal(grads[0], grads[1].astype(np.float16))
+
+
+DTYPES = ["float64", "float32"]
+
+
+def nchw_function(fn):
+    """A torch function on NCHW wrapped to take and return NHWC."""
+    return lambda t: fn(t.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("pool, stride, padding", [(3, 2, "same"), (3, 1, 1), (2, 2, "same")])
+def test_avg_pool_count_include_pad_matches_torch(torch, rng, dtype, pool, stride, padding):
+    x = rng.standard_normal((2, 7, 6, 3))
+    layer = eo.AvgPool2D(pool, stride, padding=padding, count_include_pad=True)
+    (top, bottom), (left, right) = resolve_padding(padding, x.shape[1:3], layer.pool_size,
+                                                   layer.stride)
+    F = torch.nn.functional
+    ref = nchw_function(lambda t: F.avg_pool2d(F.pad(t, (left, right, top, bottom)), pool, stride))
+    compare_with_torch(torch, layer, ref, [x], dtype=dtype)
+
+
+SAME = ((1, 1), (1, 1))
+SECOND_ORDER = [
+    ("max_pool2d",
+     lambda x: eo.dispatch("max_pool2d", x, pool_size=(2, 2)),
+     lambda x: nhwc(F().max_pool2d(nchw(x), 2)), [distinct(2, 4, 4, 2)]),
+    ("max_pool2d_overlapping",
+     lambda x: eo.dispatch("max_pool2d", x, pool_size=(3, 3), stride=(1, 1)),
+     lambda x: nhwc(F().max_pool2d(nchw(x), 3, stride=1)), [distinct(1, 5, 4, 2)]),
+    ("avg_pool2d",
+     lambda x: eo.dispatch("avg_pool2d", x, pool_size=(2, 2)),
+     lambda x: nhwc(F().avg_pool2d(nchw(x), 2)), [normal(2, 4, 4, 2)]),
+    ("avg_pool2d_padded",
+     lambda x: eo.dispatch("avg_pool2d", x, pool_size=(3, 3), stride=(1, 1), padding=SAME),
+     lambda x: nhwc(F().avg_pool2d(nchw(x), 3, stride=1, padding=1, count_include_pad=False)),
+     [normal(1, 4, 3, 2)]),
+]
+
+test_second_derivatives_pass_gradgradcheck, test_second_derivatives_match_torch = (
+    second_order_tests(SECOND_ORDER))
+
+
+@pytest.mark.parametrize("name, attrs", [
+    ("max_pool2d", {"pool_size": (2, 2), "stride": (1, 1), "padding": ((0, 1), (1, 0))}),
+    ("avg_pool2d", {"pool_size": (3, 2), "padding": SAME}),
+])
+def test_the_pool_composites_reproduce_the_fused_forward(rng, name, attrs):
+    assert_composite_reproduces(name, attrs, [rng.standard_normal((2, 5, 6, 2))])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -31,6 +32,53 @@ def test_clip_grad_norm_matches_torch(torch, rng, scale, max_norm, norm_type):
     assert total == pytest.approx(float(ref_total), rel=1e-5)
     for p, r in zip(params, ref):
         np.testing.assert_allclose(p.grad, r.grad.numpy(), rtol=1e-5, atol=1e-8)
+
+
+@pytest.mark.parametrize("norm_type", [0, 0.0, -1.0, -2.5, -math.inf, "inf", "2", True])
+def test_clip_grad_norm_takes_every_norm_type_pytorch_takes(torch, rng, norm_type):
+    """Regression: norm_type=0 divided by zero (raw ZeroDivisionError) and -inf was read as
+    +inf (the max-norm, a silent wrong number). PyTorch's total is the p-norm of the
+    parameters' own p-norms: for p=0 the number of parameters with a nonzero gradient, for
+    p<0 and -inf 0 as soon as one gradient element is 0."""
+    params = _params_with_grads(rng, 1.0)
+    params[1].grad[2] = 0.0
+    params.append(eo.Parameter(np.zeros(3, np.float32)))
+    params[-1].grad = np.zeros(3, np.float32)  # a parameter whose gradient is all zeros
+    ref = [torch.tensor(p.data, requires_grad=True) for p in params]
+    for r, p in zip(ref, params):
+        r.grad = torch.tensor(p.grad.copy())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        total = eo.clip_grad_norm_(params, 0.5, norm_type=norm_type)
+    ref_total = torch.nn.utils.clip_grad_norm_(ref, 0.5, norm_type=norm_type)
+    assert total == pytest.approx(float(ref_total), rel=1e-5)
+    for p, r in zip(params, ref):
+        np.testing.assert_allclose(p.grad, r.grad.numpy(), rtol=1e-5, atol=1e-8)
+
+
+@pytest.mark.parametrize("norm_type, message", [
+    ("fro", r"norm_type='fro' is a matrix norm.*norm_type=2"),
+    ("nuc", r"norm_type='nuc' is a matrix norm"),
+    (None, r"norm_type must be a number .* got None"),
+    ("two", r"norm_type must be a number .* got 'two'"),
+    (math.nan, r"norm_type must be a number .* got nan"),
+])
+def test_clip_grad_norm_refuses_a_norm_type_that_is_no_p_norm_by_name(rng, norm_type,
+                                                                      message):
+    params = _params_with_grads(rng, 1.0)
+    before = [p.grad.copy() for p in params]
+    with pytest.raises(eo.EveryOError, match=message):
+        eo.clip_grad_norm_(params, 1.0, norm_type=norm_type)
+    for p, grad in zip(params, before):
+        np.testing.assert_array_equal(p.grad, grad)
+
+
+@pytest.mark.parametrize("norm_type", [-1.0, -math.inf])
+def test_clip_grad_norm_refuses_a_negative_norm_of_an_empty_gradient(norm_type):
+    a, b = eo.Parameter(np.zeros(2, np.float32)), eo.Parameter(np.zeros(0, np.float32))
+    a.grad, b.grad = np.ones(2, np.float32), np.zeros(0, np.float32)
+    with pytest.raises(eo.EveryOError, match=r"no -\S+ norm of an empty gradient \(shape \(0,\)\)"):
+        eo.clip_grad_norm_([a, b], 1.0, norm_type=norm_type)
 
 
 def test_clip_grad_norm_skips_parameters_without_grad_and_accepts_a_module():

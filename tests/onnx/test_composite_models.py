@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import everyo as eo
-from everyo_layers.padding import resolve_padding
+from everyo_layers.geometry import resolve_padding
 
 
 def digits_cnn(seed=0):

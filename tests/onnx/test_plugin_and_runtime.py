@@ -1,5 +1,6 @@
-"""The plugin side: converters registered by layer class (a third party's too), lazy imports of
-onnx/onnxruntime with install hints, ``run_onnx``'s checks, and ``verify=True``."""
+"""The plugin side: converters registered by layer class (a third party's too) and written by
+registered name, everyo-onnx without everyo-layers, lazy imports of onnx/onnxruntime with
+install hints, ``run_onnx``'s checks, and ``verify=True``."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 
 import everyo as eo
+from everyo_onnx.converters.by_name import by_layer_name, by_op_name
 from everyo_onnx.runtime import MissingOnnxPackageError
 
 
@@ -100,6 +102,52 @@ def test_builtin_converters_are_registered_by_class():
     assert eo.Sequential not in converters  # containers are traced
     for name in ("RNN", "LSTM", "GRU", "Embedding", "MultiHeadAttention"):
         assert getattr(eo, name) not in converters
+
+
+def test_a_converter_table_resolves_whole_or_not_at_all():
+    convert = object()
+    assert by_op_name({"add": convert, "matmul": convert}) == {
+        eo.registry("ops")["add"]: convert, eo.registry("ops")["matmul"]: convert}
+    assert by_layer_name({"NoSuchLayer": convert, "NorThisOne": convert}) == {}  # not loaded
+    with pytest.raises(eo.PluginError, match=r"layers \['Conv2d'\], which no loaded plugin"):
+        by_layer_name({"Conv2D": convert, "Conv2d": convert})  # a misspelt name
+
+
+# A model of core ops only, exported and verified where everyo-layers is not installed:
+# ``sys.modules["everyo_layers"] = None`` is what an uninstalled package looks like to import
+# and find_spec, and EVERYO_DISABLE_PLUGINS keeps its entry point (still on disk) unloaded.
+WITHOUT_LAYERS = """
+import sys
+sys.modules["everyo_layers"] = None
+import numpy as np
+import everyo as eo
+
+class Mlp(eo.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = eo.Parameter(np.linspace(-1, 1, 12, dtype=np.float32).reshape(4, 3))
+        self.b = eo.Parameter(np.float32([0.1, -0.2, 0.3]))
+
+    def forward(self, x):
+        return eo.log_softmax(eo.relu(x @ self.w + self.b), axis=-1)
+
+eo.export_onnx(Mlp(), sys.argv[1], input_shape=(2, 4), verify=True)
+x = np.random.default_rng(0).standard_normal((5, 4)).astype(np.float32)
+with eo.no_grad():
+    expected = Mlp()(eo.tensor(x)).data
+assert np.allclose(eo.run_onnx(sys.argv[1], x), expected, atol=1e-5)
+assert not hasattr(eo, "Linear") and sys.modules["everyo_layers"] is None
+assert all(cls.__module__.startswith("everyo.ops.") for cls in eo.registry("onnx_converters").items)
+"""
+
+
+def test_everyo_onnx_exports_models_of_core_ops_without_everyo_layers(tmp_path, ort):
+    env = {**os.environ, "EVERYO_DISABLE_PLUGINS": "everyo_layers"}
+    result = subprocess.run([sys.executable, "-c", WITHOUT_LAYERS, str(tmp_path / "m.onnx")],
+                            capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr
+    assert "Warning" not in result.stderr, result.stderr  # no plugin failed to load
+    assert os.path.getsize(tmp_path / "m.onnx") > 0
 
 
 def test_third_party_converters_export_and_match(parity, onnx):
@@ -228,6 +276,92 @@ class InfThenDoubler(eo.Module):  # one inf in every row, then a wrongly convert
 
     def forward(self, x):
         return eo.concatenate([self.doubler(x), eo.log(x * 0.0)], axis=-1)
+
+
+class SharpLogSoftmax(eo.Module):  # classes far apart: probabilities below float32's range
+    def forward(self, x):
+        return eo.log_softmax(x * 100.0, axis=-1)
+
+
+def test_verify_accepts_a_correct_log_softmax_whose_probabilities_underflow(tmp_path, ort):
+    """Regression: onnx.reference's LogSoftmax takes the log of the softmax, -inf where a
+    probability underflows (ONNX Runtime agrees with the model to ~1e-13), and verify=True
+    refused the correct export. verify now reads LogSoftmax by its definition there."""
+    eo.export_onnx(SharpLogSoftmax(), tmp_path / "m.onnx", input_shape=(2, 5), verify=True)
+    eo.export_onnx(eo.Sequential(eo.Linear(4, 30, seed=0), eo.LogSoftmax()),
+                   tmp_path / "n.onnx", input_shape=(2, 4), verify=True)
+    x = np.float32([[0.0, 1.0, 2.0, 3.0, 4.0]])
+    with eo.no_grad():
+        expected = SharpLogSoftmax()(eo.tensor(x)).data
+    np.testing.assert_allclose(eo.run_onnx(tmp_path / "m.onnx", x), expected, rtol=1e-6)
+
+
+class PositiveOnly(eo.Module):
+    """``abs(x)`` to a third party whose converter forgot the sign (an Identity): right on
+    positive inputs only."""
+
+    def forward(self, x):
+        return abs(x)
+
+
+def convert_positive_only(layer, ctx, x):
+    return ctx.node("Identity", [x])
+
+
+class SignForgetting:
+    @eo.hookimpl
+    def everyo_register_onnx_converters(self, register):
+        register(PositiveOnly, convert_positive_only)
+
+
+@pytest.fixture
+def sign_forgetting():
+    eo.register_plugin(SignForgetting(), name="onnx-tests-sign-forgetting")
+    yield
+    eo.unregister_plugin("onnx-tests-sign-forgetting")
+
+
+def test_verify_runs_on_the_users_own_inputs(tmp_path, ort, sign_forgetting):
+    positive = np.random.default_rng(3).uniform(0.5, 2.0, (6, 4)).astype(np.float32)
+    with pytest.raises(eo.EveryOSerializationError, match="disagrees"):  # random inputs
+        eo.export_onnx(PositiveOnly(), tmp_path / "m.onnx", input_shape=(2, 4), verify=True)
+    eo.export_onnx(PositiveOnly(), tmp_path / "m.onnx", input_shape=(2, 4),
+                   verify_inputs=positive)  # the user's inputs: the export is right on them
+    with pytest.raises(eo.EveryOSerializationError, match="disagrees.*shape \\(2, 4\\)"):
+        eo.export_onnx(PositiveOnly(), tmp_path / "n.onnx", input_shape=(2, 4),
+                       verify_inputs=[positive[:1], -positive[:2]])  # several batches
+    assert sorted(os.listdir(tmp_path)) == ["m.onnx"]
+
+
+@pytest.mark.parametrize("inputs, pattern", [
+    (np.ones((3, 5), np.float32), r"verify_inputs: input 'input' needs shape \('batch', 4\), "
+                                  r"got \(3, 5\)"),
+    ([[np.ones((3, 4))]], r"verify_inputs: a batch for 1 input is an array or Tensor, got list"),
+    ([np.array([["a", "b", "c", "d"]])], r"verify_inputs: the batch for input 'input' is not "
+                                         r"numeric \(dtype <U1\)"),
+    ([], r"verify_inputs: no batch to verify on"),
+])
+def test_verify_inputs_that_do_not_fit_are_named(inputs, pattern, tmp_path, ort):
+    with pytest.raises(eo.EveryOSerializationError, match=pattern):
+        eo.export_onnx(eo.Linear(4, 2, seed=0), tmp_path / "m.onnx", input_shape=(2, 4),
+                       verify_inputs=inputs)
+    assert os.listdir(tmp_path) == []
+
+
+def test_verify_inputs_of_a_model_with_two_inputs(tmp_path, ort):
+    x, y = np.ones((3, 4), np.float32), np.full((3, 2), 2.0, np.float32)
+    model = Concat()
+    eo.export_onnx(model, tmp_path / "m.onnx", input_shape=[(1, 4), (1, 2)],
+                   verify_inputs=[(x, y), (x[:1], y[:1])])
+    with pytest.raises(eo.EveryOSerializationError,
+                       match=r"a batch for 2 inputs is a tuple of 2 arrays or Tensors, one per input, got 1"):
+        eo.export_onnx(model, tmp_path / "n.onnx", input_shape=[(1, 4), (1, 2)],
+                       verify_inputs=[(x,)])
+
+
+class Concat(eo.Module):
+    def forward(self, a, b):
+        return eo.concatenate([a, b], axis=-1)
 
 
 def test_verify_accepts_nan_where_the_model_has_nan(tmp_path, ort):

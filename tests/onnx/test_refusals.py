@@ -135,6 +135,67 @@ def test_bad_arguments_are_named(kwargs, pattern, tmp_path):
     assert leftovers(tmp_path) == []
 
 
+class TwoInputs(eo.Module):
+    def forward(self, x, y, scale=2.0):
+        return x * y * scale
+
+
+class AnyInputs(eo.Module):
+    def forward(self, *xs):
+        return eo.concatenate(list(xs), axis=-1)
+
+
+@pytest.mark.parametrize("model, shapes, pattern", [
+    (eo.Sequential(eo.Linear(3, 2, seed=0)), [(1, 3), (1, 3)],
+     r"2 input shapes for 1 input: Sequential.forward\(x\)"),
+    (TwoInputs(), [(1, 3), (1, 3), (1, 3), (1, 3)],
+     r"4 input shapes for 2 to 3 inputs: TwoInputs.forward\(x, y, scale=2.0\)"),
+    (TwoInputs(), (1, 3), r"1 input shape for 2 to 3 inputs"),
+])
+def test_input_shapes_that_do_not_fit_the_forward_are_named(model, shapes, pattern, tmp_path):
+    """Regression: one shape too many reached the forward call as a raw TypeError."""
+    with pytest.raises(eo.EveryOSerializationError, match=pattern):
+        eo.export_onnx(model, tmp_path / "m.onnx", input_shape=shapes)
+    assert leftovers(tmp_path) == []
+
+
+def test_a_forward_taking_any_number_of_inputs_takes_every_shape(tmp_path, ort):
+    eo.export_onnx(AnyInputs(), tmp_path / "m.onnx", input_shape=[(1, 2), (1, 3), (1, 1)],
+                   verify=True)
+
+
+class Predict(eo.Module):
+    def __init__(self):
+        super().__init__()
+        self.head = eo.Linear(4, 3, seed=0)
+
+    def forward(self, x):
+        return self.head(x).argmax(axis=-1)
+
+
+class Constant(eo.Module):
+    def __init__(self):
+        super().__init__()
+        self.table = eo.Parameter(np.ones((1, 3), np.float32))
+
+    def forward(self, x):
+        return self.table
+
+
+@pytest.mark.parametrize("model, pattern", [
+    (Predict(), r"output 0 of the model is an int64 Tensor computed outside the ops the tracer "
+                r"sees.*argmax/argmin.*take the argmax of the exported model's output"),
+    (Constant(), r"output 0 of the model is a float32 Tensor that no op computed from the "
+                 r"inputs \(the parameter 'table'\)"),
+])
+def test_an_untraced_output_is_named_for_what_it_is(model, pattern, tmp_path):
+    """Regression: an argmax output was reported as "not computed from the inputs", which it
+    was; it was computed outside dispatch, where the tracer cannot see it."""
+    with pytest.raises(eo.EveryOSerializationError, match=pattern):
+        eo.export_onnx(model, tmp_path / "m.onnx", input_shape=(2, 4))
+    assert leftovers(tmp_path) == []
+
+
 def test_missing_directory_is_named(tmp_path):
     with pytest.raises(eo.EveryOSerializationError, match=re.escape(str(tmp_path / "nope"))):
         eo.export_onnx(eo.ReLU(), tmp_path / "nope" / "m.onnx", input_shape=(1, 2))

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import everyo as eo
+from everyo_onnx import verify
 
 pytest.importorskip("onnxruntime")
 
@@ -35,8 +36,6 @@ def test_layer_norm_of_inputs_with_a_large_mean_stays_accurate(tmp_path):
 
 
 def test_a_runtime_failure_during_verify_is_a_serialization_error(tmp_path, monkeypatch):
-    import everyo_onnx.verify as verify
-
     def broken_session(data):
         raise RuntimeError("[ONNXRuntimeError] : 1 : FAIL : simulated")
 

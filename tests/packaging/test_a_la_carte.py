@@ -171,6 +171,29 @@ assert not os.path.exists(path + "2")
     assert plugins_listed(python) == {"everyo-core", "everyo-layers", "everyo-onnx"}
 
 
+def test_core_and_onnx_export_models_of_core_ops(tmp_path, wheelhouse):
+    python = make_env(tmp_path, wheelhouse, "everyo-core", "everyo-onnx[runtime]")
+    check(python, HINT + """
+import os, tempfile
+import numpy as np
+
+class Affine(eo.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = eo.Parameter(np.eye(4, 3, dtype=np.float32))
+
+    def forward(self, x):
+        return eo.relu(x @ self.w)
+
+path = os.path.join(tempfile.mkdtemp(), "m.onnx")
+eo.export_onnx(Affine(), path, input_shape=(1, 4), verify=True)
+x = np.ones((2, 4), np.float32)
+assert np.allclose(eo.run_onnx(path, x), Affine()(eo.tensor(x)).data)
+assert "pip install everyo-layers" in hint("Linear"), hint("Linear")
+""")
+    assert plugins_listed(python) == {"everyo-core", "everyo-onnx"}
+
+
 def test_core_and_dist(tmp_path, wheelhouse):
     python = make_env(tmp_path, wheelhouse, "everyo-core", "everyo-dist")
     out = check(python, """

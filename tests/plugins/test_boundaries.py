@@ -1,9 +1,11 @@
-"""The seams between distributions: plugins use only the core's public modules, and the core
-imports no plugin distribution (it names first-party plugin modules only in its table)."""
+"""The seams between distributions: plugins use only the core's public modules and the public
+modules of other plugins, and the core imports no plugin distribution (it names first-party
+plugin modules only in its table)."""
 
 from __future__ import annotations
 
 import ast
+import importlib
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,11 @@ PLUGIN_PACKAGES = ("everyo_layers", "everyo_amp", "everyo_onnx", "everyo_dist")
 # The core's public modules: the package itself, the kernels and the interceptor API.
 PUBLIC_CORE = {"everyo", "everyo.kernels", "everyo.dispatch", "everyo.errors",
                "everyo.distributed", "everyo.distributed_tcp"}
+
+
+# Other plugins' public modules: what one plugin may import from another (everything else in a
+# plugin is reached through the registries, by registered name).
+PUBLIC_PLUGIN_MODULES = {"everyo_layers.geometry"}
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -41,6 +48,24 @@ def test_plugins_import_only_public_core_modules(package):
     known = {entry for entry in KNOWN_PRIVATE_IMPORTS if entry.startswith(f"{package}/")}
     assert private - known == set(), sorted(private - known)
     assert known - private == set(), f"no longer needed, remove: {sorted(known - private)}"
+
+
+@pytest.mark.parametrize("package", PLUGIN_PACKAGES)
+def test_plugins_import_only_public_modules_of_other_plugins(package):
+    source = ROOT / package / "src" / package
+    private = sorted(f"{path.relative_to(ROOT)}: {module}"
+                     for path in source.rglob("*.py") for module in imported_modules(path)
+                     if module.split(".")[0] in set(PLUGIN_PACKAGES) - {package}
+                     and module not in PUBLIC_PLUGIN_MODULES)
+    assert private == []
+
+
+def test_every_public_plugin_module_lists_what_it_publishes():
+    for name in sorted(PUBLIC_PLUGIN_MODULES):
+        module = importlib.import_module(name)
+        assert module.__all__ and module.__doc__, name
+        for attribute in module.__all__:
+            assert getattr(module, attribute).__doc__, f"{name}.{attribute} has no docstring"
 
 
 def test_the_core_imports_no_plugin_distribution():

@@ -17,6 +17,7 @@ import pytest
 
 import everyo as eo
 from everyo.first_party import FIRST_PARTY
+from everyo.install_hints import missing
 from everyo.plugins import PluginHost, registrations
 
 # entry-point name -> (distribution, module source). "aardvark" sorts before "everyo_layers":
@@ -320,6 +321,4 @@ def test_the_onnx_hint_names_the_runtime_extra():
 
 
 def test_hints_never_fire_for_names_that_exist():
-    from everyo.first_party import missing
-
     assert missing("Linear") is None and eo.Linear.__name__ == "Linear"

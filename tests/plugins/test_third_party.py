@@ -99,6 +99,19 @@ def test_console_script_is_installed():
     assert result.returncode == 0 and "ops: add" in result.stdout
 
 
+def test_the_listing_stops_quietly_when_its_reader_goes_away():
+    # `everyo plugins | head -2`, made deterministic: the reader has left before the first write
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        result = subprocess.run([sys.executable, "-m", "everyo", "plugins"], stdout=write_end,
+                                stderr=subprocess.PIPE, text=True, timeout=60)
+    finally:
+        os.close(write_end)
+    assert result.stderr == ""
+    assert result.returncode == 141  # 128 + SIGPIPE, as a shell reports a tool stopped by it
+
+
 def test_a_broken_plugin_is_reported_and_does_not_break_import(tmp_path):
     make_distribution(tmp_path, "everyo-broken", "everyo_broken",
                       "raise RuntimeError('missing dependency frobnicate')")
@@ -200,3 +213,38 @@ def test_eo_distributed_is_reachable_as_an_attribute():
     """)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == ["[0, 1, 2, 3, 4]", "TCPRendezvousServer"]
+
+
+def test_a_plugin_package_imported_before_everyo_is_told_how_to_fix_it(tmp_path):
+    # A plugin package whose __init__.py lacks the `import everyo` line: importing one of its
+    # modules first makes `import everyo` load the plugin while that module is half-imported.
+    package = tmp_path / "everyo_twopart"
+    package.mkdir()
+    (package / "__init__.py").write_text('"""A plugin without the guard."""\n')
+    (package / "layer.py").write_text(textwrap.dedent("""
+        import everyo as eo
+
+
+        class Twice(eo.Module):
+            def forward(self, x):
+                return x * 2
+    """))
+    (package / "plugin.py").write_text(textwrap.dedent("""
+        from everyo import hookimpl
+        from everyo_twopart.layer import Twice
+
+
+        @hookimpl
+        def everyo_register_layers(register):
+            register("Twice", Twice)
+    """))
+    info = tmp_path / "everyo_twopart-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: everyo-twopart\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[everyo]\neveryo_twopart = everyo_twopart.plugin\n")
+    result = run_python("import everyo_twopart.layer", tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "'everyo_twopart' from distribution 'everyo-twopart' was not loaded" in result.stderr
+    assert ("everyo_twopart.layer was still being imported when `import everyo` loaded the "
+            "plugins: make `import everyo` the first statement of everyo_twopart/__init__.py"
+            in " ".join(result.stderr.split()))

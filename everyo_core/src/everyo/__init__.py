@@ -116,7 +116,7 @@ __version__ = _installed_version()
 
 def __getattr__(name: str):
     """``eo.<name>`` for what plugins registered (layers, API names, modules, ops) or a hint."""
-    from everyo.first_party import missing
+    from everyo.install_hints import missing
     from everyo.plugins import host
 
     for kind in ("layers", "api"):
@@ -138,7 +138,7 @@ def _public_module(name: str):
     import importlib
     import importlib.util
 
-    from everyo.first_party import public_module
+    from everyo.install_hints import public_module
 
     if importlib.util.find_spec(f"everyo.{name}") is not None:
         return importlib.import_module(f"everyo.{name}")

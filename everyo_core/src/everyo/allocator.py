@@ -3,10 +3,10 @@
 A training step allocates and frees the same large arrays every step: activations, window
 matrices, gradients, communication buffers. glibc's malloc gives each freed block above its
 trim threshold back to the kernel, so the next step's arrays are fresh pages, and every 4 KiB
-page costs a page fault that zeroes it: cnn_cifar paid ~6,500 faults (26 MB zeroed) per step,
-a third of its step time, and two ranks on two cores paid more. A caching allocator (PyTorch's
-on the GPU, jemalloc or tcmalloc by ``LD_PRELOAD``) keeps that memory instead; on glibc the same
-is two settings, applied when ``everyo`` is imported:
+page costs a page fault that zeroes it: a large share of a convolutional step's time (measured
+in docs/benchmarks.md, "Latest figures"). A caching allocator (PyTorch's on the GPU, jemalloc
+or tcmalloc by ``LD_PRELOAD``) keeps that memory instead; on glibc the same is two settings,
+applied when ``everyo`` is imported:
 
 * ``M_MMAP_THRESHOLD`` = 32 MiB (the most glibc's own dynamic threshold ever grows to): arrays
   below it come from the heap, where freed blocks are reused, rather than from a private mapping
@@ -17,8 +17,8 @@ is two settings, applied when ``everyo`` is imported:
 The cost: a process's resident memory stays near its high-water mark instead of shrinking
 between steps, and fragmentation can take it above what the process ever had in use: a freed
 block below one still in use is neither returned to the kernel nor big enough for a larger
-array (10 MiB freed under a kept 1 MiB array, then an 11 MiB one: 21.8 MiB resident for 12 MiB
-in use, 12.0 MiB untuned). Nothing is changed when the interpreter does not run on glibc, when
+array (an example is measured in docs/benchmarks.md, "Memory the malloc settings keep").
+Nothing is changed when the interpreter does not run on glibc, when
 ``EVERYO_MALLOC_TUNING=0``, or when the user already sets the thresholds or padding
 (``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_``, ``MALLOC_TOP_PAD_``,
 ``MALLOC_MMAP_MAX_``, or ``glibc.malloc`` tunables in ``GLIBC_TUNABLES``); other ``MALLOC_*``

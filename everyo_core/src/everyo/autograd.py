@@ -1,13 +1,16 @@
-"""Reverse-mode autograd: the ``Op`` base class and the backward engine.
+"""Reverse-mode autograd: the ``Op`` base class and the backward walk on arrays.
 
 An op is a small class with ``forward`` and ``backward`` on NumPy arrays. ``Op.apply`` wraps the
 operands, runs ``forward`` and, when any operand requires a gradient, keeps the op instance as
 the output's graph node. ``backward`` receives the output's gradient and returns one gradient per
 operand (``None`` where ``needs_input_grad`` is False).
 
-This module holds the fast path (``backward()`` on arrays, no hooks); differentiable gradients
-(``create_graph=True``), ``eo.grad`` and hooks go through :mod:`everyo.engine`. The op author's
-contract (``backward_graph``, ``composite``, what an op saves) is in docs/autograd.md.
+This module holds the fast walk (:func:`backward_arrays`: gradients are arrays, no hooks) and
+the helpers every walk shares (:func:`topological_order`, :func:`root_gradient`,
+:func:`accumulate_leaf`...). :mod:`everyo.engine` owns the choice of walk (``Tensor.backward``
+calls :func:`everyo.engine.backward`) and the general walk: differentiable gradients
+(``create_graph=True``), ``eo.grad`` and hooks. The op author's contract (``backward_graph``,
+``composite``, what an op saves) is in docs/autograd.md.
 
 Example op::
 
@@ -30,11 +33,11 @@ from everyo.dtypes import HALF_DTYPES, is_floating
 from everyo.errors import EveryOError
 from everyo.grad_mode import _grad_enabled
 from everyo.half_precision import narrow, widen
-from everyo.hooks import post_accumulate_hooks, rows_ready_hooks, tensor_hooks
 from everyo.tensor import DEFAULT_FLOAT, Tensor
 from everyo.versioning import check_saved, clock
 
-_released = object()
+#: Put in ``op.saved`` when a backward without ``retain_graph`` has freed the op.
+RELEASED = object()
 
 
 class Op:
@@ -47,8 +50,10 @@ class Op:
         attrs: the keyword attributes of the call (set when the op is recorded), for
             ``composite``.
 
-    A subclass must declare ``__slots__`` (the attributes it stores besides ``saved``), and
-    may define ``backward_graph(g, out)`` or ``composite(*inputs)`` for second derivatives.
+    A subclass may define ``backward_graph(g, out)`` or ``composite(*inputs)`` for second
+    derivatives. ``__slots__`` (the attributes it stores besides ``saved``) is optional: without
+    it each instance carries a ``__dict__`` (slower attribute access, ~100 bytes more per graph
+    node), which a notebook's custom op can afford; EveryO's own ops declare it (a test checks).
     """
 
     __slots__ = ("parents", "needs_input_grad", "saved", "epoch", "attrs", "__weakref__")
@@ -65,6 +70,10 @@ class Op:
     saved_inputs: tuple | None = None
     #: True when backward reads the op's own output (exp, tanh, softmax...).
     saves_output: bool = True
+    #: Attributes holding arrays backward reads that are not operands (gather's ``index``): an
+    #: array, or a tuple of them and other values (an indexing key). Checked as saved operands
+    #: are: backward raises if one was written in place (through EveryO) after the forward.
+    saved_attributes: tuple = ()
     #: ``backward_graph(self, g, out) -> tuple``: backward written with EveryO ops on Tensors.
     backward_graph = None
     #: ``composite(self, *inputs) -> Tensor``: forward written with differentiable EveryO ops.
@@ -77,14 +86,6 @@ class Op:
     #: ``backward`` must return the same arrays: write it as
     #: ``return gradients_from_parts(self, g)``.
     backward_parts = None
-
-    def __init_subclass__(cls, **kwargs):
-        super().__init_subclass__(**kwargs)
-        if "__slots__" not in cls.__dict__:
-            # NOTE: without __slots__ every op instance carries a __dict__: slower attribute
-            # access and ~100 bytes more per graph node, and typos in attribute names pass.
-            raise TypeError(f"op class {cls.__qualname__} must declare __slots__ (the "
-                            f"attributes it stores on self; () if none)")
 
     def forward(self, *arrays, **attrs) -> np.ndarray:  # pragma: no cover - interface
         raise NotImplementedError
@@ -219,7 +220,7 @@ def unbroadcast(grad: np.ndarray, shape: tuple) -> np.ndarray:
     return grad.reshape(shape)
 
 
-def _topological_order(root_ops, stop_at=()) -> list:
+def topological_order(root_ops, stop_at=()) -> list:
     """Ops reachable from ``root_ops``, each after every op that consumes its output.
 
     ``stop_at``: ids of tensors whose producers are not entered (treated as leaves).
@@ -239,7 +240,7 @@ def _topological_order(root_ops, stop_at=()) -> list:
             continue
         visited.add(id(op))
         parents = op.parents
-        if parents is None or op.saved is _released:
+        if parents is None or op.saved is RELEASED:
             raise EveryOError(
                 "backward() through a graph that was already freed: a previous backward() "
                 "released it; pass retain_graph=True to the first call to go through it again"
@@ -253,23 +254,15 @@ def _topological_order(root_ops, stop_at=()) -> list:
     return order
 
 
-def run_backward(root: Tensor, grad=None, retain_graph: bool | None = None,
-                 create_graph: bool = False) -> None:
-    """Propagate ``grad`` (default 1) from ``root`` to every leaf that requires a gradient."""
-    if retain_graph is None:
-        retain_graph = create_graph
-    if create_graph or tensor_hooks or post_accumulate_hooks or rows_ready_hooks:
-        from everyo import engine
-
-        engine.backward(root, grad, retain_graph, create_graph)
-        return
+def backward_arrays(root: Tensor, grad=None, retain_graph: bool = False) -> None:
+    """Propagate ``grad`` (default 1) from ``root`` to every leaf that requires a gradient,
+    with array gradients and no hooks: the fast walk :func:`everyo.engine.backward` chooses
+    when nothing needs the general one. The general walk (engine.py) does the same with
+    Tensors, captures and hooks; keep the two in step."""
     grad = root_gradient(root, grad)
     if root._ctx is None:
-        _accumulate_leaf(root, grad, copy=True)
+        accumulate_leaf(root, grad, copy=True)
         return
-
-    # NOTE: the fast path: gradients are arrays, no hooks. engine.py runs the same walk with
-    # Tensors, captures and hooks; keep the two in step.
     pending = {id(root._ctx): grad}
     # NOTE: a leaf's contributions are summed before they meet its existing .grad, as in
     # engine.py (and PyTorch): g_old + (a + b), not (g_old + a) + b, so that registering a
@@ -278,16 +271,15 @@ def run_backward(root: Tensor, grad=None, retain_graph: bool | None = None,
     now = clock[0]
     if root._ctx.epoch != now:
         check_saved(root._ctx, root)
-    for op in _topological_order((root._ctx,)):
+    for op in topological_order((root._ctx,)):
         g = pending.pop(id(op), None)
         if g is None:
             continue
         if op.epoch != now:
             check_saved(op)
         grads = op.backward(g)
-        if type(grads) is not tuple:
-            grads = (grads,)
-        for t, gi, needed in zip(op.parents, grads, op.needs_input_grad):
+        for t, gi, needed in zip(op.parents, grads if type(grads) is tuple else (grads,),
+                                 op.needs_input_grad):
             if not needed or gi is None:
                 continue
             if gi.dtype != t.data.dtype:
@@ -309,11 +301,18 @@ def run_backward(root: Tensor, grad=None, retain_graph: bool | None = None,
                     check_saved(ctx, t)
                 previous = pending.get(key)
                 pending[key] = gi if previous is None else previous + gi
-        if not retain_graph:
-            op.saved = _released
+        if not retain_graph:  # (release(op), inlined: this loop is the per-op hot path)
+            op.saved = RELEASED
             op.parents = None
     for t, gi in leaves.values():
-        _accumulate_leaf(t, gi, copy=False)
+        accumulate_leaf(t, gi, copy=False)
+
+
+def release(op) -> None:
+    """Free what ``op`` kept for backward (``retain_graph=False``): a second backward through
+    it raises instead of reading freed values."""
+    op.saved = RELEASED
+    op.parents = None
 
 
 def shared(gi: np.ndarray, g: np.ndarray) -> bool:
@@ -344,11 +343,13 @@ def root_gradient(root: Tensor, grad) -> np.ndarray:
 
 
 def raise_shape_mismatch(op, got: tuple, expected: tuple) -> None:
+    """Raise the error for a ``backward`` that returned a gradient of the wrong shape."""
     raise EveryOError(f"op {type(op).__name__}: backward returned a gradient of shape {got} "
                       f"for an operand of shape {expected}")
 
 
-def _accumulate_leaf(t: Tensor, g: Any, copy: bool) -> None:
+def accumulate_leaf(t: Tensor, g: Any, copy: bool) -> None:
+    """Add the gradient ``g`` into leaf ``t``'s ``.grad`` (``copy``: ``g`` may be shared)."""
     if not t.requires_grad:
         return
     if t.grad is None:

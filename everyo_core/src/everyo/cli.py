@@ -1,20 +1,27 @@
-"""The ``everyo`` command: ``everyo plugins`` lists loaded plugins and what each registered."""
+"""The ``everyo`` command: ``everyo plugins`` lists loaded plugins and what each registered.
+
+Like a Unix tool, it stops quietly when its reader goes away (``everyo plugins | head -2``):
+no traceback, exit status 141 (128 + SIGPIPE, what a shell reports for a tool that SIGPIPE
+stopped).
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from importlib.metadata import PackageNotFoundError, version
 
 from everyo.errors import EveryOError
 from everyo.hookspecs import HOOKS
+from everyo.plugins import DISABLE_AUTOLOAD_ENV, DISABLE_PLUGINS_ENV, PluginHost, host
 
 PLURAL = {h.kind: h.plural for h in HOOKS}
+#: The exit status after the reader closed the pipe: 128 + SIGPIPE (13), as a shell shows it.
+BROKEN_PIPE_STATUS = 141
 
 
 def _plugins(out) -> int:
-    import everyo  # noqa: F401  (loads the plugins)
-    from everyo.plugins import DISABLE_AUTOLOAD_ENV, DISABLE_PLUGINS_ENV, PluginHost, host
-
     if not PluginHost.autoload_enabled():
         print(f"(plugin autoloading is disabled by {DISABLE_AUTOLOAD_ENV})", file=out)
     for info in host.plugins:
@@ -57,8 +64,6 @@ def _kernels(out) -> None:
 
 
 def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version("everyo-core")
     except PackageNotFoundError:  # pragma: no cover - a source tree without an install
@@ -72,11 +77,25 @@ def main(argv=None) -> int:
     commands = parser.add_subparsers(dest="command")
     commands.add_parser("plugins", help="list loaded plugins and what each registered")
     args = parser.parse_args(argv)
-    if args.command == "plugins":
-        return _plugins(sys.stdout)
-    # NOTE: no command is a request for help (as git and pip do), not an error.
-    parser.print_help(sys.stdout)
-    return 0
+    try:
+        if args.command == "plugins":
+            status = _plugins(sys.stdout)
+        else:  # NOTE: no command is a request for help (as git and pip do), not an error.
+            parser.print_help(sys.stdout)
+            status = 0
+        sys.stdout.flush()  # (a broken pipe shows here, not in the interpreter's exit)
+    except BrokenPipeError:
+        _discard_stdout()
+        return BROKEN_PIPE_STATUS
+    return status
+
+
+def _discard_stdout() -> None:
+    """Point stdout at the null device: what is still buffered for the reader that left must
+    not raise again when the interpreter flushes stdout at exit (Python's documented recipe)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 if __name__ == "__main__":  # pragma: no cover

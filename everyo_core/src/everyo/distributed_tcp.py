@@ -4,6 +4,6 @@ The names are those of the module a plugin registers as ``"distributed_tcp"`` (e
 without one, importing this raises an ``ImportError`` saying what to install.
 """
 
-from everyo.first_party import fill_from_public_module
+from everyo.install_hints import fill_from_public_module
 
 __all__ = fill_from_public_module("distributed_tcp", globals())

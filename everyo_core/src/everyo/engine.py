@@ -1,8 +1,10 @@
-"""The general backward engine: differentiable gradients, ``eo.grad`` and hooks.
+"""The backward engine: the choice of walk, and the general walk (differentiable gradients,
+``eo.grad`` and hooks).
 
-``Tensor.backward()`` on arrays without hooks takes the fast loop in :mod:`everyo.autograd`;
-everything else comes here. With ``create_graph=True`` gradients are Tensors built from EveryO
-ops, so they can be differentiated again. Per op the engine uses, in this order:
+``Tensor.backward()`` calls :func:`backward`, which chooses: on arrays without hooks, the fast
+walk :func:`everyo.autograd.backward_arrays`; with hooks or ``create_graph``, the general walk
+here. With ``create_graph=True`` gradients are Tensors built from EveryO ops, so they can be
+differentiated again. Per op the engine uses, in this order:
 
 1. ``op.backward_graph(g, out)``: the op's backward written with EveryO ops;
 2. ``op.composite(*parents)``: the op's forward written with EveryO ops, differentiated here;
@@ -19,12 +21,13 @@ import numpy as np
 from everyo import hooks
 from everyo.autograd import (
     Op,
-    _accumulate_leaf,
-    _released,
-    _topological_order,
+    accumulate_leaf,
+    backward_arrays,
     raise_shape_mismatch,
+    release,
     root_gradient,
     shared,
+    topological_order,
 )
 from everyo.errors import EveryOError
 from everyo.grad_mode import enable_grad
@@ -33,8 +36,20 @@ from everyo.tensor import Tensor
 from everyo.versioning import check_saved, clock, op_name
 
 
-def backward(root: Tensor, grad, retain_graph: bool, create_graph: bool) -> None:
-    """``root.backward(...)`` through the general engine (hooks or ``create_graph``)."""
+def backward(root: Tensor, grad=None, retain_graph: bool | None = None,
+             create_graph: bool = False) -> None:
+    """Propagate ``grad`` (default 1) from ``root`` into every leaf's ``.grad``: what
+    ``Tensor.backward`` does (its docstring has the arguments).
+
+    The fast walk on arrays when no hook is registered and no graph is wanted; else the
+    general walk, which runs hooks and can build the gradient computation as a graph.
+    """
+    if retain_graph is None:
+        retain_graph = create_graph
+    if not (create_graph or hooks.tensor_hooks or hooks.post_accumulate_hooks
+            or hooks.rows_ready_hooks):
+        backward_arrays(root, grad, retain_graph)
+        return
     start: Any = root_gradient(root, grad)
     if create_graph:
         start = grad if isinstance(grad, Tensor) else Tensor._make(start, False, None)
@@ -119,115 +134,148 @@ def _execute(roots, starts, retain_graph, create_graph, inputs=(), stop_at_input
 
 def _walk(roots, starts, retain_graph, create_graph, inputs, stop_at_inputs, accumulate,
           run_hooks) -> list:
-    wanted = {id(t): i for i, t in reversed(list(enumerate(inputs)))}
-    stop = set(wanted) if stop_at_inputs else ()
-    captured: list = [None] * len(inputs)
-    # id(leaf) -> [leaf, summed gradient, whether that array may alias other memory]
-    leaves: dict = {}
-    pending: dict = {}  # id(op) -> summed gradient with respect to its output
-    outputs: dict = {}  # id(op) -> its output Tensor, met while walking consumers' parents
-    now = clock[0]
-
-    def arrive(t, g, aliased: bool = True) -> None:
-        ctx = t._ctx
-        if ctx is None or id(t) in stop:
-            entry = leaves.get(id(t))
-            if entry is None:
-                leaves[id(t)] = [t, g, aliased]
-            else:
-                entry[1], entry[2] = entry[1] + g, False
-            return
-        key = id(ctx)
-        if key not in outputs:
-            outputs[key] = t
-            if ctx.epoch != now:
-                check_saved(ctx, t)
-        previous = pending.get(key)
-        pending[key] = g if previous is None else previous + g
-
-    def finish(key) -> None:
-        entry = leaves.pop(key, None)
-        if entry is not None:
-            _finish_leaf(entry, wanted, captured, accumulate, run_hooks, create_graph)
-
+    walk = _Walk(inputs, stop_at_inputs, create_graph, accumulate, run_hooks)
     for t, g in zip(roots, starts):
-        arrive(t, g)
-    order = _topological_order([t._ctx for t in roots if t._ctx is not None
-                                and id(t) not in stop], stop)
-    # A leaf's gradient is final after the last op that uses it: hooks and accumulation
-    # happen there (for parameters used once per step, as soon as their layer is done).
-    final_at: dict = {}
-    for i, op in enumerate(order):
-        for t, needed in zip(op.parents, op.needs_input_grad):
-            if needed and (t._ctx is None or id(t) in stop):
-                final_at[id(t)] = i
-    by_step: dict = {}
-    for key, i in final_at.items():
-        by_step.setdefault(i, []).append(key)
-    for key in [k for k in leaves if k not in final_at]:  # roots that are leaves
-        finish(key)
+        walk.arrive(t, g)
+    order = topological_order([t._ctx for t in roots if t._ctx is not None
+                               and id(t) not in walk.stop], walk.stop)
+    by_step = walk.final_steps(order)
     # With post-accumulate or rows-ready hooks (the only observers of when a leaf is final) an
     # op with backward_parts finalises a leaf as soon as its part arrives: step -> leaf ids.
     early: dict = _early_leaves(order, by_step) if (
         accumulate and run_hooks and not create_graph
         and (hooks.post_accumulate_hooks or hooks.rows_ready_hooks)) else {}
-
+    pending = walk.pending
     for i, op in enumerate(order):
         g = pending.pop(id(op), None)
         if g is not None:
-            out = outputs.pop(id(op))
-            if run_hooks and hooks.tensor_hooks:
-                g = _run_tensor_hooks(hooks.tensor_hooks.get(id(op)), g, create_graph)
-            position = wanted.get(id(out))
-            if position is not None:
-                captured[position] = g
-            if op.epoch != now:
-                check_saved(op)
-            waiting = early.get(i)
-            if waiting is None:
-                grads = _graph_vjp(op, g, out) if create_graph else op.backward(g)
-                parts = enumerate(grads if type(grads) is tuple else (grads,))
-            else:
-                parts = op.backward_parts(g)
-            parents, needs = op.parents, op.needs_input_grad
-            blocks = None  # (a RowBlocks once the op hands a gradient over in row blocks)
-            try:
-                for part in parts:
-                    index, gi = part[0], part[1]
-                    if gi is None or not needs[index]:
-                        continue
-                    t = parents[index]
-                    if len(part) == 3:  # rows up to part[2] of gi are computed
-                        if blocks is None:
-                            blocks = RowBlocks(op)
-                        if blocks.starts(index):
-                            announced = waiting is not None and id(t) in waiting and \
-                                _takes_rows(t, gi, g, leaves)
-                            blocks.begin(index, gi, t if announced else None)
-                        if not blocks.take(gi, part[2]):
-                            continue
-                    dtype = gi.data.dtype if create_graph else gi.dtype  # (Tensor.dtype: a name)
-                    if dtype != t.data.dtype:
-                        gi = gi.astype(t.data.dtype)
-                    if gi.shape != t.data.shape:
-                        raise_shape_mismatch(op, gi.shape, t.data.shape)
-                    arrive(t, gi, create_graph or shared(gi, g))
-                    if waiting is not None and id(t) in waiting:
-                        finish(id(t))
-                if blocks is not None:
-                    blocks.finished()
-            except BaseException:
-                if blocks is not None:
-                    blocks.abandon()
-                raise
+            walk.step(op, g, early.get(i))
             if not retain_graph:
-                op.saved = _released
-                op.parents = None
+                release(op)
         for key in by_step.get(i, ()):
-            finish(key)
+            walk.finish(key)
+    captured = walk.captured
     for i, t in enumerate(inputs):  # an input listed twice gets its gradient twice (PyTorch)
-        captured[i] = captured[wanted[id(t)]]
+        captured[i] = captured[walk.wanted[id(t)]]
     return captured
+
+
+class _Walk:
+    """The state of one pass of the general walk: the gradient pending for each op, each
+    leaf's summed gradient, and the gradients captured for ``inputs`` (``eo.grad``)."""
+
+    __slots__ = ("wanted", "stop", "captured", "leaves", "pending", "outputs", "now",
+                 "create_graph", "accumulate", "run_hooks")
+
+    def __init__(self, inputs, stop_at_inputs, create_graph, accumulate, run_hooks) -> None:
+        self.wanted = {id(t): i for i, t in reversed(list(enumerate(inputs)))}
+        self.stop = set(self.wanted) if stop_at_inputs else ()
+        self.captured: list = [None] * len(inputs)
+        # id(leaf) -> [leaf, summed gradient, whether that array may alias other memory]
+        self.leaves: dict = {}
+        self.pending: dict = {}  # id(op) -> summed gradient with respect to its output
+        self.outputs: dict = {}  # id(op) -> its output Tensor, met while walking consumers
+        self.now = clock[0]
+        self.create_graph, self.accumulate, self.run_hooks = create_graph, accumulate, run_hooks
+
+    def arrive(self, t, g, aliased: bool = True) -> None:
+        """Add ``g`` to the gradient of ``t``: its leaf entry, or its producer's pending sum."""
+        ctx = t._ctx
+        if ctx is None or id(t) in self.stop:
+            entry = self.leaves.get(id(t))
+            if entry is None:
+                self.leaves[id(t)] = [t, g, aliased]
+            else:
+                entry[1], entry[2] = entry[1] + g, False
+            return
+        key = id(ctx)
+        if key not in self.outputs:
+            self.outputs[key] = t
+            if ctx.epoch != self.now:
+                check_saved(ctx, t)
+        previous = self.pending.get(key)
+        self.pending[key] = g if previous is None else previous + g
+
+    def finish(self, key) -> None:
+        """Finalise the leaf with id ``key``: its hooks, its capture, its ``.grad``."""
+        entry = self.leaves.pop(key, None)
+        if entry is not None:
+            _finish_leaf(entry, self.wanted, self.captured, self.accumulate, self.run_hooks,
+                         self.create_graph)
+
+    def final_steps(self, order: list) -> dict:
+        """step -> ids of the leaves whose gradient is final after that step's op (the last
+        that uses them); leaves no op uses (roots) are finalised now.
+
+        Hooks and accumulation happen there: for parameters used once per step, as soon as
+        their layer is done."""
+        final_at: dict = {}
+        stop = self.stop
+        for i, op in enumerate(order):
+            for t, needed in zip(op.parents, op.needs_input_grad):
+                if needed and (t._ctx is None or id(t) in stop):
+                    final_at[id(t)] = i
+        by_step: dict = {}
+        for key, i in final_at.items():
+            by_step.setdefault(i, []).append(key)
+        for key in [k for k in self.leaves if k not in final_at]:
+            self.finish(key)
+        return by_step
+
+    def step(self, op, g, waiting) -> None:
+        """Run ``op``'s backward on its summed output gradient ``g`` and pass each operand's
+        part on (a gradient in row blocks once its last block is computed); ``waiting``: ids
+        of the leaves to finalise as soon as their part arrives (or None)."""
+        out = self.outputs.pop(id(op))
+        create_graph = self.create_graph
+        if self.run_hooks and hooks.tensor_hooks:
+            g = _run_tensor_hooks(hooks.tensor_hooks.get(id(op)), g, create_graph)
+        position = self.wanted.get(id(out))
+        if position is not None:
+            self.captured[position] = g
+        if op.epoch != self.now:
+            check_saved(op)
+        if waiting is None:
+            grads = _graph_vjp(op, g, out) if create_graph else op.backward(g)
+            parts = enumerate(grads if type(grads) is tuple else (grads,))
+        else:
+            parts = op.backward_parts(g)
+        parents, needs = op.parents, op.needs_input_grad
+        blocks = None  # (a RowBlocks once the op hands a gradient over in row blocks)
+        try:
+            for part in parts:
+                index, gi = part[0], part[1]
+                if gi is None or not needs[index]:
+                    continue
+                t = parents[index]
+                if len(part) == 3:  # rows up to part[2] of gi are computed
+                    if blocks is None:
+                        blocks = RowBlocks(op)
+                    if not self._take_block(blocks, part, t, g, waiting):
+                        continue
+                dtype = gi.data.dtype if create_graph else gi.dtype  # (Tensor.dtype: a name)
+                if dtype != t.data.dtype:
+                    gi = gi.astype(t.data.dtype)
+                if gi.shape != t.data.shape:
+                    raise_shape_mismatch(op, gi.shape, t.data.shape)
+                self.arrive(t, gi, create_graph or shared(gi, g))
+                if waiting is not None and id(t) in waiting:
+                    self.finish(id(t))
+            if blocks is not None:
+                blocks.finished()
+        except BaseException:
+            if blocks is not None:
+                blocks.abandon()
+            raise
+
+    def _take_block(self, blocks, part, t, g, waiting) -> bool:
+        """Hand one row block to ``blocks``; True when the whole gradient is computed."""
+        index, gi, stop = part
+        if blocks.starts(index):
+            announced = waiting is not None and id(t) in waiting and \
+                _takes_rows(t, gi, g, self.leaves)
+            blocks.begin(index, gi, t if announced else None)
+        return blocks.take(gi, stop)
 
 
 def _early_leaves(order: list, by_step: dict) -> dict:
@@ -279,7 +327,7 @@ def _finish_leaf(entry, wanted, captured, accumulate, run_hooks, create_graph) -
         array = g.data if isinstance(g, Tensor) else g
         # NOTE: copied only when the array may be shared: copying every gradient cost
         # mlp_large's hooked backward ~25 MB of memory traffic per step
-        _accumulate_leaf(t, array, copy=aliased or create_graph or position is not None)
+        accumulate_leaf(t, array, copy=aliased or create_graph or position is not None)
         if run_hooks and t.requires_grad:
             hooks.run_post_accumulate_hooks(t)
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from everyo.dispatch import dispatch
 from everyo.dtypes import is_floating
+from everyo.engine import grad
 from everyo.errors import EveryOError
-from everyo.grad_mode import no_grad
+from everyo.grad_mode import enable_grad, no_grad
 from everyo.tensor import Tensor
 
 
@@ -29,6 +31,37 @@ def gradcheck(fn, *inputs, params=(), eps: float = 1e-6, atol: float = 1e-5, rto
         >>> eo.gradcheck(lambda x: (x * x).sum(), np.array([1.0, -2.0]))
         True
     """
+    tensors, checked = _checked_tensors(inputs, params)
+    out = fn(*tensors)
+    weights = np.random.default_rng(seed).standard_normal(out.shape)
+
+    def objective() -> float:
+        with no_grad():
+            return float(np.sum(fn(*tensors).data * weights))
+
+    for t in checked:
+        t.grad = None
+    (out * weights).sum().backward()
+    inputs_checked = len(checked) - len(params)
+    for position, t in enumerate(checked):
+        analytic = np.zeros_like(t.data) if t.grad is None else t.grad
+        numeric = _central_differences(objective, t, eps)
+        error = np.abs(analytic - numeric)
+        bound = atol + rtol * np.abs(numeric)
+        if np.any(error > bound):
+            worst = np.unravel_index(np.argmax(error - bound), t.shape)
+            kind = "input" if position < inputs_checked else "parameter"
+            raise GradcheckError(
+                f"gradcheck: {kind} {position} (shape {t.shape}) at index {worst}: analytic "
+                f"{analytic[worst]:.8g} vs numerical {numeric[worst]:.8g} "
+                f"(max abs error {error.max():.3g})"
+            )
+    return True
+
+
+def _checked_tensors(inputs, params) -> tuple:
+    """``(tensors to call fn with, tensors to check)``: floating inputs as float64 tensors that
+    require grad, then the (float64) ``params``, each C-contiguous."""
     tensors = []
     for x in inputs:
         data = x.data if isinstance(x, Tensor) else np.asarray(x)
@@ -47,40 +80,22 @@ def gradcheck(fn, *inputs, params=(), eps: float = 1e-6, atol: float = 1e-5, rto
         # np.ascontiguousarray, which turns a 0-d array into shape (1,)).
         if not t.data.flags.c_contiguous:
             t.data = np.array(t.data, order="C")
+    return tensors, checked
 
-    out = fn(*tensors)
-    weights = np.random.default_rng(seed).standard_normal(out.shape)
 
-    def objective() -> float:
-        with no_grad():
-            return float(np.sum(fn(*tensors).data * weights))
-
-    for t in checked:
-        t.grad = None
-    (out * weights).sum().backward()
-    for position, t in enumerate(checked):
-        analytic = np.zeros_like(t.data) if t.grad is None else t.grad
-        numeric = np.zeros_like(t.data)
-        flat = t.data.reshape(-1)  # a view: perturbations reach the tensor
-        for i in range(flat.size):
-            original = flat[i]
-            flat[i] = original + eps
-            up = objective()
-            flat[i] = original - eps
-            down = objective()
-            flat[i] = original
-            numeric.reshape(-1)[i] = (up - down) / (2 * eps)
-        error = np.abs(analytic - numeric)
-        bound = atol + rtol * np.abs(numeric)
-        if np.any(error > bound):
-            worst = np.unravel_index(np.argmax(error - bound), t.shape)
-            kind = "input" if position < len(checked) - len(params) else "parameter"
-            raise GradcheckError(
-                f"gradcheck: {kind} {position} (shape {t.shape}) at index {worst}: analytic "
-                f"{analytic[worst]:.8g} vs numerical {numeric[worst]:.8g} "
-                f"(max abs error {error.max():.3g})"
-            )
-    return True
+def _central_differences(objective, t: Tensor, eps: float) -> np.ndarray:
+    """d objective / d t by central differences, one element of ``t`` at a time."""
+    numeric = np.zeros_like(t.data)
+    flat = t.data.reshape(-1)  # a view: perturbations reach the tensor
+    for i in range(flat.size):
+        original = flat[i]
+        flat[i] = original + eps
+        up = objective()
+        flat[i] = original - eps
+        down = objective()
+        flat[i] = original
+        numeric.reshape(-1)[i] = (up - down) / (2 * eps)
+    return numeric
 
 
 def gradgradcheck(fn, *inputs, eps: float = 1e-6, atol: float = 1e-5, rtol: float = 1e-4,
@@ -102,9 +117,6 @@ def gradgradcheck(fn, *inputs, eps: float = 1e-6, atol: float = 1e-5, rtol: floa
         >>> eo.gradgradcheck(lambda x: (x * x * x).sum(), np.array([1.0, -2.0]))
         True
     """
-    from everyo.engine import grad
-    from everyo.grad_mode import enable_grad
-
     arrays = [x.data if isinstance(x, Tensor) else np.asarray(x) for x in inputs]
     floating = [i for i, a in enumerate(arrays) if is_floating(a.dtype)]
     if not floating:
@@ -140,6 +152,4 @@ def gradgradcheck(fn, *inputs, eps: float = 1e-6, atol: float = 1e-5, rtol: floa
 
 
 def _concatenate(tensors):
-    from everyo.dispatch import dispatch
-
     return dispatch("concatenate", *tensors, axis=0)

@@ -3,29 +3,29 @@
 
 Every 16-bit product (matmul, conv2d under autocast) converts its operands up to float32, calls
 BLAS and rounds the result down once, and every cast node converts a weight or a gradient: on
-a CPU these conversions, not the arithmetic, are what mixed precision costs. Measured on our
-machine with one thread (6.3 M elements, the weights of ``mlp_large``):
+a CPU these conversions, not the arithmetic, are what mixed precision costs. What each function
+does and why it beats ``astype`` (the figures are in docs/benchmarks.md, "Mixed precision",
+where they are measured and kept true):
 
-* float32 -> bfloat16: ml_dtypes' ``astype`` takes ~1.9 ns per element. Rounding on the integer
-  view (add ``0x7FFF`` plus the lowest kept bit, keep the upper half: round to nearest, ties to
-  even, carries running into the exponent exactly as they should, so subnormals and overflow to
-  inf come out right) in cache-sized blocks takes ~1.3 ns. NaNs, whose payload that rounding
-  could carry into the sign or turn into inf, are converted by ``astype`` itself.
-* float32 -> float16: NumPy's ``astype`` is a single C loop (~2-3 ns). A bit-manipulation
-  version in NumPy needs a dozen passes (variable shift for subnormals, overflow, sign) and
-  measured slower (~2.6 ns), so we keep ``astype`` and only run it block by block, which keeps
-  the source in cache and measured ~20% faster on large arrays.
-* up to float32: bfloat16 is the upper half of a float32 (ml_dtypes converts at memory speed,
-  ~0.3 ns). float16 is looked up, block by block, in a table of the 65,536 patterns (built with
-  ``astype``): ~1.3 ns per element whatever the value, where ``astype`` takes ~1.1 ns on normal
-  values but ~11 ns on subnormals, and float16 gradients are full of subnormals.
+* float32 -> bfloat16: rounding on the integer view (add ``0x7FFF`` plus the lowest kept bit,
+  keep the upper half: round to nearest, ties to even, carries running into the exponent
+  exactly as they should, so subnormals and overflow to inf come out right) in cache-sized
+  blocks, faster than ml_dtypes' ``astype``. NaNs, whose payload that rounding could carry into
+  the sign or turn into inf, are converted by ``astype`` itself.
+* float32 -> float16: NumPy's ``astype`` is a single C loop; a bit-manipulation version in
+  NumPy needs a dozen passes (variable shift for subnormals, overflow, sign) and is slower, so
+  we keep ``astype`` and only run it block by block, which keeps the source in cache.
+* up to float32: bfloat16 is the upper half of a float32 (ml_dtypes converts at memory speed).
+  float16 is looked up, block by block, in a table of the 65,536 patterns (built with
+  ``astype``): the same cost whatever the value, where ``astype`` slows down about tenfold on
+  subnormals, and float16 gradients are full of subnormals.
 
 * float32 -> float32 holding a 16-bit value (``rounded_float32``: what a product needs from a
   float32 weight it treats as 16-bit, without making the 16-bit array at all). For float16, the
   magic-constant rounding ``(|x| + C) - C`` with ``C = 2**(max(e, -14) + 13)`` built from x's
   exponent bits rounds to nearest, ties to even, at float16's spacing, normal and subnormal
-  alike, in eight in-cache passes: ~0.8x the cost of ``astype(float16)`` alone, and it saves
-  the widening afterwards. bfloat16 rounds on the bits as above and clears the lower half.
+  alike, in eight in-cache passes: cheaper than ``astype(float16)`` alone, and it saves the
+  widening afterwards. bfloat16 rounds on the bits as above and clears the lower half.
 
 ``tests/core/test_half_precision.py`` checks every function here against ``astype`` on all
 65,536 16-bit patterns and on float32 edge cases (subnormals, overflow, NaN payloads, ties);

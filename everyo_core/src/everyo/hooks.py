@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import weakref
 
+from everyo.errors import EveryOError
+
 # id(leaf tensor or producing op) -> list of fn(grad) -> grad | None
 tensor_hooks: dict[int, list] = {}
 # id(parameter) -> list of fn(param) -> None
@@ -62,8 +64,6 @@ def register_hook(tensor, fn) -> RemovableHandle:
     ``grad`` is the NumPy array of the total gradient for this backward pass; ``fn`` may
     return a replacement (same shape) that is used instead, or None to keep it.
     """
-    from everyo.errors import EveryOError
-
     if not tensor.requires_grad:
         raise EveryOError(f"register_hook on a tensor (shape {tensor.shape}) that does not "
                           f"require grad: no gradient will ever reach it")
@@ -104,8 +104,6 @@ def register_post_accumulate_grad_hook(param, fn, early: bool = False) -> Remova
         >>> handle = w.register_post_accumulate_grad_hook(lambda p: None, early=True)
         >>> handle.remove()
     """
-    from everyo.errors import EveryOError
-
     if param._ctx is not None or not param.requires_grad:
         raise EveryOError("register_post_accumulate_grad_hook needs a leaf tensor that "
                           "requires grad (a Parameter)")
@@ -139,8 +137,6 @@ def register_grad_rows_ready_hook(param, fn) -> RemovableHandle:
         >>> handle = w.register_grad_rows_ready_hook(lambda p, start, stop: None)
         >>> handle.remove()
     """
-    from everyo.errors import EveryOError
-
     if param._ctx is not None or not param.requires_grad:
         raise EveryOError("register_grad_rows_ready_hook needs a leaf tensor that requires "
                           "grad (a Parameter)")

@@ -4,7 +4,8 @@ An op's ``forward`` and ``backward`` work on NumPy arrays; these functions are t
 sharing between ops, with the dtype care that is easy to get wrong: float16/bfloat16 products
 through float32 BLAS, exact gradient selection, overflow-free sigmoid and log-softmax, the
 16-bit conversions, "is this dtype floating?" (NumPy reports bfloat16 as ``kind == "V"``), and
-where a large gradient is cut into row blocks (``row_block_stops``, see docs/autograd.md).
+where a large gradient is cut into row blocks (``row_block_stops``, see docs/autograd.md), and
+the one rule for an axis argument (``check_axis``).
 
 It is also the kernel registry's public face (docs/architecture.md, "Kernels"): ``Kernel`` and
 ``KernelProvider`` are what ``everyo_register_kernels`` takes; ops call the selected
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 from everyo.autograd import _as_tensors as as_tensors
 from everyo.autograd import gradients_from_parts
+from everyo.axes import check_axis
 from everyo.dtypes import HALF_DTYPES, is_floating, resolve_dtype
 from everyo.grad_rows import row_block_stops
 from everyo.half_precision import narrow, widen
@@ -45,7 +47,7 @@ from everyo.ops.unary import stable_sigmoid
 from everyo.versioning import check_operand_unchanged
 
 __all__ = ["HALF_DTYPES", "KERNELS_ENV", "Kernel", "KernelProvider", "REFERENCE", "as_tensors",
-           "blas_matmul", "broadcast_tensor", "check_operand_unchanged", "coverage",
+           "blas_matmul", "broadcast_tensor", "check_axis", "check_operand_unchanged", "coverage",
            "expand_reduced", "fingerprint", "gradients_from_parts", "is_floating", "keep_where",
            "kernel", "log_softmax_array", "narrow", "parse_einsum_equation", "provider_name",
            "resolve_dtype", "row_block_stops", "stable_sigmoid", "swap_last",

@@ -34,6 +34,7 @@ import pluggy
 from everyo import hookspecs
 from everyo.dispatch import OPS
 from everyo.errors import PluginError
+from everyo.first_party import FIRST_PARTY
 from everyo.kernel_registry import KernelRegistry, kernel
 from everyo.registries import Registry, key_name, validate
 
@@ -276,6 +277,7 @@ class PluginHost:
                 self.register_plugin(ep.load(), name=ep.name, distribution=dist, version=version)
             except Exception as exc:  # a broken plugin must not break `import everyo`
                 detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+                detail += _half_imported_hint(ep.module)
                 self.failures.append(PluginFailure(ep.name, dist, detail))
                 warnings.warn(f"EveryO plugin {ep.name!r} from distribution {dist!r} was not "
                               f"loaded: {detail}", RuntimeWarning, stacklevel=2)
@@ -293,8 +295,6 @@ def disabled_plugin_names() -> set[str]:
 
 def ordered_entry_points(entry_points) -> list:
     """First-party entry points in ``FIRST_PARTY`` order, then every other one by name."""
-    from everyo.first_party import FIRST_PARTY
-
     rank = {dist: i for i, dist in enumerate(FIRST_PARTY)}
 
     def order(ep):
@@ -316,6 +316,22 @@ def registrations(plugin) -> dict:
     scratch.manager.register(plugin, name="scratch")
     return {kind: [key_name(key) for key, _, _ in items]
             for kind, items in scratch._stage(plugin).items() if items}
+
+
+def _half_imported_hint(plugin_module: str) -> str:
+    """Why a plugin failed when the cause is its own package being half-imported: one of its
+    modules imported first (``import pkg.layer``) runs ``import everyo``, which loads every
+    plugin, this one included, while that module is still executing."""
+    package = plugin_module.partition(".")[0]
+    half = sorted(name for name, module in list(sys.modules.items())
+                  if name.startswith(package + ".")
+                  # NOTE: importlib marks a module's spec while its code runs (CPython)
+                  and getattr(getattr(module, "__spec__", None), "_initializing", False))
+    if not half:
+        return ""
+    return (f" ({', '.join(half)} was still being imported when `import everyo` loaded the "
+            f"plugins: make `import everyo` the first statement of {package}/__init__.py, as "
+            f"docs/plugins.md says)")
 
 
 def _is_core_path(core, name: str) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from everyo import hookspecs
+from everyo.autograd import Op
 from everyo.errors import PluginError
 from everyo.kernel_definitions import validate_kernel_entry
 
@@ -107,8 +108,6 @@ class Registry:
 
 def validate(kind: str, key, thing) -> None:
     """Refuse a registration whose key or thing does not fit its kind (``PluginError``)."""
-    from everyo.autograd import Op
-
     if kind in _NAMED and not (isinstance(key, str) and key.isidentifier()):
         raise PluginError(f"{kind} must be registered under an identifier, got {key!r}")
     if kind == "ops" and not (isinstance(thing, type) and issubclass(thing, Op)):

@@ -270,9 +270,11 @@ class Tensor:
                 receives arrays; use ``eo.grad(..., create_graph=True)`` for gradients that
                 can be differentiated again).
         """
-        from everyo.autograd import run_backward
+        # NOTE: the one deferred import of the core's own modules: engine.py imports this
+        # module (a walk makes Tensors), so this one cannot import the engine at the top.
+        from everyo.engine import backward
 
-        run_backward(self, grad, retain_graph, create_graph)
+        backward(self, grad, retain_graph, create_graph)
 
     def register_hook(self, fn):
         """Call ``fn(grad_array)`` when this tensor's gradient is computed; a non-None return

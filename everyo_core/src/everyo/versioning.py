@@ -71,7 +71,11 @@ def version(tensor) -> int:
 
 
 def _written_since(tensor, stamp: int) -> bool:
-    entry = _storage.get(id(_base(tensor.data)))
+    return _array_written_since(tensor.data, stamp)
+
+
+def _array_written_since(array: np.ndarray, stamp: int) -> bool:
+    entry = _storage.get(id(_base(array)))
     return entry is not None and entry[0] > stamp
 
 
@@ -79,8 +83,8 @@ def check_saved(op, output=None) -> None:
     """Raise if a tensor ``op`` saved for backward was written in place after its forward.
 
     Called by the engine only when the clock moved since ``op``'s forward. ``op``'s class
-    declares what it saved: ``saved_inputs`` (operand indices, None for all) and
-    ``saves_output``.
+    declares what it saved: ``saved_inputs`` (operand indices, None for all),
+    ``saves_output`` and ``saved_attributes`` (arrays it keeps that are not operands).
     """
     stamp = op.epoch
     indices = op.saved_inputs
@@ -90,6 +94,11 @@ def check_saved(op, output=None) -> None:
             _raise(op, parents[i], f"its operand {i}")
     if output is not None and op.saves_output and _written_since(output, stamp):
         _raise(op, output, "its output")
+    for name in op.saved_attributes:
+        value = getattr(op, name)
+        for array in value if type(value) is tuple else (value,):
+            if isinstance(array, np.ndarray) and _array_written_since(array, stamp):
+                _raise(op, array, f"its {name}")
 
 
 def check_operand_unchanged(op, index: int) -> None:
@@ -122,11 +131,15 @@ def check_operand_unchanged(op, index: int) -> None:
         )
 
 
-def _raise(op, tensor, which: str) -> None:
+def _raise(op, saved, which: str) -> None:
+    """``saved``: the Tensor (or the array an op kept) that was written."""
+    array = saved if isinstance(saved, np.ndarray) else saved.data
+    entry = _storage.get(id(_base(array)))
+    writes = 0 if entry is None else entry[1]
     raise EveryOError(
-        f"backward through op {op_name(op)!r}: {which} (shape {tensor.shape}, "
-        f"{tensor.dtype}) was modified in place after the forward pass (its version is now "
-        f"{version(tensor)}; the op saved it before that write). The gradient would use values "
+        f"backward through op {op_name(op)!r}: {which} (shape {array.shape}, "
+        f"{array.dtype}) was modified in place after the forward pass (its version is now "
+        f"{writes}; the op saved it before that write). The gradient would use values "
         f"the forward pass never saw. Compute the forward again after the in-place update "
         f"(e.g. call optimizer.step() after backward()), or use an out-of-place operation."
     )

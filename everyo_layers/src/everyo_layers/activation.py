@@ -35,6 +35,28 @@ _INV_SQRT_2 = 1.0 / math.sqrt(2.0)
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
 
+class NormalCDFOp(Op):
+    """``Phi(x) = (1 + erf(x / sqrt 2)) / 2``, the standard normal CDF (GELU's gate, in the
+    composite that second derivatives of ``gelu`` differentiate)."""
+
+    __slots__ = ()
+    name = "normal_cdf"
+    saved_inputs = (0,)
+    saves_output = False
+
+    def forward(self, x):
+        self.saved = x
+        return 0.5 * (1 + _erf(x * _INV_SQRT_2))
+
+    def backward(self, g):
+        x = self.saved
+        return (g * (_INV_SQRT_2PI * np.exp(-0.5 * x * x)),)
+
+    def backward_graph(self, g, out):
+        (x,) = self.parents
+        return (g * dispatch("exp", x * x * -0.5) * _INV_SQRT_2PI,)
+
+
 class GELUOp(Op):
     """``x * Phi(x)`` (erf form) or its tanh approximation (``approximate="tanh"``)."""
 
@@ -70,8 +92,6 @@ class GELUOp(Op):
         if self.approximate == "tanh":
             inner = (x + x * x * x * 0.044715) * _SQRT_2_OVER_PI
             return x * 0.5 * (1.0 + dispatch("tanh", inner))
-        from everyo_layers.second_order import NormalCDFOp
-
         return x * NormalCDFOp.apply(x)
 
 

@@ -12,7 +12,7 @@ import math
 import numpy as np
 
 from everyo import EveryOError, Module, Op, Tensor, dispatch, matmul
-from everyo.kernels import is_floating
+from everyo.kernels import is_floating, swap_last
 from everyo_layers.checks import argument, check_float
 from everyo_layers.dropout import Dropout
 from everyo_layers.initializers import layer_generator
@@ -36,9 +36,10 @@ class AttentionWeightsOp(Op):
         scores *= scores.dtype.type(scale)
         if mask is not None:
             scores = scores + mask
-        scores -= scores.max(axis=-1, keepdims=True)
-        np.exp(scores, out=scores)
-        scores /= scores.sum(axis=-1, keepdims=True)
+        if scores.shape[-1]:  # no keys: nothing to attend to, empty weights (as PyTorch)
+            scores -= scores.max(axis=-1, keepdims=True)
+            np.exp(scores, out=scores)
+            scores /= scores.sum(axis=-1, keepdims=True)
         self.saved = (q, k, scores)
         return scores
 
@@ -52,8 +53,6 @@ class AttentionWeightsOp(Op):
 
     def composite(self, q, k):
         """``softmax(q k^T * scale + mask)`` with differentiable ops."""
-        from everyo.kernels import swap_last
-
         scores = dispatch("matmul", q, swap_last(k)) * self.scale
         mask = self.attrs.get("mask")
         if mask is not None:

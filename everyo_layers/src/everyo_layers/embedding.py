@@ -39,6 +39,7 @@ class EmbeddingOp(Op):
     """
 
     __slots__ = ("indices", "num_rows", "padding_idx")
+    saved_attributes = ("indices",)  # (the layer's ids: writing them after forward is refused)
 
     def forward(self, weight, indices, padding_idx=None):
         self.indices, self.num_rows, self.padding_idx = indices, weight.shape[0], padding_idx

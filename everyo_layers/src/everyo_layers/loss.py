@@ -12,27 +12,28 @@ import numpy as np
 from everyo import EveryOError, Module, Op, dispatch
 from everyo.kernels import is_floating, log_softmax_array, stable_sigmoid
 from everyo_layers.checks import argument, array_of, check_float
+from everyo_layers.loss_reduction import (
+    check_reduction,
+    reduce_array,
+    reduce_tensor,
+    spread_array,
+    spread_tensor,
+)
 from everyo_layers.loss_weights import class_weights, weighted_class_loss, weighted_elementwise_loss
 from everyo_layers.precision import accumulation_dtype
 
-REDUCTIONS = ("mean", "sum", "none")
+
+def gather_last(t, index: np.ndarray):
+    """``t[..., index]`` per position (Tensors): the entry of the last axis ``index`` names."""
+    full = tuple(np.indices(index.shape, sparse=True)) + (index,)
+    return dispatch("getitem", t, index=full)
 
 
-def _reduce(loss: np.ndarray, reduction: str, count) -> np.ndarray:
-    if reduction == "none":
-        return loss
-    total = loss.sum()
-    with np.errstate(invalid="ignore", divide="ignore"):  # every target ignored: nan, as torch
-        value = total / count if reduction == "mean" else total
-    return np.asarray(value, dtype=loss.dtype)
-
-
-def _upstream(g: np.ndarray, reduction: str, count, shape: tuple) -> np.ndarray:
-    """The incoming gradient spread over the per-element losses of ``shape``."""
-    if reduction == "none":
-        return g
-    scale = g / count if reduction == "mean" else g
-    return np.broadcast_to(scale, shape)
+def softplus_neg(x):
+    """``log(1 + exp(-x))`` (Tensors), stable and smooth everywhere (so its derivatives are
+    right at 0)."""
+    pair = dispatch("stack", x, x * 0.0, axis=-1)  # log(1 + e^-x) = -log_softmax([x, 0])[0]
+    return -dispatch("getitem", dispatch("log_softmax", pair, axis=-1), index=(Ellipsis, 0))
 
 
 class _LossOp(Op):
@@ -40,7 +41,7 @@ class _LossOp(Op):
     __slots__ = ("reduction", "count", "shape")
 
     def spread(self, g: np.ndarray) -> np.ndarray:
-        return _upstream(g, self.reduction, self.count, self.shape)
+        return spread_array(g, self.reduction, self.count, self.shape)
 
 
 class CrossEntropyOp(_LossOp):
@@ -72,7 +73,7 @@ class CrossEntropyOp(_LossOp):
             count = loss.size
             self.saved = (logp, q, None)
         self.reduction, self.count, self.shape = reduction, count, loss.shape
-        return _reduce(loss, reduction, count)
+        return reduce_array(loss, reduction, count)
 
     def backward(self, g):
         logp, target, kept = self.saved
@@ -92,8 +93,6 @@ class CrossEntropyOp(_LossOp):
 
     def backward_graph(self, g, out):
         """``(softmax(logits) - smoothed targets) * upstream`` with differentiable ops."""
-        from everyo_layers.second_order import spread_tensor
-
         (logits,) = self.parents
         logp, target, kept = self.saved
         p = dispatch("softmax", logits.astype(logp.dtype), axis=-1)
@@ -110,8 +109,6 @@ class CrossEntropyOp(_LossOp):
 
     def composite(self, logits):
         """The loss with differentiable ops (for second derivatives)."""
-        from everyo_layers.second_order import gather_last, reduce_loss
-
         attrs = self.attrs
         target, eps = attrs["target"], self.smoothing
         logp = dispatch("log_softmax", logits.astype(accumulation_dtype(logits.dtype)), axis=-1)
@@ -123,7 +120,7 @@ class CrossEntropyOp(_LossOp):
             loss = dispatch("where", kept, loss, 0.0)
         else:
             loss = -dispatch("sum", logp * self.saved[1], axis=-1)
-        return reduce_loss(loss, self.reduction, self.count)
+        return reduce_tensor(loss, self.reduction, self.count)
 
 
 class NLLLossOp(_LossOp):
@@ -139,7 +136,7 @@ class NLLLossOp(_LossOp):
         self.saved = (safe, kept)
         self.log_shape = lp.shape
         self.reduction, self.count, self.shape = reduction, np.count_nonzero(kept), loss.shape
-        return _reduce(loss, reduction, self.count)
+        return reduce_array(loss, reduction, self.count)
 
     def backward(self, g):
         safe, kept = self.saved
@@ -149,12 +146,10 @@ class NLLLossOp(_LossOp):
 
     def composite(self, log_probs):
         """The loss with differentiable ops (for second derivatives)."""
-        from everyo_layers.second_order import gather_last, reduce_loss
-
         safe, kept = self.saved
         lp = log_probs.astype(accumulation_dtype(log_probs.dtype))
         loss = -gather_last(lp, safe) * kept.astype(lp.data.dtype)
-        return reduce_loss(loss, self.reduction, self.count)
+        return reduce_tensor(loss, self.reduction, self.count)
 
 
 class _ElementwiseLossOp(_LossOp):
@@ -167,7 +162,7 @@ class _ElementwiseLossOp(_LossOp):
         loss = self.elementwise(x.astype(compute, copy=False), y.astype(compute, copy=False),
                                 **attrs)
         self.reduction, self.count, self.shape = reduction, loss.size, loss.shape
-        return _reduce(loss, reduction, loss.size)
+        return reduce_array(loss, reduction, loss.size)
 
     def backward(self, g):
         up = self.spread(g)
@@ -177,10 +172,8 @@ class _ElementwiseLossOp(_LossOp):
 
     def composite(self, x, y):
         """The loss with differentiable ops (for second derivatives)."""
-        from everyo_layers.second_order import reduce_loss
-
         compute = accumulation_dtype(x.data.dtype)
-        return reduce_loss(self.elementwise_graph(x.astype(compute), y.astype(compute)),
+        return reduce_tensor(self.elementwise_graph(x.astype(compute), y.astype(compute)),
                            self.reduction, self.count)
 
 
@@ -240,8 +233,6 @@ class BCEWithLogitsOp(_ElementwiseLossOp):
         return (1 - y) - weight * (1 - sig), -x + (pw - 1) * softplus_neg
 
     def elementwise_graph(self, x, y):
-        from everyo_layers.second_order import softplus_neg
-
         pos_weight = self.attrs.get("pos_weight")
         if pos_weight is None:
             return (1.0 - y) * x + softplus_neg(x)
@@ -250,11 +241,6 @@ class BCEWithLogitsOp(_ElementwiseLossOp):
 
 
 # -- functional forms -------------------------------------------------------------------------
-
-def _check_reduction(name: str, reduction: str) -> None:
-    if reduction not in REDUCTIONS:
-        raise EveryOError(f"{name}: reduction must be one of {REDUCTIONS}, got {reduction!r}")
-
 
 def _class_targets(name: str, scores: np.ndarray, target, ignore_index: int) -> np.ndarray:
     """Validate integer class targets against scores (..., C); returns them as an array."""
@@ -294,7 +280,7 @@ def cross_entropy(input, target, reduction: str = "mean", label_smoothing: float
         >>> round(loss.item(), 4)  # log(4)
         1.3863
     """
-    _check_reduction("cross_entropy", reduction)
+    check_reduction("cross_entropy", reduction)
     scores = check_float("cross_entropy", input)
     if scores.ndim < 1:
         raise EveryOError("cross_entropy: input needs a class axis, got a scalar")
@@ -324,7 +310,7 @@ def nll_loss(input, target, reduction: str = "mean", ignore_index: int = -100, w
         >>> eo.nll_loss(eo.log_softmax(eo.zeros(2, 2)), np.array([0, 1])).item() > 0
         True
     """
-    _check_reduction("nll_loss", reduction)
+    check_reduction("nll_loss", reduction)
     scores = check_float("nll_loss", input)
     t = _class_targets("nll_loss", scores, target, ignore_index)
     if weight is not None:
@@ -334,7 +320,7 @@ def nll_loss(input, target, reduction: str = "mean", ignore_index: int = -100, w
 
 
 def _check_elementwise(name: str, input, target, reduction: str) -> None:
-    _check_reduction(name, reduction)
+    check_reduction(name, reduction)
     x = check_float(name, input)
     y = check_float(f"{name} (target)", target)
     if x.shape != y.shape:
@@ -414,7 +400,7 @@ def _broadcasting_weight(name: str, what: str, weight, input) -> np.ndarray:
 class _Loss(Module):
     def __init__(self, reduction: str = "mean"):
         super().__init__()
-        _check_reduction(type(self).__name__, reduction)
+        check_reduction(type(self).__name__, reduction)
         self.reduction = reduction
 
     def extra_repr(self) -> str:

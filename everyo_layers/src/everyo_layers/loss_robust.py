@@ -8,6 +8,7 @@ import numpy as np
 from everyo import EveryOError, dispatch
 from everyo_layers.checks import argument
 from everyo_layers.loss import _elementwise, _ElementwiseLossOp, _Loss
+from everyo_layers.loss_reduction import reduce_tensor
 
 
 def _piecewise(d: np.ndarray, inside: np.ndarray, near, far) -> np.ndarray:
@@ -19,14 +20,6 @@ def _piecewise(d: np.ndarray, inside: np.ndarray, near, far) -> np.ndarray:
     outside = ~inside
     out[outside] = far(d[outside])
     return out
-
-
-def _reduce_tensor(per, reduction: str):
-    """The composite's reduction of per-element losses (a Tensor)."""
-    if reduction == "none":
-        return per
-    total = dispatch("sum", per)
-    return total / per.size if reduction == "mean" else total
 
 
 class SmoothL1LossOp(_ElementwiseLossOp):
@@ -57,7 +50,7 @@ class SmoothL1LossOp(_ElementwiseLossOp):
         scale = max(self.beta, 1e-300) if self.beta > 0 else 1.0
         per = dispatch("where", small, 0.5 * d * d / scale,
                        dispatch("abs", d) - 0.5 * self.beta)
-        return _reduce_tensor(per, self.reduction)
+        return reduce_tensor(per, self.reduction, self.count)
 
 
 class HuberLossOp(_ElementwiseLossOp):
@@ -82,7 +75,7 @@ class HuberLossOp(_ElementwiseLossOp):
         d = x - y
         per = dispatch("where", np.abs(d.data) < self.delta, 0.5 * d * d,
                        self.delta * (dispatch("abs", d) - 0.5 * self.delta))
-        return _reduce_tensor(per, self.reduction)
+        return reduce_tensor(per, self.reduction, self.count)
 
 
 class KLDivLossOp(_ElementwiseLossOp):
@@ -117,7 +110,7 @@ class KLDivLossOp(_ElementwiseLossOp):
             positive = t.data > 0
             safe = dispatch("where", positive, t, 1.0)
             per = dispatch("where", positive, t * (dispatch("log", safe) - x), -t * x)
-        return _reduce_tensor(per, self.reduction)
+        return reduce_tensor(per, self.reduction, self.count)
 
 
 def smooth_l1_loss(input, target, reduction: str = "mean", beta: float = 1.0):

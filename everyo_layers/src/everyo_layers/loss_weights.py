@@ -17,6 +17,7 @@ import numpy as np
 
 from everyo import EveryOError, dispatch
 from everyo_layers.checks import check_float
+from everyo_layers.loss_reduction import reduce_tensor
 
 
 def class_weights(name: str, weight, classes: int, dtype) -> np.ndarray:
@@ -28,16 +29,6 @@ def class_weights(name: str, weight, classes: int, dtype) -> np.ndarray:
     return w.astype(dtype, copy=False)
 
 
-def _reduce(per, reduction: str, denominator):
-    if reduction == "none":
-        return per
-    total = dispatch("sum", per)
-    if reduction == "sum":
-        return total
-    with np.errstate(invalid="ignore", divide="ignore"):  # nothing counted: nan, as PyTorch
-        return total / denominator
-
-
 def weighted_class_loss(op: str, input, target: np.ndarray, weight: np.ndarray, reduction: str,
                         ignore_index: int, label_smoothing: float = 0.0):
     """``op`` ("cross_entropy" or "nll_loss") with per-class ``weight``; see the module doc."""
@@ -47,7 +38,7 @@ def weighted_class_loss(op: str, input, target: np.ndarray, weight: np.ndarray, 
         eps = label_smoothing
         q = (1 - eps) * target + eps / input.shape[-1] if eps else target
         per = dispatch(op, input, target=q * w, reduction="none")
-        return _reduce(per, reduction, per.size)
+        return reduce_tensor(per, reduction, per.size)
     kept = target != ignore_index
     w_target = np.where(kept, w[np.where(kept, target, 0)], 0).astype(compute)
     plain = dispatch(op, input, target=target, reduction="none", ignore_index=ignore_index)
@@ -56,7 +47,7 @@ def weighted_class_loss(op: str, input, target: np.ndarray, weight: np.ndarray, 
         uniform = np.broadcast_to(w / input.shape[-1], input.shape)
         smooth = dispatch(op, input, target=np.ascontiguousarray(uniform), reduction="none")
         per = (1 - label_smoothing) * per + label_smoothing * (smooth * kept.astype(compute))
-    return _reduce(per, reduction, w_target.sum())
+    return reduce_tensor(per, reduction, w_target.sum())
 
 
 def weighted_elementwise_loss(op: str, input, target, weight: np.ndarray, reduction: str,
@@ -64,4 +55,4 @@ def weighted_elementwise_loss(op: str, input, target, weight: np.ndarray, reduct
     """An elementwise loss times ``weight`` (broadcast to the input), then reduced; ``"mean"``
     divides by the number of elements (PyTorch's rule)."""
     per = dispatch(op, input, target, reduction="none", **attrs) * weight
-    return _reduce(per, reduction, per.size)
+    return reduce_tensor(per, reduction, per.size)

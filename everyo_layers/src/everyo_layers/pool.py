@@ -3,6 +3,10 @@
 Both reduce over the pool's kh*kw kernel positions, each position being one view of the whole
 batch: a reshape when the windows tile the input (no padding, stride == pool size, divisible
 sizes), a strided slice of the padded input otherwise. No loop runs over pixels.
+
+Max pooling's gradient is an op too, so that it can be differentiated again: with the winners
+forward recorded, "scatter to the winners" (the gradient) and "gather the winners" are each
+other's derivative.
 """
 
 from __future__ import annotations
@@ -15,7 +19,13 @@ from everyo_layers.checks import check_float
 from everyo_layers.padding import output_size, resolve_padding
 from everyo_layers.pool_kernels import pool_views
 from everyo_layers.precision import accumulation_dtype
-from everyo_layers.windows import check_geometry, pad_hw, window_arguments
+from everyo_layers.windows import (
+    check_geometry,
+    pad_hw,
+    pad_hw_tensor,
+    window_arguments,
+    window_tensors,
+)
 
 _NO_PADS = ((0, 0), (0, 0))
 
@@ -78,19 +88,13 @@ class MaxPool2DOp(Op):
         return out
 
     def backward(self, g):
-        w = self.windows
-        return (kernel.max_pool2d_backward(g, self.saved, self.x_shape, w.pool, w.stride,
-                                           w.pads, w.out_hw, w.tiled),)
+        return (scatter_to_winners(self.windows, self.x_shape, self.saved, g),)
 
     def backward_graph(self, g, out):
-        from everyo_layers.grad_ops import max_pool2d_backward_graph
-
-        return max_pool2d_backward_graph(self, g)
+        return (MaxPoolScatterOp.apply(g, winners=_Winners(self)),)
 
     def composite(self, x):
         """Each window's winning element (as recorded by forward) with differentiable ops."""
-        from everyo_layers.second_order import pad_hw_tensor, window_tensors
-
         w = self.windows
         views = window_tensors(pad_hw_tensor(x, w.pads, -np.inf), w.pool, w.stride, (1, 1),
                                w.out_hw)
@@ -99,6 +103,78 @@ class MaxPool2DOp(Op):
             picked = dispatch("where", self.saved == position, view, 0.0)
             out = picked if out is None else out + picked
         return out
+
+
+def scatter_to_winners(windows: _Windows, x_shape: tuple, winner: np.ndarray,
+                       g: np.ndarray) -> np.ndarray:
+    """Each window's gradient ``g`` placed on the element that won it (``winner`` holds the
+    winning kernel position per output); the input's gradient, of ``x_shape``."""
+    w = windows  # (the max_pool2d_backward kernel, pool_kernels.py)
+    return kernel.max_pool2d_backward(g, winner, x_shape, w.pool, w.stride, w.pads, w.out_hw,
+                                      w.tiled)
+
+
+def gather_winners(windows: _Windows, winner: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """The element of ``x`` that won each window (max pooling with the winners fixed)."""
+    views = windows.views(pad_hw(x, windows.pads, value=0))
+    out = np.zeros(views[0].shape, x.dtype)
+    for position, view in enumerate(views):
+        np.copyto(out, view, where=winner == position)
+    return out
+
+
+class _Winners:
+    """What max pooling's gradient ops read (windows, input shape, winners), kept by them so
+    that they still work after the pooling op's graph was freed."""
+
+    __slots__ = ("windows", "x_shape", "winner")
+
+    def __init__(self, pool: MaxPool2DOp) -> None:
+        self.windows, self.x_shape, self.winner = pool.windows, pool.x_shape, pool.saved
+
+    def scatter(self, g: np.ndarray) -> np.ndarray:
+        return scatter_to_winners(self.windows, self.x_shape, self.winner, g)
+
+    def gather(self, x: np.ndarray) -> np.ndarray:
+        return gather_winners(self.windows, self.winner, x)
+
+
+class MaxPoolScatterOp(Op):
+    """Each window's gradient placed on the element that won it (max pooling's backward)."""
+
+    __slots__ = ("winners",)
+    name = "max_pool2d_backward"
+    saved_inputs = ()
+    saves_output = False
+
+    def forward(self, g, winners):
+        self.winners = winners
+        return winners.scatter(g)
+
+    def backward(self, h):
+        return (self.winners.gather(h),)
+
+    def backward_graph(self, h, out):
+        return (MaxPoolGatherOp.apply(h, winners=self.winners),)
+
+
+class MaxPoolGatherOp(Op):
+    """The element that won each window (max pooling with the winners fixed)."""
+
+    __slots__ = ("winners",)
+    name = "max_pool2d_gather"
+    saved_inputs = ()
+    saves_output = False
+
+    def forward(self, x, winners):
+        self.winners = winners
+        return winners.gather(x)
+
+    def backward(self, g):
+        return (self.winners.scatter(g),)
+
+    def backward_graph(self, g, out):
+        return (MaxPoolScatterOp.apply(g, winners=self.winners),)
 
 
 class AvgPool2DOp(Op):
@@ -145,8 +221,6 @@ class AvgPool2DOp(Op):
 
     def composite(self, x):
         """The window sums divided by the real-element counts, with differentiable ops."""
-        from everyo_layers.second_order import pad_hw_tensor, window_tensors
-
         w = self.windows
         total = None
         for view in window_tensors(pad_hw_tensor(x, w.pads, 0.0), w.pool, w.stride, (1, 1),

@@ -20,7 +20,12 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0,
         parameters: an iterable of tensors (e.g. ``model.parameters()``) or one tensor;
             those without a gradient are skipped.
         max_norm: the largest allowed norm.
-        norm_type: the p of the p-norm (``float("inf")`` for the max-norm).
+        norm_type: the p of the p-norm (``float("inf")`` for the max-norm). As in PyTorch,
+            the total is the p-norm of the parameters' own p-norms, which for p > 0 is the
+            p-norm of all gradients together; p = 0 counts the parameters whose gradient is
+            not all zeros, p < 0 and ``-inf`` are 0 once one element is 0. Matrix norms
+            ("fro", "nuc") are refused: the default 2-norm is the Frobenius norm of all
+            gradients together.
         error_if_nonfinite: raise if the total norm is nan or inf.
 
     Returns:
@@ -37,21 +42,14 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0,
     """
     if isinstance(parameters, Tensor):
         parameters = [parameters]
-    grads = [p.grad for p in parameters if p.grad is not None]
+    p = _check_norm_type(norm_type)
+    grads = [param.grad for param in parameters if param.grad is not None]
     if not grads:
         return 0.0
-    norm_type = float(norm_type)
     # NOTE: float16 gradients are measured in float32: their squares overflow at 256.
     flat = [g.reshape(-1).astype(accumulation_dtype(g.dtype), copy=False)
             for g in grads]
-    if math.isinf(norm_type):
-        # NOTE: np.max, not Python's max: max(2.0, nan) is 2.0, which hid a NaN gradient
-        # that is not in the first tensor (PyTorch's norm is NaN then)
-        total = float(np.max([np.max(np.abs(f)) if f.size else 0.0 for f in flat]))
-    elif norm_type == 2.0:
-        total = math.sqrt(sum(float(np.dot(f, f)) for f in flat))
-    else:
-        total = sum(float(np.sum(np.abs(f) ** norm_type)) for f in flat) ** (1.0 / norm_type)
+    total = _total_norm(flat, p)
     if error_if_nonfinite and not math.isfinite(total):
         raise EveryOError(f"clip_grad_norm_: the total gradient norm is {total}; pass "
                           f"error_if_nonfinite=False to clip anyway")
@@ -60,6 +58,53 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0,
         for g in grads:
             g *= g.dtype.type(coef)
     return total
+
+
+def _check_norm_type(norm_type) -> float:
+    """``norm_type`` as the float p of a p-norm, or an error naming what it is."""
+    if isinstance(norm_type, str) and norm_type.lower() in ("fro", "nuc"):
+        raise EveryOError(f"clip_grad_norm_: norm_type={norm_type!r} is a matrix norm, which "
+                          f"has no meaning over many gradients (PyTorch refuses it too); "
+                          f"norm_type=2, the default, is the Frobenius norm of all the "
+                          f"gradients together")
+    try:
+        p = float(norm_type)  # as PyTorch: 2, 2.0, "2", "inf" and True (1) are p-norms
+    except (TypeError, ValueError):
+        p = math.nan
+    if math.isnan(p):
+        raise EveryOError(f"clip_grad_norm_: norm_type must be a number (the p of a p-norm, "
+                          f"or inf), got {norm_type!r}")
+    return p
+
+
+def _total_norm(flat: list, p: float) -> float:
+    """The p-norm of the per-gradient p-norms (PyTorch's), on flattened gradients."""
+    if p == math.inf:
+        # NOTE: np.max, not Python's max: max(2.0, nan) is 2.0, which hid a NaN gradient
+        # that is not in the first tensor (PyTorch's norm is NaN then)
+        return float(np.max([np.max(np.abs(f)) if f.size else 0.0 for f in flat]))
+    if p == 2.0:
+        return math.sqrt(sum(float(np.dot(f, f)) for f in flat))
+    if p > 0:  # the norm of the norms is the norm of everything together
+        return sum(float(np.sum(np.abs(f) ** p)) for f in flat) ** (1.0 / p)
+    if p < 0:
+        empty = next((f for f in flat if not f.size), None)
+        if empty is not None:
+            raise EveryOError(f"clip_grad_norm_: there is no {p} norm of an empty gradient "
+                              f"(shape {empty.shape}), as there is no minimum of nothing")
+    return float(_vector_norm(np.array([_vector_norm(f, p) for f in flat]), p))
+
+
+def _vector_norm(values: np.ndarray, p: float):
+    """``torch.linalg.vector_norm(values, p)`` for p <= 0: p = 0 counts the nonzero entries,
+    ``-inf`` is the smallest magnitude, other p < 0 is 0 as soon as one entry is 0."""
+    magnitudes = np.abs(values)
+    if p == 0:
+        return np.count_nonzero(magnitudes)
+    if p == -math.inf:
+        return magnitudes.min()
+    with np.errstate(divide="ignore"):  # |0| ** p is inf, so the norm is 0
+        return np.sum(magnitudes ** p) ** (1.0 / p)
 
 
 OPS: dict = {}

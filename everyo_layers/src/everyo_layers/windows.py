@@ -1,13 +1,14 @@
 """Window helpers shared by the convolution and pooling ops: padding NHWC arrays, strided
-views of every window (im2col without copies), the slice one kernel position meets, and the
-one validation of a window geometry (kernel, stride, dilation)."""
+views of every window (im2col without copies), the slice one kernel position meets, the
+one validation of a window geometry (kernel, stride, dilation), and the same padding and
+windows on Tensors, which the ops' ``composite`` methods differentiate (second derivatives)."""
 
 from __future__ import annotations
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from everyo import EveryOError
+from everyo import EveryOError, dispatch
 from everyo_layers.checks import pair
 from everyo_layers.padding import resolve_padding
 
@@ -70,3 +71,16 @@ def window_arguments(op: str, x: np.ndarray, kernel, stride, padding, dilation=(
     kernel, stride, dilation = check_geometry(op, kernel, stride, dilation, "kernel size")
     return kernel, stride, resolve_padding(padding, x.shape[1:3], kernel, stride, dilation), \
         dilation
+
+
+def pad_hw_tensor(x, pads: tuple, value: float):
+    """NHWC Tensor ``x`` padded on H and W by ``((top, bottom), (left, right))``."""
+    if not any(pads[0] + pads[1]):
+        return x
+    return dispatch("pad", x, pad_width=((0, 0), pads[0], pads[1], (0, 0)), value=value)
+
+
+def window_tensors(padded, kernel: tuple, stride: tuple, dilation: tuple, out_hw: tuple) -> list:
+    """One ``(N, Ho, Wo, C)`` Tensor per kernel position: the elements it meets in each window."""
+    return [dispatch("getitem", padded, index=window_slices((i, j), stride, dilation, out_hw))
+            for i in range(kernel[0]) for j in range(kernel[1])]

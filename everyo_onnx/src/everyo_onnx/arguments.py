@@ -3,6 +3,7 @@ opset, and the two sets of sizes the model is traced at."""
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -84,6 +85,33 @@ def input_specs(input_shape, input_name: str, input_names, dynamic_axes) -> list
         for axis, dim in _axes(name, axes, len(spec.shape)).items():
             spec.dims[axis] = dim
     return specs
+
+
+def check_inputs_fit(model, specs: list[InputSpec]) -> None:
+    """Refuse input shapes that the model's ``forward`` cannot take positionally, one each."""
+    try:
+        signature = inspect.signature(model.forward)
+    except (TypeError, ValueError):  # a forward with no signature to read: the trace tells
+        return
+    try:
+        signature.bind(*specs)
+        return
+    except TypeError:
+        pass
+    parameters = list(signature.parameters.values())
+    positional = [p for p in parameters
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required = [p for p in positional if p.default is p.empty]
+    keyword_only = [p.name for p in parameters if p.kind == p.KEYWORD_ONLY and p.default is p.empty]
+    takes = (f"{len(required)}" if len(required) == len(positional)
+             else f"{len(required)} to {len(positional)}")
+    given = f"{len(specs)} input shape{'s' if len(specs) != 1 else ''}"
+    why = (f"; its keyword-only arguments {keyword_only} cannot come from input_shape"
+           if keyword_only else "")
+    raise EveryOSerializationError(
+        f"export_onnx: {given} for {takes} input{'s' if takes != '1' else ''}: "
+        f"{type(model).__name__}.forward{signature}{why}. Give one shape per input the "
+        f"forward takes (input_shape=[shape, ...] for several)")
 
 
 def _axes(name: str, axes, ndim: int | None) -> dict:

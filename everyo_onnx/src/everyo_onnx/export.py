@@ -18,15 +18,20 @@ import contextlib
 import os
 import tempfile
 import threading
+from importlib import metadata
 
 from everyo import EveryOSerializationError, Module, no_grad, registry
 from everyo_onnx.arguments import (
+    check_inputs_fit,
     check_opset,
     input_specs,
     names_for,
     output_axes,
 )
+from everyo_onnx.refusals import refusal_reason
 from everyo_onnx.runtime import import_onnx
+from everyo_onnx.trace_passes import trace_model
+from everyo_onnx.verify import verification_batches, verify_export
 
 # NOTE: 17 is the first opset with LayerNormalization and is run by every maintained runtime
 # (ONNX Runtime >= 1.13, TensorRT, OpenVINO); GELU uses the native op from opset 20 on.
@@ -41,7 +46,7 @@ _exporting = threading.RLock()
 
 def export_onnx(model, path, input_shape, input_name: str = "input", output_name: str = "output",
                 opset: int | None = None, verify: bool = False, *, input_names=None,
-                output_names=None, dynamic_axes=None) -> None:
+                output_names=None, dynamic_axes=None, verify_inputs=None) -> None:
     """Export ``model`` to an ONNX file by tracing its forward pass; the batch axis (and any
     axis named in ``dynamic_axes``) is symbolic.
 
@@ -57,13 +62,16 @@ def export_onnx(model, path, input_shape, input_name: str = "input", output_name
             shapes, one per input. The sizes of symbolic axes are not baked in.
         input_name, output_name: names of the graph's only input and output.
         opset: ONNX opset version, at least 17; None picks ``DEFAULT_OPSET`` (17).
-        verify: run the file in ONNX Runtime (and ``onnx.reference`` where installed) on
-            random inputs of other sizes and raise if either disagrees with the model.
+        verify: run the file in ONNX Runtime and ``onnx.reference`` on random inputs of other
+            sizes and raise if either disagrees with the model.
         input_names, output_names: names for several inputs/outputs (default ``input_0``...,
             ``output_0``...).
         dynamic_axes: ``{input_name: {axis: dim_name}}`` for symbolic axes beyond the batch,
             e.g. ``{"tokens": {1: "sequence"}}``; an output's entry names its symbolic axes
             (otherwise they take the name of the input axis they follow).
+        verify_inputs: verify on these batches instead of random ones (and verify even with
+            ``verify=False``): one batch or a list of them, a batch being an array or Tensor
+            (one input) or a tuple with one per input. Symbolic axes take any size.
 
     Raises:
         EveryOSerializationError: refused modules and ops (every one, with its module path),
@@ -79,13 +87,8 @@ def export_onnx(model, path, input_shape, input_name: str = "input", output_name
         (5, 3)
     """
     onnx = import_onnx()
-    if not isinstance(model, Module):
-        raise EveryOSerializationError(f"export_onnx: model must be an everyo Module, got "
-                                       f"{type(model).__name__}")
-    opset = check_opset(opset, DEFAULT_OPSET, MIN_OPSET, onnx.defs.onnx_opset_version())
-    specs = input_specs(input_shape, input_name, input_names, dynamic_axes)
-    from everyo_onnx.trace_passes import trace_model  # imports onnx: only now that we export
-
+    opset, specs, batches = _checked_arguments(onnx, model, opset, input_shape, input_name,
+                                               input_names, dynamic_axes, verify_inputs)
     converters = registry("onnx_converters").items
     with _exporting, eval_mode(model), no_grad():
         traced = trace_model(model, converters, opset, specs)
@@ -98,11 +101,24 @@ def export_onnx(model, path, input_shape, input_name: str = "input", output_name
                                        producer_version=_version())
         check_graph(onnx, proto)
         data = proto.SerializeToString()
-        if verify:
-            from everyo_onnx.verify import verify_export
-
-            verify_export(model, data, specs)
+        if verify or batches is not None:
+            verify_export(model, data, specs, batches)
     write_atomically(path, data)
+
+
+def _checked_arguments(onnx, model, opset, input_shape, input_name, input_names, dynamic_axes,
+                       verify_inputs) -> tuple:
+    """``(opset, input specs, the user's verification batches or None)``, every argument
+    checked before anything is traced."""
+    if not isinstance(model, Module):
+        raise EveryOSerializationError(f"export_onnx: model must be an everyo Module, got "
+                                       f"{type(model).__name__}")
+    opset = check_opset(opset, DEFAULT_OPSET, MIN_OPSET, onnx.defs.onnx_opset_version())
+    specs = input_specs(input_shape, input_name, input_names, dynamic_axes)
+    if refusal_reason(model) is None:  # (a model refused by design is named as that)
+        check_inputs_fit(model, specs)
+    batches = None if verify_inputs is None else verification_batches(specs, verify_inputs)
+    return opset, specs, batches
 
 
 def _output_names(outputs: list[str], output_name: str, output_names, input_names) -> list[str]:
@@ -166,8 +182,6 @@ def write_atomically(path, data: bytes) -> None:
 
 
 def _version() -> str:
-    from importlib import metadata
-
     try:
         return metadata.version("everyo-onnx")
     except metadata.PackageNotFoundError:

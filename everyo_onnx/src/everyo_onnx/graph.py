@@ -13,16 +13,17 @@ so a converter can ask for a concrete shape (``ctx.shape``) — for padding, say
 converter made itself with ``ctx.node`` gets its sample on demand, by running the graph built so
 far in ``onnx.reference`` (so ``ctx.convert`` accepts it).
 
-This module imports ``onnx``; the exporter imports it only when a model is exported.
+A context imports ``onnx`` when it is made, that is when a model is exported: importing this
+module costs ``import everyo`` nothing.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from onnx import TensorProto, helper, numpy_helper
 
 from everyo import EveryOSerializationError
 from everyo.kernels import is_floating
+from everyo_onnx.runtime import import_onnx, reference_evaluator
 from everyo_onnx.symbolic import ONNX_ARITHMETIC, SymInt
 
 
@@ -42,19 +43,22 @@ def onnx_dtype(dtype: np.dtype) -> np.dtype:
     return np.dtype(np.bool_ if dtype.kind == "b" else np.int64)
 
 
-ELEMENT_TYPE = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.int64): TensorProto.INT64,
-                np.dtype(np.bool_): TensorProto.BOOL}
+# ONNX's element types (``onnx.TensorProto.FLOAT``, ``INT64``, ``BOOL``: fixed by the IR).
+ELEMENT_TYPE = {np.dtype(np.float32): 1, np.dtype(np.int64): 7, np.dtype(np.bool_): 9}
+UNDEFINED_TYPE = 0
 
 
 class GraphContext:
     """Nodes, constants and values of the graph under construction.
 
-    Converters use ``opset``, :meth:`shape`, :meth:`dtype`, :meth:`node`, :meth:`constant`,
-    :meth:`ints`, :meth:`refuse` and :meth:`convert`; op converters also read :attr:`result`
-    (the op's output on the sample) and :meth:`dynamic_axes`.
+    Converters use :meth:`since` (or ``opset``), :meth:`shape`, :meth:`dtype`, :meth:`node`,
+    :meth:`constant`, :meth:`ints`, :meth:`refuse` and :meth:`convert`; op converters also read
+    :attr:`result` (the op's output on the sample) and :meth:`dynamic_axes`.
     """
 
     def __init__(self, opset: int, tracer):
+        onnx = import_onnx()
+        self._helper, self._numpy_helper = onnx.helper, onnx.numpy_helper
         self.opset = opset
         self.tracer = tracer
         self.nodes: list = []
@@ -68,6 +72,11 @@ class GraphContext:
         self._dims: dict = {}
 
     # -- what converters call -----------------------------------------------------------------
+    def since(self, opset: int) -> bool:
+        """Whether the graph is written at ``opset`` or newer: the one test of an operator's
+        version (``ctx.since(20)`` for the native Gelu)."""
+        return self.opset >= opset
+
     def shape(self, name: str) -> tuple[int, ...]:
         """The concrete shape of value ``name`` on the traced sample.
 
@@ -94,7 +103,7 @@ class GraphContext:
         """Append one ONNX node and return its output's name (a list if ``outputs > 1``)."""
         scope = self.tracer.scope()
         names = [self.fresh(f"{scope}/{op_type}_output") for _ in range(outputs)]
-        self.nodes.append(helper.make_node(op_type, list(inputs), names,
+        self.nodes.append(self._helper.make_node(op_type, list(inputs), names,
                                            name=self.fresh(f"{scope}/{op_type}"), **attributes))
         return names[0] if outputs == 1 else names
 
@@ -102,7 +111,7 @@ class GraphContext:
         """Add ``array`` (cast to ``dtype``) as an initializer and return its name."""
         value = np.array(array, dtype=dtype, order="C")  # NOTE: ascontiguousarray makes 0-d 1-d
         name = self.fresh(f"{self.tracer.scope()}/{hint}")
-        self.initializers.append(numpy_helper.from_array(value, name=name))
+        self.initializers.append(self._numpy_helper.from_array(value, name=name))
         self.samples[name] = value
         return name
 
@@ -157,6 +166,7 @@ class GraphContext:
                     producer_version: str):
         """The finished ``ModelProto``; ``outputs`` pairs each traced value with its graph
         output name, ``dim_names`` maps (value name, axis) to a symbolic dimension's name."""
+        helper = self._helper
         nodes = list(self.nodes)
         producers = {out: node for node in nodes for out in node.output}
         consumed = {name for node in nodes for name in node.input}
@@ -182,10 +192,9 @@ class GraphContext:
         model.ir_version = helper.find_min_ir_version_for(opsets)
         return model
 
-    @staticmethod
-    def value_info(name: str, sample: np.ndarray, dims: dict):
+    def value_info(self, name: str, sample: np.ndarray, dims: dict):
         shape = [dims.get(axis, size) for axis, size in enumerate(sample.shape)]
-        return helper.make_tensor_value_info(name, ELEMENT_TYPE[onnx_dtype(sample.dtype)], shape)
+        return self._helper.make_tensor_value_info(name, ELEMENT_TYPE[onnx_dtype(sample.dtype)], shape)
 
     # -- internals ------------------------------------------------------------------------------
     def _dim(self, expr) -> str:
@@ -210,15 +219,14 @@ class GraphContext:
 
     def _evaluate(self, name: str) -> np.ndarray:
         """Run the graph built so far in ``onnx.reference`` to get value ``name``'s sample."""
-        from onnx.reference import ReferenceEvaluator
-
+        helper = self._helper
         if not any(name in node.output for node in self.nodes):
             raise EveryOSerializationError(f"export_onnx: no value named {name!r} in the graph")
         graph = helper.make_graph(
             self.nodes, "partial",
             [self.value_info(n, self.samples[n], {}) for n in self.inputs],
-            [helper.make_tensor_value_info(name, TensorProto.UNDEFINED, None)],
+            [helper.make_tensor_value_info(name, UNDEFINED_TYPE, None)],
             initializer=self.initializers)
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", self.opset)])
         feeds = {n: self.samples[n].astype(onnx_dtype(self.samples[n].dtype)) for n in self.inputs}
-        return np.asarray(ReferenceEvaluator(model).run([name], feeds)[0])
+        return np.asarray(reference_evaluator(model).run([name], feeds)[0])

@@ -11,7 +11,9 @@ defined (see ``everyo.hookspecs.DECLARATIONS``), and the exporter reads that dec
 
 from __future__ import annotations
 
-from everyo import registry
+import numpy as np
+
+from everyo import Tensor, registry
 
 
 def refused_by_design() -> list[str]:
@@ -67,3 +69,25 @@ def refusal_message(problems: list[str]) -> str:
             + f". Refused by design: {', '.join(refused_by_design())}; any other module is traced "
             f"and needs an ONNX converter for every op its forward reaches (a plugin adds one "
             f"through the everyo_register_onnx_converters hook). Nothing was written.")
+
+
+def untraced_output(position: int, output, parameter_names: dict) -> str:
+    """Why output ``position`` of a traced forward, which no traced op computed, cannot be
+    exported; ``parameter_names`` maps ``id(parameter)`` to its name."""
+    start = f"export_onnx: output {position} of the model is "
+    if not isinstance(output, Tensor):
+        return (start + f"a {type(output).__name__}, not a Tensor; the forward must return "
+                f"tensors computed from its inputs (one, or a tuple/list of them)")
+    dtype = np.dtype(output.dtype).name
+    kind = f"{'an' if dtype[0] in 'aeiou' else 'a'} {dtype} Tensor"
+    if np.dtype(output.dtype).kind in "biu":
+        return (start + f"{kind} computed outside the ops the tracer sees: integer results "
+                f"such as Tensor.argmax/argmin do not go through EveryO's dispatch, so no "
+                f"graph can compute them. Export the scores instead and take the argmax of "
+                f"the exported model's output")
+    if id(output) in parameter_names:
+        what = f"the parameter {parameter_names[id(output)]!r}"
+    else:
+        what = "a constant, or a value computed outside EveryO's ops (in NumPy, via .data)"
+    return (start + f"{kind} that no op computed from the inputs ({what}); the forward must "
+            f"return tensors computed from its inputs by EveryO ops")

@@ -6,6 +6,7 @@ model is exported or run; a missing one raises with the command that installs it
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import os
@@ -62,6 +63,38 @@ def import_onnx():
 
 def import_onnxruntime():
     return import_optional("onnxruntime", "running an ONNX model", RUNTIME_HINT)
+
+
+def reference_evaluator(model):
+    """``onnx.reference.ReferenceEvaluator`` for ``model`` (a ModelProto), with LogSoftmax
+    computed by its definition, ``x - max - log(sum(exp(x - max)))``.
+
+    NOTE: onnx.reference (1.17 to 1.23 at least) takes the log of the softmax, which is -inf
+    wherever a probability underflows float32 (and loses digits before that), while the
+    model and ONNX Runtime give the finite value: a correct export was refused. Raises
+    ImportError where onnx has no reference evaluator.
+    """
+    from onnx.reference import ReferenceEvaluator
+
+    return ReferenceEvaluator(model, new_ops=[_log_softmax_by_definition()])
+
+
+@functools.cache
+def _log_softmax_by_definition():
+    from onnx.reference.op_run import OpRun
+
+    class LogSoftmax(OpRun):
+        op_domain = ""
+
+        def _run(self, x, axis=None):
+            if not x.size:
+                return (x,)
+            axis = self.axis if axis is None else axis
+            shifted = x - x.max(axis=axis, keepdims=True)
+            total = np.exp(shifted).sum(axis=axis, keepdims=True)
+            return ((shifted - np.log(total)).astype(x.dtype, copy=False),)
+
+    return LogSoftmax
 
 
 def inference_session(model_or_path):

@@ -27,7 +27,7 @@ from everyo.dispatch import OPS, intercepting
 from everyo.kernels import as_tensors
 from everyo_onnx.constant_views import slice_of_base
 from everyo_onnx.graph import ConversionRefused, GraphContext, onnx_dtype
-from everyo_onnx.refusals import module_label, refusal_reason
+from everyo_onnx.refusals import module_label, refusal_reason, untraced_output
 from everyo_onnx.symbolic import SymInt
 from everyo_onnx.traced_tensor import COMPARISONS, active_tracer, traced_tensor_methods
 
@@ -87,11 +87,8 @@ class Tracer:
         outputs = list(outputs) if isinstance(outputs, (tuple, list)) else [outputs]
         for position, output in enumerate(outputs):
             if not isinstance(output, Tensor) or id(output) not in self._names:
-                raise EveryOSerializationError(
-                    f"export_onnx: output {position} of the model is "
-                    f"{type(output).__name__ if not isinstance(output, Tensor) else 'a Tensor'} "
-                    f"not computed from the inputs; the forward must return tensors computed "
-                    f"from its inputs (one, or a tuple/list of them)")
+                raise EveryOSerializationError(untraced_output(position, output,
+                                                               self.parameter_names))
         return outputs
 
     def name_of(self, tensor) -> str:

@@ -11,6 +11,24 @@ from everyo.dtypes import result_dtype
 from everyo.errors import EveryOError
 from everyo.ops.graph_math import constant, unbroadcast_tensor
 from everyo.ops.unary import floating
+from everyo.tensor import Tensor
+
+
+def refuse_unbroadcastable(op: str, *arrays: np.ndarray) -> None:
+    """Raise an EveryOError naming ``op`` and the shapes when ``arrays`` do not broadcast
+    together; return (so that the caller re-raises NumPy's error) when they do.
+
+    For an op's ``except ValueError:`` around its NumPy call: the check costs nothing until
+    NumPy has refused the operands.
+    """
+    shapes = [a.shape for a in arrays]
+    try:
+        np.broadcast_shapes(*shapes)
+    except ValueError:
+        listed = ", ".join(map(str, shapes[:-1])) + f" and {shapes[-1]}"
+        raise EveryOError(f"{op}: operands of shapes {listed} do not broadcast: aligned from "
+                          f"the last axis, each pair of sizes must be equal or one of them 1"
+                          ) from None
 
 
 class Add(Op):
@@ -20,7 +38,11 @@ class Add(Op):
 
     def forward(self, a, b):
         self.shapes = (a.shape, b.shape)
-        return a + b
+        try:
+            return a + b
+        except ValueError:
+            refuse_unbroadcastable(self.name, a, b)
+            raise
 
     def backward(self, g):
         na, nb = self.needs_input_grad
@@ -40,7 +62,11 @@ class Sub(Op):
 
     def forward(self, a, b):
         self.shapes = (a.shape, b.shape)
-        return a - b
+        try:
+            return a - b
+        except ValueError:
+            refuse_unbroadcastable(self.name, a, b)
+            raise
 
     def backward(self, g):
         na, nb = self.needs_input_grad
@@ -60,7 +86,11 @@ class Mul(Op):
 
     def forward(self, a, b):
         self.saved = (a, b)
-        return a * b
+        try:
+            return a * b
+        except ValueError:
+            refuse_unbroadcastable(self.name, a, b)
+            raise
 
     def backward(self, g):
         a, b = self.saved
@@ -83,7 +113,11 @@ class Div(Op):
     def forward(self, a, b):
         if a.dtype.kind not in "fc" and b.dtype.kind not in "fc":
             a, b = floating(a), floating(b)  # true division of integers: float32, as PyTorch
-        out = a / b
+        try:
+            out = a / b
+        except ValueError:
+            refuse_unbroadcastable(self.name, a, b)
+            raise
         self.saved = (a, b, out)
         return out
 
@@ -119,7 +153,11 @@ class Pow(Op):
             raise EveryOError(f"pow: an integer tensor ({a.dtype}) to a negative integer "
                               f"exponent ({b.min()}) has no integer result; make the base or "
                               f"the exponent floating")
-        out = a ** b
+        try:
+            out = a ** b
+        except ValueError:
+            refuse_unbroadcastable(self.name, a, b)
+            raise
         self.saved = (a, b, out)
         return out
 
@@ -181,7 +219,11 @@ class Maximum(Op):
 
     def forward(self, a, b):
         self.saved = (a, b)
-        return np.maximum(a, b)
+        try:
+            return np.maximum(a, b)
+        except ValueError:
+            refuse_unbroadcastable(self.name, a, b)
+            raise
 
     def backward(self, g):
         a, b = self.saved
@@ -199,7 +241,11 @@ class Minimum(Op):
 
     def forward(self, a, b):
         self.saved = (a, b)
-        return np.minimum(a, b)
+        try:
+            return np.minimum(a, b)
+        except ValueError:
+            refuse_unbroadcastable(self.name, a, b)
+            raise
 
     def backward(self, g):
         a, b = self.saved
@@ -223,7 +269,11 @@ class Where(Op):
         if a.dtype != b.dtype:  # (float16 with bfloat16: float32 with any ml_dtypes)
             common = result_dtype(a, b)
             a, b = a.astype(common, copy=False), b.astype(common, copy=False)
-        return np.where(condition, a, b)
+        try:
+            return np.where(condition, a, b)
+        except ValueError:
+            refuse_unbroadcastable(self.name, condition, a, b)
+            raise
 
     def backward(self, g):
         condition, sa, sb = self.saved
@@ -243,15 +293,29 @@ class Where(Op):
 
 
 class Clip(Op):
-    """``clip(x, min=None, max=None)``; the gradient passes where min <= x <= max."""
+    """``clip(x, min=None, max=None)``; the gradient passes where min <= x <= max. A bound that
+    is a Tensor is an operand of :class:`ClipBetween` instead, so it gets a gradient too."""
 
     __slots__ = ()
     saved_inputs = (0,)
     saves_output = False
 
+    @classmethod
+    def apply(cls, x, min=None, max=None):
+        if isinstance(min, Tensor) or isinstance(max, Tensor):
+            bounds = [bound for bound in (min, max) if bound is not None]
+            return ClipBetween.apply(x, *bounds, has_min=min is not None,
+                                     has_max=max is not None)
+        return super().apply(x, min=min, max=max)
+
     def forward(self, x, min=None, max=None):
         self.saved = (x, min, max)
-        return np.clip(x, min, max)
+        try:
+            return np.clip(x, min, max)
+        except ValueError:
+            refuse_unbroadcastable(self.name, x, *(np.asarray(b) for b in (min, max)
+                                                   if b is not None))
+            raise
 
     def backward(self, g):
         return (np.where(self._inside(), g, np.zeros((), g.dtype)),)
@@ -267,6 +331,59 @@ class Clip(Op):
 
     def backward_graph(self, g, out):
         return (dispatch("where", constant(self._inside()), g, np.zeros((), g.data.dtype)),)
+
+
+class ClipBetween(Op):
+    """``clip`` whose bounds are operands (Tensors), differentiated as PyTorch's ``clamp``: the
+    gradient goes to ``x`` where min <= x <= max, to ``min`` where x < min < max, to ``max``
+    where x > max or min > max (the output is max there, as NumPy's and PyTorch's). Where
+    x < min == max, PyTorch gives neither bound the gradient; we split it between them, as
+    maximum/minimum split a tie.
+
+    Not registered: ``dispatch("clip", ...)`` (what interceptors see) applies it.
+    """
+
+    __slots__ = ("has_min", "has_max")
+    name = "clip"
+    saves_output = False
+
+    def forward(self, x, *bounds, has_min=True, has_max=True):
+        self.has_min, self.has_max = has_min, has_max
+        self.saved = (x, *bounds)
+        try:
+            return np.clip(x, bounds[0] if has_min else None, bounds[-1] if has_max else None)
+        except ValueError:
+            refuse_unbroadcastable(self.name, x, *bounds)
+            raise
+
+    def _shares(self, dtype) -> list:
+        """The share of the output gradient each operand gets, elementwise, in order."""
+        x, *bounds = self.saved
+        lo = bounds[0] if self.has_min else None
+        hi = bounds[-1] if self.has_max else None
+        inside = np.ones(np.broadcast_shapes(*(a.shape for a in self.saved)), bool)
+        if lo is not None:
+            inside &= lo <= x
+        if hi is not None:
+            inside &= x <= hi
+        shares = [inside.astype(dtype)]
+        tie = (x < lo) & (lo == hi) if lo is not None and hi is not None else False
+        if lo is not None:
+            below = (x < lo) & (lo < hi) if hi is not None else x < lo
+            shares.append(below + 0.5 * tie)
+        if hi is not None:
+            above = (x > hi) | (lo > hi) if lo is not None else x > hi
+            shares.append(above + 0.5 * tie)
+        return [np.asarray(share, dtype) for share in shares]
+
+    def backward(self, g):
+        return tuple(unbroadcast(g * share, t.shape) if needed else None for share, t, needed
+                     in zip(self._shares(g.dtype), self.saved, self.needs_input_grad))
+
+    def backward_graph(self, g, out):
+        return tuple(unbroadcast_tensor(g * constant(share), t.shape) if needed else None
+                     for share, t, needed
+                     in zip(self._shares(g.data.dtype), self.saved, self.needs_input_grad))
 
 
 OPS = {"add": Add, "sub": Sub, "mul": Mul, "div": Div, "pow": Pow, "maximum": Maximum,

@@ -6,8 +6,10 @@ from __future__ import annotations
 import numpy as np
 
 from everyo.autograd import Op
+from everyo.axes import check_axis
 from everyo.dispatch import dispatch
 from everyo.errors import EveryOError
+from everyo.tensor import Tensor
 
 
 def gather_index(index: np.ndarray, axis: int, shape: tuple, op: str) -> tuple:
@@ -19,9 +21,7 @@ def gather_index(index: np.ndarray, axis: int, shape: tuple, op: str) -> tuple:
     if index.ndim != len(shape):
         raise EveryOError(f"{op}: index has {index.ndim} axes, the tensor {len(shape)} "
                           f"(shape {shape})")
-    if not -len(shape) <= axis < len(shape):
-        raise EveryOError(f"{op}: axis {axis} is out of range for shape {shape}")
-    axis %= len(shape)
+    axis = check_axis(axis, len(shape), op, shape)
     for d, (n, m) in enumerate(zip(index.shape, shape)):
         if d != axis and n > m:
             raise EveryOError(f"{op}: index shape {index.shape} is larger than the tensor's "
@@ -39,11 +39,13 @@ class Gather(Op):
     """``out[..., j, ...] = x[..., index[..., j, ...], ...]`` along ``axis``."""
 
     __slots__ = ("shape", "axis", "index")
-    saved_inputs, saves_output = (), False
+    saved_inputs, saves_output, saved_attributes = (), False, ("index",)
 
     def forward(self, x, axis, index):
         self.shape, self.axis = x.shape, axis
-        self.index = np.asarray(index.data if hasattr(index, "data") else index)
+        # NOTE: not hasattr(index, "data"): an ndarray's .data is a memoryview, and the array
+        # made from it would hide the index's storage from the version check
+        self.index = np.asarray(index.data if isinstance(index, Tensor) else index)
         return x[gather_index(self.index, axis, x.shape, "gather")]
 
     def backward(self, g):
@@ -59,10 +61,10 @@ class ScatterAdd(Op):
     """Zeros of ``shape`` into which ``src`` is added at ``index`` along ``axis``."""
 
     __slots__ = ("axis", "index")
-    saved_inputs, saves_output = (), False
+    saved_inputs, saves_output, saved_attributes = (), False, ("index",)
 
     def forward(self, src, axis, index, shape):
-        self.axis, self.index = axis, np.asarray(index)
+        self.axis, self.index = axis, np.asarray(index.data if isinstance(index, Tensor) else index)
         if self.index.shape != src.shape:
             raise EveryOError(f"scatter_add: index shape {self.index.shape} differs from the "
                               f"source's {src.shape}")

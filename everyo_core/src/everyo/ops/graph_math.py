@@ -10,6 +10,7 @@ import numpy as np
 
 from everyo.autograd import Op, unbroadcast
 from everyo.dispatch import dispatch
+from everyo.tensor import Tensor
 
 
 def unbroadcast_tensor(g, shape: tuple):
@@ -69,6 +70,4 @@ def swap_last(t):
 
 def constant(array: np.ndarray):
     """A Tensor that does not require grad (a mask, a share)."""
-    from everyo.tensor import Tensor
-
     return Tensor._make(array, False, None)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from everyo.autograd import Op, unbroadcast
+from everyo.axes import check_axis
 from everyo.dispatch import dispatch
 from everyo.errors import EveryOError
 from everyo.ops.reduction import accumulated
@@ -85,9 +86,7 @@ class CumSum(Op):
     saved_inputs, saves_output = (), False
 
     def forward(self, x, axis):
-        if not -x.ndim <= axis < max(x.ndim, 1):
-            raise EveryOError(f"cumsum: axis {axis} is out of range for shape {x.shape}")
-        self.axis = axis % max(x.ndim, 1)
+        self.axis = check_axis(axis, x.ndim, "cumsum", x.shape)
         return accumulated(np.cumsum, x, axis=self.axis) if x.ndim else x.copy()
 
     def backward(self, g):

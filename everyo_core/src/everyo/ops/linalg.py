@@ -61,6 +61,25 @@ def _check_shapes(a: np.ndarray, b: np.ndarray) -> None:
                           f"{inner_a} and {inner_b} differ")
 
 
+def _refuse_unbroadcastable(a: np.ndarray, b: np.ndarray, bias) -> None:
+    """Raise an EveryOError naming the shapes when the batch dimensions of ``a @ b`` (or the
+    bias against the product) do not broadcast; return when they do (NumPy's error stands)."""
+    batch_a, batch_b = a.shape[:-2], b.shape[:-2]
+    try:
+        batch = np.broadcast_shapes(batch_a, batch_b)
+    except ValueError:
+        raise EveryOError(f"matmul: {a.shape} @ {b.shape}: the batch dimensions {batch_a} and "
+                          f"{batch_b} do not broadcast") from None
+    if bias is None:
+        return
+    product = batch + a.shape[-2:-1] + b.shape[-1:] if b.ndim > 1 else batch + a.shape[-2:-1]
+    try:
+        np.broadcast_shapes(product, bias.shape)
+    except ValueError:
+        raise EveryOError(f"matmul: bias of shape {bias.shape} does not broadcast against the "
+                          f"product's shape {product} ({a.shape} @ {b.shape})") from None
+
+
 #: 16-bit formats whose ``lower`` products keep the rounded float32 weight for backward (the
 #: input gradient's product) instead of rounding the weight again there: 4 bytes per weight
 #: element held between forward and backward, for ~0.1x (float16) and ~0.07x (bfloat16) of an
@@ -105,22 +124,26 @@ class MatMul(Op):
 
     def forward(self, a, b, bias=None, lower=None):
         _check_shapes(a, b)
-        if lower is not None:
-            return self._forward_lowered(a, b, bias, np.dtype(lower))
-        # NOTE: 1-D operands follow NumPy: promote to a matrix, drop the axis afterwards.
-        a2 = a[None, :] if a.ndim == 1 else a
-        b2 = b[:, None] if b.ndim == 1 else b
-        self.saved = (a, b)
-        if bias is not None:
-            self.bias_shape = bias.shape
-            if a.ndim > 1 and b.ndim > 1:  # the common (addmm) case: bias fused before rounding
-                return blas_matmul(a, b, bias)
-        out = blas_matmul(a2, b2)
-        if b.ndim == 1:
-            out = out[..., 0]
-        if a.ndim == 1:
-            out = out[..., 0, :] if b.ndim > 1 else out[..., 0]
-        return out if bias is None else out + bias
+        try:
+            if lower is not None:
+                return self._forward_lowered(a, b, bias, np.dtype(lower))
+            # NOTE: 1-D operands follow NumPy: promote to a matrix, drop the axis afterwards.
+            a2 = a[None, :] if a.ndim == 1 else a
+            b2 = b[:, None] if b.ndim == 1 else b
+            self.saved = (a, b)
+            if bias is not None:
+                self.bias_shape = bias.shape
+                if a.ndim > 1 and b.ndim > 1:  # the common (addmm) case: bias fused before rounding
+                    return blas_matmul(a, b, bias)
+            out = blas_matmul(a2, b2)
+            if b.ndim == 1:
+                out = out[..., 0]
+            if a.ndim == 1:
+                out = out[..., 0, :] if b.ndim > 1 else out[..., 0]
+            return out if bias is None else out + bias
+        except ValueError:
+            _refuse_unbroadcastable(a, b, bias)
+            raise
 
     def _forward_lowered(self, a, b, bias, lower):
         if lower not in HALF_DTYPES or a.ndim < 2 or b.ndim != 2:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from everyo.autograd import Op
+from everyo.axes import check_axis
 from everyo.dispatch import dispatch
 from everyo.dtypes import HALF_DTYPES
 from everyo.errors import EveryOError
@@ -14,30 +15,17 @@ from everyo.ops.unary import floating
 
 
 def _axes(axis, shape: tuple, op: str) -> tuple:
-    """``axis`` (None, an int or ints, negatives allowed) as sorted non-negative axes."""
+    """``axis`` (None, an int or a sequence of ints; see ``check_axis``) as sorted
+    non-negative axes; () for a 0-d tensor, whose axis 0 / -1 is the whole tensor."""
     if axis is None:
         return tuple(range(len(shape)))
-    ndim = len(shape)
-    if isinstance(axis, (int, np.integer)):
-        axis = (axis,)
-    # NOTE: a 0-d tensor accepts axis 0 / -1, as PyTorch's; anything else out of range is an
-    # error, never wrapped modulo ndim (which would silently reduce another axis).
-    bound = max(ndim, 1)
-    if any(not -bound <= a < bound for a in axis):
-        raise EveryOError(f"{op}: axis {axis if len(axis) > 1 else axis[0]} is out of range "
-                          f"for shape {shape}")
-    return tuple(sorted(a % ndim for a in axis)) if ndim else ()
-
-
-def _one_axis(axis, x: np.ndarray, op: str) -> int:
-    """A single axis of ``x`` (negatives allowed) as a non-negative int, or an EveryOError."""
-    if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool):
-        raise EveryOError(f"{op}: axis must be one int, got {axis!r}")
-    if not -max(x.ndim, 1) <= axis < max(x.ndim, 1):
-        raise EveryOError(f"{op}: axis {axis} is out of range for shape {x.shape}")
-    if x.ndim == 0:
-        raise EveryOError(f"{op}: needs at least one axis, got a 0-d tensor")
-    return int(axis) % x.ndim
+    if not isinstance(axis, (tuple, list)):
+        return (check_axis(axis, len(shape), op, shape),) if shape else ()
+    axes = [check_axis(a, len(shape), op, shape) for a in axis]
+    if len(set(axes)) != len(axes):
+        twice = next(a for a in axes if axes.count(a) > 1)
+        raise EveryOError(f"{op}: axis {twice} is listed twice in {tuple(axis)}")
+    return tuple(sorted(axes)) if shape else ()
 
 
 def accumulated(fn, x: np.ndarray, *args, **kwargs) -> np.ndarray:
@@ -87,16 +75,26 @@ class Mean(Op):
 
     def forward(self, x, axis=None, keepdims=False):
         self.shape, self.axes, self.keepdims = x.shape, _axes(axis, x.shape, self.name), keepdims
-        return accumulated(np.mean, floating(x), axis=self.axes, keepdims=keepdims)
+        x = floating(x)
+        if x.size == 0:  # NOTE: NaN where no value is averaged, as PyTorch (NumPy also warns)
+            with np.errstate(invalid="ignore"):
+                return np.sum(x, axis=self.axes, keepdims=keepdims) / x.dtype.type(self._count())
+        return accumulated(np.mean, x, axis=self.axes, keepdims=keepdims)
+
+    def _count(self) -> int:
+        return int(np.prod([self.shape[a] for a in self.axes])) if self.axes else 1
 
     def backward(self, g):
-        count = int(np.prod([self.shape[a] for a in self.axes])) if self.axes else 1
+        count = self._count()
+        if count == 0:  # (an empty operand: an empty gradient)
+            return (np.zeros(self.shape, g.dtype),)
         g = _expand(g, self.axes, self.keepdims) / np.asarray(count, g.dtype)
         return (np.broadcast_to(g, self.shape),)
 
     def backward_graph(self, g, out):
-        count = int(np.prod([self.shape[a] for a in self.axes])) if self.axes else 1
-        return (expand_reduced(g / float(count), self.axes, self.keepdims, self.shape),)
+        count = self._count()
+        g = g / float(count) if count else g * 0.0  # (an empty operand: an empty gradient)
+        return (expand_reduced(g, self.axes, self.keepdims, self.shape),)
 
 
 class _Extremum(Op):
@@ -107,6 +105,8 @@ class _Extremum(Op):
 
     def forward(self, x, axis=None, keepdims=False):
         self.axes, self.keepdims = _axes(axis, x.shape, self.name), keepdims
+        if x.size == 0:
+            _refuse_empty(self.name, x.shape, self.axes)
         out = self.reducer(x, axis=self.axes, keepdims=True)
         self.saved = (x, out)
         return out if keepdims else np.squeeze(out, self.axes)
@@ -123,6 +123,15 @@ class _Extremum(Op):
         hits = x == top
         share = (hits / hits.sum(axis=self.axes, keepdims=True)).astype(g.data.dtype, copy=False)
         return (expand_reduced(g, self.axes, self.keepdims, x.shape) * share,)
+
+
+def _refuse_empty(op: str, shape: tuple, axes: tuple) -> None:
+    """Raise when one of ``axes`` is empty: the max (min) of no values does not exist (NumPy's
+    raw ValueError; PyTorch refuses it too)."""
+    for a in axes:
+        if shape[a] == 0:
+            raise EveryOError(f"{op}: axis {a} of shape {shape} is empty, and the {op} of no "
+                              f"values does not exist; reduce a non-empty axis")
 
 
 class Max(_Extremum):
@@ -178,6 +187,13 @@ class Var(Op):
             return (g * centered * self._scale(g.data.dtype),)
 
 
+def _softmax_axis(axis, x: np.ndarray, op: str) -> int | None:
+    """The normalised axis; None for a 0-d tensor, which is its own one-element axis
+    (PyTorch: softmax 1, log_softmax 0)."""
+    checked = check_axis(axis, x.ndim, op, x.shape)
+    return checked if x.ndim else None
+
+
 class Softmax(Op):
     precision = "float32"
     __slots__ = ("axis",)
@@ -185,7 +201,7 @@ class Softmax(Op):
     saves_output = True
 
     def forward(self, x, axis=-1):
-        self.axis = _one_axis(axis, x, self.name)
+        self.axis = _softmax_axis(axis, x, self.name)
         x = floating(x)
         if x.size == 0:  # nothing to normalise (np.max has no identity)
             self.saved = x
@@ -218,7 +234,7 @@ class LogSoftmax(Op):
     saves_output = True
 
     def forward(self, x, axis=-1):
-        self.axis = _one_axis(axis, x, self.name)
+        self.axis = _softmax_axis(axis, x, self.name)
         x = floating(x)
         out = narrow(log_softmax_array(widen(x), self.axis), x.dtype) if x.size else x.copy()
         self.saved = out

@@ -6,19 +6,12 @@ from __future__ import annotations
 import numpy as np
 
 from everyo.autograd import Op
+from everyo.axes import check_axis
 from everyo.dispatch import dispatch
 from everyo.dtypes import result_dtype
 from everyo.errors import EveryOError, EveryOIndexError
 from everyo.ops.padding import pad_widths
-
-
-def _checked_axis(op: str, axis, ndim: int, shape: tuple) -> int:
-    """``axis`` as a non-negative int below ``ndim``, or an EveryOError naming it."""
-    if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool):
-        raise EveryOError(f"{op}: axis must be an int, got {axis!r}")
-    if not -ndim <= axis < ndim:
-        raise EveryOError(f"{op}: axis {axis} is out of range for tensors of shape {shape}")
-    return int(axis) % ndim
+from everyo.tensor import Tensor
 
 
 class Reshape(Op):
@@ -48,12 +41,11 @@ class Transpose(Op):
 
     def forward(self, x, axes=None):
         axes = tuple(range(x.ndim))[::-1] if axes is None else tuple(axes)
-        if (len(axes) != x.ndim or any(not -x.ndim <= a < x.ndim for a in axes)
-                or sorted(a % x.ndim for a in axes) != list(range(x.ndim))):
+        # NOTE: stored non-negative: backward inverts the permutation with argsort.
+        self.axes = tuple(check_axis(a, x.ndim, "transpose", x.shape) for a in axes)
+        if sorted(self.axes) != list(range(x.ndim)):
             raise EveryOError(f"transpose: axes {axes} are not a permutation of "
                               f"{x.ndim} axes (shape {x.shape})")
-        # NOTE: stored non-negative: backward inverts the permutation with argsort.
-        self.axes = tuple(a % x.ndim for a in axes)
         return x.transpose(self.axes)
 
     def backward(self, g):
@@ -65,8 +57,6 @@ class Transpose(Op):
 
 def _plain_index(index):
     """Tensors inside an index become arrays; lists become integer/bool arrays."""
-    from everyo.tensor import Tensor
-
     if isinstance(index, Tensor):
         return index.data
     if isinstance(index, list):
@@ -87,6 +77,7 @@ class GetItem(Op):
     __slots__ = ("shape", "index")
     saved_inputs = ()
     saves_output = False
+    saved_attributes = ("index",)
 
     def forward(self, x, index):
         self.shape, self.index = x.shape, _plain_index(index)
@@ -120,6 +111,7 @@ class ScatterGrad(Op):
     name = "getitem_backward"
     saved_inputs = ()
     saves_output = False
+    saved_attributes = ("index",)
 
     def forward(self, g, shape, index):
         self.index = index
@@ -140,7 +132,7 @@ class Concatenate(Op):
     def forward(self, *xs, axis=0):
         if not xs:
             raise EveryOError("concatenate: needs at least one tensor")
-        self.axis = axis = _checked_axis("concatenate", axis, xs[0].ndim, xs[0].shape)
+        self.axis = axis = check_axis(axis, xs[0].ndim, "concatenate", xs[0].shape)
         self.splits = np.cumsum([x.shape[axis] if x.ndim > axis else 0 for x in xs])[:-1]
         try:
             return np.concatenate(xs, axis=axis, dtype=result_dtype(*xs))
@@ -168,7 +160,7 @@ class Stack(Op):
     def forward(self, *xs, axis=0):
         if not xs:
             raise EveryOError("stack: needs at least one tensor")
-        self.axis = axis = _checked_axis("stack", axis, xs[0].ndim + 1, xs[0].shape)
+        self.axis = axis = check_axis(axis, xs[0].ndim + 1, "stack", xs[0].shape)
         if len({x.shape for x in xs}) > 1:
             raise EveryOError(f"stack: every tensor must have the same shape, got "
                               f"{[x.shape for x in xs]}")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import math
 
-from everyo_layers.activation import GELU, LeakyReLU, LogSoftmax, ReLU, Sigmoid, Softmax, Tanh
+from everyo_onnx.converters.by_name import by_layer_name
 
-FIRST_OPSET_WITH_GELU = 20
+GELU_SINCE = 20  # the first opset with a native Gelu
 
 
 def convert_relu(layer, ctx, x: str) -> str:
@@ -41,7 +41,7 @@ def gelu_nodes(ctx, x: str, approximate: str) -> str:
     """The native Gelu op from opset 20 on; before that, its defining formula."""
     if approximate not in ("none", "tanh"):
         ctx.refuse(f"approximate={approximate!r} is not 'none' or 'tanh'")
-    if ctx.opset >= FIRST_OPSET_WITH_GELU:
+    if ctx.since(GELU_SINCE):
         return ctx.node("Gelu", [x], approximate=approximate)
 
     def scalar(value, hint):
@@ -58,12 +58,12 @@ def gelu_nodes(ctx, x: str, approximate: str) -> str:
     return ctx.node("Mul", [ctx.node("Mul", [x, one_plus]), scalar(0.5, "half")])
 
 
-CONVERTERS = {
-    ReLU: convert_relu,
-    Sigmoid: convert_sigmoid,
-    Tanh: convert_tanh,
-    Softmax: convert_softmax,
-    LogSoftmax: convert_log_softmax,
-    LeakyReLU: convert_leaky_relu,
-    GELU: convert_gelu,
-}
+CONVERTERS = by_layer_name({
+    "ReLU": convert_relu,
+    "Sigmoid": convert_sigmoid,
+    "Tanh": convert_tanh,
+    "Softmax": convert_softmax,
+    "LogSoftmax": convert_log_softmax,
+    "LeakyReLU": convert_leaky_relu,
+    "GELU": convert_gelu,
+})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from everyo_layers.activation_smooth import ELU, Hardswish, Mish, SiLU, Softplus
+from everyo_onnx.converters.by_name import by_layer_name
 
 
 def convert_silu(layer, ctx, x: str) -> str:
@@ -34,5 +34,6 @@ def convert_mish(layer, ctx, x: str) -> str:
     return ctx.node("Mul", [x, ctx.node("Tanh", [ctx.node("Softplus", [x])])])
 
 
-CONVERTERS = {SiLU: convert_silu, Softplus: convert_softplus, ELU: convert_elu,
-              Hardswish: convert_hardswish, Mish: convert_mish}
+CONVERTERS = by_layer_name({"SiLU": convert_silu, "Softplus": convert_softplus,
+                            "ELU": convert_elu, "Hardswish": convert_hardswish,
+                            "Mish": convert_mish})

@@ -1,18 +1,19 @@
-"""Convolution and pooling: NHWC layers around ONNX's NCHW Conv/MaxPool/AveragePool.
+"""Convolution and pooling: NHWC layers around ONNX's NCHW Conv/ConvTranspose/MaxPool/
+AveragePool, and Conv1D (NWC) around ONNX's NCW Conv.
 
 Each node is wrapped in a pair of real Transpose nodes (NHWC -> NCHW -> NHWC) and the kernel
 is permuted ``(kh, kw, in, out) -> (out, in, kh, kw)``. Padding is always written as explicit
 ``pads`` from the layers' own resolver, never ``auto_pad``: TensorFlow's "same" puts the odd
 extra pad on the bottom/right, and the exported graph must pad exactly like the layer did.
+Conv2DTranspose writes Keras's output size as explicit pads and ``output_padding``.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from everyo_layers.conv import Conv2D
-from everyo_layers.padding import resolve_padding
-from everyo_layers.pool import AvgPool2D, MaxPool2D
+from everyo_layers.geometry import resolve_padding, transpose_output_size
+from everyo_onnx.converters.by_name import by_layer_name
 
 NHWC_TO_NCHW = [0, 3, 1, 2]
 NCHW_TO_NHWC = [0, 2, 3, 1]
@@ -56,8 +57,39 @@ def convert_avg_pool2d(layer, ctx, x: str) -> str:
                    count_include_pad=int(layer.count_include_pad))
 
 
-CONVERTERS = {
-    Conv2D: convert_conv2d,
-    MaxPool2D: convert_max_pool2d,
-    AvgPool2D: convert_avg_pool2d,
-}
+def convert_conv1d(layer, ctx, x: str) -> str:
+    (_, _), (left, right) = layer.pads_2d(layer.padding, ctx.shape(x)[1])
+    inputs = [ctx.constant(np.transpose(layer.weight.data, (2, 1, 0)), "weight")]
+    if layer.bias is not None:
+        inputs.append(ctx.constant(layer.bias.data, "bias"))
+    ncw = ctx.node("Transpose", [x], perm=[0, 2, 1])
+    y = ctx.node("Conv", [ncw, *inputs], kernel_shape=[layer.kernel_size],
+                 strides=[layer.stride], dilations=[layer.dilation], pads=[left, right],
+                 group=layer.groups)
+    return ctx.node("Transpose", [y], perm=[0, 2, 1])
+
+
+def convert_conv2d_transpose(layer, ctx, x: str) -> str:
+    """ONNX's output is ``(in - 1) * stride + kernel + output_padding - begin - end``: the
+    leading crop is ``begin``; a longer Keras output (stride > kernel) is ``output_padding``."""
+    begins, ends, extra = [], [], []
+    for size, k, s in zip(ctx.shape(x)[1:3], layer.kernel_size, layer.stride):
+        out, crop = transpose_output_size(size, k, s, layer.padding)
+        full = (size - 1) * s + k
+        begins.append(crop)
+        ends.append(max(full - crop - out, 0))
+        extra.append(max(out + crop - full, 0))
+    inputs = [ctx.constant(np.transpose(layer.weight.data, (3, 2, 0, 1)), "weight")]
+    if layer.bias is not None:
+        inputs.append(ctx.constant(layer.bias.data, "bias"))
+    return in_nchw(ctx, x, "ConvTranspose", inputs, kernel_shape=list(layer.kernel_size),
+                   strides=list(layer.stride), pads=begins + ends, output_padding=extra)
+
+
+CONVERTERS = by_layer_name({
+    "Conv2D": convert_conv2d,
+    "Conv1D": convert_conv1d,
+    "Conv2DTranspose": convert_conv2d_transpose,
+    "MaxPool2D": convert_max_pool2d,
+    "AvgPool2D": convert_avg_pool2d,
+})

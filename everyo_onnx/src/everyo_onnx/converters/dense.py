@@ -3,9 +3,7 @@ Sequential need no converter: the tracer enters them.)"""
 
 from __future__ import annotations
 
-from everyo_layers.dropout import Dropout
-from everyo_layers.linear import Linear
-from everyo_layers.reshape import Flatten
+from everyo_onnx.converters.by_name import by_layer_name
 
 
 def convert_linear(layer, ctx, x: str) -> str:
@@ -26,8 +24,8 @@ def convert_dropout(layer, ctx, x: str) -> str:
     return ctx.node("Identity", [x])
 
 
-CONVERTERS = {
-    Linear: convert_linear,
-    Flatten: convert_flatten,
-    Dropout: convert_dropout,
-}
+CONVERTERS = by_layer_name({
+    "Linear": convert_linear,
+    "Flatten": convert_flatten,
+    "Dropout": convert_dropout,
+})

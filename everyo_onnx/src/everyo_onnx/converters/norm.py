@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from everyo_layers.norm import BatchNorm1D, BatchNorm2D, LayerNorm
-from everyo_onnx.converters.ops_math import reduce
+from everyo_onnx.converters.by_name import by_layer_name
+from everyo_onnx.converters.reduce import reduce_node
 
 
 def convert_batch_norm(layer, ctx, x: str) -> str:
@@ -49,9 +49,8 @@ def layer_norm_nodes(ctx, x: str, weight: str, bias: str | None, ndims: int, eps
     refuses it over a single element. Two passes are right in every runtime.
     """
     axes = list(range(-ndims, 0))
-    centered = ctx.node("Sub", [x, reduce(ctx, "ReduceMean", x, axes, keepdims=True)])
-    variance = reduce(ctx, "ReduceMean", ctx.node("Mul", [centered, centered]), axes,
-                      keepdims=True)
+    centered = ctx.node("Sub", [x, reduce_node(ctx, "ReduceMean", x, axes)])
+    variance = reduce_node(ctx, "ReduceMean", ctx.node("Mul", [centered, centered]), axes)
     epsilon = ctx.constant(np.array(eps, np.float32), "eps")
     normalized = ctx.node("Div", [centered, ctx.node("Sqrt", [ctx.node("Add", [variance,
                                                                               epsilon])])])
@@ -59,8 +58,8 @@ def layer_norm_nodes(ctx, x: str, weight: str, bias: str | None, ndims: int, eps
     return out if bias is None else ctx.node("Add", [out, bias])
 
 
-CONVERTERS = {
-    BatchNorm1D: convert_batch_norm,
-    BatchNorm2D: convert_batch_norm,
-    LayerNorm: convert_layer_norm,
-}
+CONVERTERS = by_layer_name({
+    "BatchNorm1D": convert_batch_norm,
+    "BatchNorm2D": convert_batch_norm,
+    "LayerNorm": convert_layer_norm,
+})

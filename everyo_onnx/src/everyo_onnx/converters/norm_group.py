@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from everyo_layers.norm_group import GroupNorm, RMSNorm
+from everyo_onnx.converters.by_name import by_layer_name
 from everyo_onnx.converters.reduce import reduce_node
 
 
@@ -40,4 +40,4 @@ def convert_rms_norm(layer, ctx, x: str) -> str:
     return out
 
 
-CONVERTERS = {GroupNorm: convert_group_norm, RMSNorm: convert_rms_norm}
+CONVERTERS = by_layer_name({"GroupNorm": convert_group_norm, "RMSNorm": convert_rms_norm})

@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from everyo_layers.activation import GELUOp, LeakyReLUOp
-from everyo_layers.conv import Conv2DOp, window_arguments
-from everyo_layers.norm import LayerNormOp
-from everyo_layers.pool import AvgPool2DOp, MaxPool2DOp
+from everyo_layers.geometry import window_arguments
 from everyo_onnx.converters.activation import gelu_nodes
+from everyo_onnx.converters.by_name import by_op_name
 from everyo_onnx.converters.conv import KERNEL_HWIO_TO_OIHW, in_nchw
 from everyo_onnx.converters.norm import layer_norm_nodes
 
@@ -63,12 +61,12 @@ def pool_converter(onnx_op: str, **extra):
     return convert
 
 
-CONVERTERS = {
-    GELUOp: convert_gelu_op,
-    LeakyReLUOp: convert_leaky_relu_op,
-    LayerNormOp: convert_layer_norm_op,
-    Conv2DOp: convert_conv2d_op,
-    MaxPool2DOp: pool_converter("MaxPool"),
+CONVERTERS = by_op_name({
+    "gelu": convert_gelu_op,
+    "leaky_relu": convert_leaky_relu_op,
+    "layer_norm": convert_layer_norm_op,
+    "conv2d": convert_conv2d_op,
+    "max_pool2d": pool_converter("MaxPool"),
     # NOTE: count_include_pad=0: the op averages over the real cells only, as Keras does.
-    AvgPool2DOp: pool_converter("AveragePool", count_include_pad=0),
-}
+    "avg_pool2d": pool_converter("AveragePool", count_include_pad=0),
+})

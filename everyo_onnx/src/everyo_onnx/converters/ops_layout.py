@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from everyo.kernels import parse_einsum_equation
-from everyo_onnx.converters.op_classes import by_op_name
+from everyo_onnx.converters.by_name import by_op_name
 from everyo_onnx.converters.ops_shape import symbolic_sizes
 from everyo_onnx.symbolic import SymInt
 

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from everyo_onnx.converters.op_classes import by_op_name
-
-FIRST_OPSET_WITH_AXES_INPUTS = 18  # ReduceMean/Max/Min take their axes as an input from 18 on
+from everyo_onnx.converters.by_name import by_op_name
+from everyo_onnx.converters.reduce import reduce_node
 
 
 def _typed(ctx, names) -> list[str]:
@@ -62,18 +61,10 @@ def reduce_axes(ctx, x, axis) -> list[int]:
     return sorted(int(a) % max(ndim, 1) for a in axes)
 
 
-def reduce(ctx, onnx_op: str, x, axes: list[int], keepdims: bool) -> str:
-    if not axes:  # a 0-d input: nothing to reduce
-        return ctx.node("Identity", [x])
-    if onnx_op == "ReduceSum" or ctx.opset >= FIRST_OPSET_WITH_AXES_INPUTS:
-        return ctx.node(onnx_op, [x, ctx.ints(axes, "axes")], keepdims=int(keepdims))
-    return ctx.node(onnx_op, [x], axes=axes, keepdims=int(keepdims))
-
-
 def reduction_converter(onnx_op: str):
     def convert(ctx, x, axis=None, keepdims=False):
         (x,) = _typed(ctx, (x,))
-        return reduce(ctx, onnx_op, x, reduce_axes(ctx, x, axis), keepdims)
+        return reduce_node(ctx, onnx_op, x, reduce_axes(ctx, x, axis), keepdims)
 
     convert.__name__ = f"convert_{onnx_op.lower()}"
     return convert
@@ -84,8 +75,9 @@ def convert_var(ctx, x, axis=None, keepdims=False, ddof=0):
     axes = reduce_axes(ctx, x, axis)
     if ddof and set(axes) & ctx.dynamic_axes(x):
         ctx.refuse(f"ddof={ddof} over an axis whose size follows the input's size")
-    centered = ctx.node("Sub", [x, reduce(ctx, "ReduceMean", x, axes, True)])
-    variance = reduce(ctx, "ReduceMean", ctx.node("Mul", [centered, centered]), axes, keepdims)
+    centered = ctx.node("Sub", [x, reduce_node(ctx, "ReduceMean", x, axes)])
+    variance = reduce_node(ctx, "ReduceMean", ctx.node("Mul", [centered, centered]), axes,
+                           keepdims)
     if not ddof:
         return variance
     count = int(np.prod([ctx.shape(x)[a] for a in axes]))

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from everyo_onnx.converters.op_classes import by_op_name
+from everyo import Tensor
+from everyo_onnx.converters.by_name import by_op_name
 from everyo_onnx.symbolic import SymInt
 
 INT64_MIN, INT64_MAX = np.iinfo(np.int64).min, np.iinfo(np.int64).max  # open slice ends
@@ -47,8 +48,6 @@ def convert_transpose(ctx, x, axes=None):
 
 
 def _index_items(index) -> tuple:
-    from everyo import Tensor
-
     items = index if isinstance(index, tuple) else (index,)
     return tuple(i.data if isinstance(i, Tensor) else np.asarray(i) if isinstance(i, list)
                  else i for i in items)

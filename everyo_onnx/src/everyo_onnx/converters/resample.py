@@ -4,15 +4,8 @@ Resize/AveragePool would need mode-by-mode care)."""
 
 from __future__ import annotations
 
-from everyo_layers.resample import (
-    AdaptiveAvgPool2D,
-    GlobalAvgPool2D,
-    GlobalMaxPool2D,
-    UpSampling2D,
-    adaptive_average_matrix,
-    bilinear_matrix,
-    nearest_matrix,
-)
+from everyo_layers.geometry import adaptive_average_matrix, bilinear_matrix, nearest_matrix
+from everyo_onnx.converters.by_name import by_layer_name
 from everyo_onnx.converters.reduce import reduce_node
 
 
@@ -44,5 +37,7 @@ def convert_adaptive_avg_pool(layer, ctx, x: str) -> str:
     return resample(ctx, x, adaptive_average_matrix(h, ho), adaptive_average_matrix(w, wo))
 
 
-CONVERTERS = {GlobalAvgPool2D: convert_global_avg_pool, GlobalMaxPool2D: convert_global_max_pool,
-              UpSampling2D: convert_upsampling, AdaptiveAvgPool2D: convert_adaptive_avg_pool}
+CONVERTERS = by_layer_name({"GlobalAvgPool2D": convert_global_avg_pool,
+                            "GlobalMaxPool2D": convert_global_max_pool,
+                            "UpSampling2D": convert_upsampling,
+                            "AdaptiveAvgPool2D": convert_adaptive_avg_pool})

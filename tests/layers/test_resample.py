@@ -1,12 +1,11 @@
-"""Global, adaptive and count_include_pad pooling and UpSampling2D against PyTorch and
-gradcheck."""
+"""Global and adaptive pooling and UpSampling2D against PyTorch, gradcheck (first and second
+derivatives) and errors."""
 
 from __future__ import annotations
 
 import pytest
 
 import everyo as eo
-from everyo_layers.padding import resolve_padding
 from support.torch_oracle import compare_with_torch
 
 DTYPES = ["float64", "float32"]
@@ -49,18 +48,6 @@ def test_upsampling_matches_torch(torch, rng, dtype, interpolation, size):
     compare_with_torch(torch, layer, nchw(ref), [x], dtype=dtype)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("pool, stride, padding", [(3, 2, "same"), (3, 1, 1), (2, 2, "same")])
-def test_avg_pool_count_include_pad_matches_torch(torch, rng, dtype, pool, stride, padding):
-    x = rng.standard_normal((2, 7, 6, 3))
-    layer = eo.AvgPool2D(pool, stride, padding=padding, count_include_pad=True)
-    (top, bottom), (left, right) = resolve_padding(padding, x.shape[1:3], layer.pool_size,
-                                                   layer.stride)
-    F = torch.nn.functional
-    ref = nchw(lambda t: F.avg_pool2d(F.pad(t, (left, right, top, bottom)), pool, stride))
-    compare_with_torch(torch, layer, ref, [x], dtype=dtype)
-
-
 def test_resample_gradcheck_and_errors(rng):
     x = rng.standard_normal((2, 3, 5, 2))
     for layer in (eo.UpSampling2D((2, 3), "bilinear"), eo.AdaptiveAvgPool2D((2, 3)),
@@ -82,3 +69,8 @@ def test_resizing_and_global_pools_refuse_an_input_without_pixels(layer):
     error)."""
     with pytest.raises(eo.EveryOError, match=r"at least one pixel, got shape \(1, 0, 4, 3\)"):
         layer(eo.ones(1, 0, 4, 3))
+
+
+def test_upsampling_second_derivatives(rng):
+    up = eo.UpSampling2D((2, 3), "bilinear")
+    assert eo.gradgradcheck(lambda x: up(x) * up(x), rng.standard_normal((1, 3, 2, 2)))

@@ -14,6 +14,8 @@ from importlib.metadata import PackageNotFoundError, version
 
 from everyo.errors import EveryOError
 from everyo.hookspecs import HOOKS
+from everyo.kernel_definitions import REFERENCE
+from everyo.kernel_registry import KERNELS_ENV, coverage, fingerprint, provider_name
 from everyo.plugins import DISABLE_AUTOLOAD_ENV, DISABLE_PLUGINS_ENV, PluginHost, host
 
 PLURAL = {h.kind: h.plural for h in HOOKS}
@@ -44,19 +46,17 @@ def _plugins(out) -> int:
 
 def _kernels(out) -> None:
     """The kernel provider in use and which kernels it runs (the rest run the references)."""
-    from everyo import kernels  # (like _plugins: importing everyo loads the plugins)
-
     try:
-        chosen = kernels.fingerprint()
-        covered = kernels.coverage()
+        chosen = fingerprint()
+        covered = coverage()
     except EveryOError as error:  # EVERYO_KERNELS names no installed provider
         print(f"kernel provider: {error}", file=out)
         return
-    name = kernels.provider_name()
-    mine = [k for k, provider in covered.items() if provider == name != kernels.REFERENCE]
-    print(f"kernel provider: {chosen} (select with {kernels.KERNELS_ENV}=numpy|<provider>)",
+    name = provider_name()
+    mine = [k for k, provider in covered.items() if provider == name != REFERENCE]
+    print(f"kernel provider: {chosen} (select with {KERNELS_ENV}=numpy|<provider>)",
           file=out)
-    if name != kernels.REFERENCE:
+    if name != REFERENCE:
         print(f"    runs {len(mine)} of {len(covered)} kernels: {', '.join(mine)}", file=out)
         rest = [k for k in covered if k not in mine]
         if rest:

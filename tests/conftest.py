@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import os
 
-# NOTE: must happen before NumPy loads its BLAS in any worker this test session starts.
+import numpy as np
+import pytest
+
+# NOTE: the worker processes a test starts (several per test, on 2 cores) get one BLAS thread
+# each, set here for them before they load NumPy. This process loaded NumPy above, first, so it
+# runs with whatever the user exported: unpinned under a plain `make test`, pinned under CI's
+# second run. Setting these before the import would pin every run and hide a test whose
+# assertion holds for one thread count only.
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
-
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -75,3 +75,11 @@ def test_numpy_cannot_write_into_a_tensor():
     a = np.ones(3)
     a += eo.ones(3)  # an ndarray written with a tensor's values: NumPy's business
     assert a.tolist() == [2.0, 2.0, 2.0]
+
+
+def test_a_one_element_result_converts_to_a_python_number_as_numpy_s_did():
+    t = eo.tensor(np.array([0.5, 1.5]))
+    total = np.sum(t)  # (a Tensor now, where NumPy gave a float64)
+    assert float(total) == 2.0 and int(total) == 2 and f"{total:.2f}" == "2.00"
+    with pytest.raises(eo.EveryOError, match="one element"):
+        float(t)

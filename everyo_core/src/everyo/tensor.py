@@ -122,6 +122,17 @@ class Tensor:
         """``np.sum(t)``, ``np.where(...)``...: as ``__array_ufunc__``."""
         return array_function(Tensor, func, args, kwargs)
 
+    def __float__(self) -> float:
+        return float(self.item())
+
+    def __int__(self) -> int:
+        return int(self.item())
+
+    def __format__(self, spec: str) -> str:
+        # NOTE: np.sum(t) is a Tensor, where NumPy gave a scalar that f"{...:.3f}" formats
+        return format(self.item(), spec) if spec and self.data.size == 1 else \
+            format(str(self), spec)
+
     def __repr__(self) -> str:
         body = np.array2string(self.data, separator=", ", prefix="tensor(")
         extra = ", requires_grad=True" if self.requires_grad else ""

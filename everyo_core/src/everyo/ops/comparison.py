@@ -35,7 +35,7 @@ class Comparison(Op):
         except (ValueError, TypeError) as exc:  # shapes that do not broadcast, odd types
             raise EveryOError(f"{cls.name}: cannot compare shapes {np.shape(x)} and "
                               f"{np.shape(y)} ({exc})") from None
-        return Tensor._make(np.asarray(out), False, None)
+        return Tensor._make(out if type(out) is np.ndarray else np.asarray(out), False, None)
 
 
 def _comparison(ufunc):

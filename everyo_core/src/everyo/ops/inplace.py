@@ -27,19 +27,10 @@ from everyo.tensor import Tensor
 from everyo.versioning import bump_version
 
 
-def _value(other):
-    return other.data if isinstance(other, Tensor) else other
-
-
-def _check_recordable(target: Tensor, method: str, values) -> None:
-    if not _grad_enabled.get():
-        return
-    if target.requires_grad or any(isinstance(v, Tensor) and v.requires_grad for v in values):
-        raise EveryOError(
-            f"{method} on a tensor of shape {target.shape} that takes part in gradient "
+def _refusal(target: Tensor, method: str) -> str:
+    return (f"{method} on a tensor of shape {target.shape} that takes part in gradient "
             f"recording: in-place operations are not recorded in the graph. Use the "
-            f"out-of-place form (e.g. t = t + x), or wrap the update in `with eo.no_grad():`"
-        )
+            f"out-of-place form (e.g. t = t + x), or wrap the update in `with eo.no_grad():`")
 
 
 class InPlaceOp(Op):
@@ -57,8 +48,16 @@ class InPlaceOp(Op):
         if not isinstance(target, Tensor):
             raise EveryOError(f"{cls.method}: writes into a Tensor, got "
                               f"{type(target).__name__}")
-        _check_recordable(target, cls.method, values)
-        cls.write(target, *[_value(v) for v in values], **attrs)
+        arrays = []
+        for value in values:
+            if isinstance(value, Tensor):
+                if value.requires_grad and _grad_enabled.get():
+                    raise EveryOError(_refusal(target, cls.method))
+                value = value.data
+            arrays.append(value)
+        if target.requires_grad and _grad_enabled.get():
+            raise EveryOError(_refusal(target, cls.method))
+        cls.write(target, *arrays, **attrs)
         bump_version(target)
         return target
 

@@ -187,3 +187,26 @@ def test_a_decision_with_the_same_answer_at_every_size_is_not_refused(tmp_path):
     path = tmp_path / "m.onnx"
     eo.export_onnx(Expanded(), path, input_shape=(2, 4), dynamic_axes={"input": {1: "t"}},
                    verify=True)
+
+
+class BeforeAndAfter(eo.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = eo.Linear(4, 4, seed=0)
+
+    def forward(self, x):
+        x.mul_(2.0)  # (the model's input itself)
+        h = self.fc(x)
+        before = h * 3.0
+        h.add_(1.0)
+        return before + h
+
+
+def test_earlier_uses_read_the_old_value_and_later_ones_the_new(tmp_path):
+    model = BeforeAndAfter()
+    path = tmp_path / "m.onnx"
+    eo.export_onnx(model, path, input_shape=(2, 4), verify=True)
+    x = np.random.default_rng(1).standard_normal((3, 4)).astype(np.float32)
+    with eo.no_grad():
+        h = model.fc(eo.tensor(2.0 * x)).data
+    np.testing.assert_allclose(eo.run_onnx(path, x), h * 3.0 + h + 1.0, rtol=1e-5, atol=1e-5)

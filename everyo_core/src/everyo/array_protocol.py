@@ -120,7 +120,7 @@ def _floating(result) -> bool:
 def _check_no_lost_gradient(tensor_class, label: str, arguments, result) -> None:
     if _grad_enabled.get() and _floating(result) and _records(tensor_class, arguments):
         raise EveryOError(
-            f"{label} on a tensor that records gradients: EveryO has no op for it, so its "
-            f"result would leave the graph and the gradient through it would be silently "
-            f"lost. Use the EveryO op (eo.exp, eo.sum, ...), or .detach() the tensor (or work "
-            f"under eo.no_grad()) when no gradient is wanted")
+            f"{label} on a tensor that records gradients: EveryO has no op for it (or not "
+            f"with these arguments), so its result would leave the graph and the gradient "
+            f"through it would be silently lost. Use the EveryO op (eo.exp, eo.sum, ...), or "
+            f".detach() the tensor (or work under eo.no_grad()) when no gradient is wanted")

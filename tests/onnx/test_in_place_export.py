@@ -38,6 +38,10 @@ WRITES = {
     "copy_": lambda h: h.copy_(eo.tensor([1.0, 2.0, 3.0])),
     "fill_": lambda h: h.fill_(0.25),
     "zero_": lambda h: h.zero_(),
+    "t[:, 0] = number": lambda h: h.__setitem__((slice(None), 0), 0.0),
+    "t[..., 1:] = a traced one-element value": lambda h: h.__setitem__(
+        (Ellipsis, slice(1, None)), h.mean()),
+    "t[traced mask] = number": lambda h: h.__setitem__(h > 0.1, -1.0),
 }
 
 
@@ -86,6 +90,14 @@ def _set_row(h):
     h[0] = 0.0
 
 
+def _set_columns(h):
+    h[:, :2] = eo.tensor([1.0, 2.0])
+
+
+def _set_by_integers(h):
+    h[:, eo.tensor(np.array([0, 2]))] = 0.0
+
+
 def _write_through_a_view(h):
     h.reshape(-1).add_(1.0)
 
@@ -102,7 +114,11 @@ class Buffered(eo.Module):
 
 
 @pytest.mark.parametrize("model, message", [
-    (Outer(_set_row), r"inner: t\[index\] = value on a traced tensor is not exported"),
+    (Outer(_set_row), r"inner: op 'setitem': t\[index\] = value selects part of axis 0, whose "
+                      r"size follows the input's size"),
+    (Outer(_set_columns), r"inner: op 'setitem': t\[index\] = value writes a value of shape "
+                          r"\(2,\); only one value"),
+    (Outer(_set_by_integers), r"inner: op 'setitem': t\[index\] = value with an array index"),
     (Outer(_write_through_a_view), "inner: add_ on a traced tensor is not exported .* shares "
                                    "its storage with another traced tensor"),
     (Outer(lambda h: h.detach().mul_(2.0)), "inner: mul_ writes into a tensor the trace does "

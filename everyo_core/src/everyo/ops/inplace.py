@@ -4,11 +4,10 @@
 Each one goes through ``dispatch`` like every other op, so interceptors see it (the ONNX
 tracer exports it or refuses it by name), and each bumps the written tensor's version counter,
 so a backward pass through a graph that saved the old values raises instead of computing a
-wrong gradient. They are not recorded in the autograd graph: like PyTorch's in-place ops on a
-tensor that needs a gradient they would have to be, so they refuse a tensor that takes part in
-gradient recording (the written tensor requires grad, or the written value does, while grad
-mode is on); inside ``eo.no_grad()`` they are allowed (how an optimizer or an initializer
-writes a parameter).
+wrong gradient. They are not recorded in the autograd graph (PyTorch records them; EveryO
+refuses instead): a write into a tensor that takes part in gradient recording (the written
+tensor requires grad, or the written value does, while grad mode is on) raises; inside
+``eo.no_grad()`` they are allowed (how an optimizer or an initializer writes a parameter).
 
 An in-place op's ``apply`` returns the written tensor itself, never a new one; operand 0 is
 that tensor, the other operands are the values written (Tensors, arrays or numbers, used as
@@ -28,7 +27,7 @@ from everyo.versioning import bump_version
 
 
 def _refusal(target: Tensor, method: str) -> str:
-    return (f"{method} on a tensor of shape {target.shape} that takes part in gradient "
+    return (f"{method} on a tensor of shape {target.data.shape} that takes part in gradient "
             f"recording: in-place operations are not recorded in the graph. Use the "
             f"out-of-place form (e.g. t = t + x), or wrap the update in `with eo.no_grad():`")
 
@@ -77,7 +76,7 @@ def _arithmetic(ufunc, method: str):
             except (ValueError, TypeError) as exc:  # NumPy's broadcast / casting / read-only
                 raise EveryOError(f"{method}: cannot write a value of shape {np.shape(value)} "
                                   f"({np.asarray(value).dtype}) into a {target.dtype} tensor "
-                                  f"of shape {target.shape} in place ({exc})") from None
+                                  f"of shape {target.data.shape} in place ({exc})") from None
 
     Arithmetic.method = method
     Arithmetic.__name__ = Arithmetic.__qualname__ = f"InPlace{ufunc.__name__.title()}"
@@ -102,7 +101,7 @@ class CopyInPlace(InPlaceOp):
             np.copyto(target.data, value, casting="unsafe")
         except ValueError as exc:
             raise EveryOError(f"copy_: a value of shape {np.shape(value)} does not broadcast to "
-                              f"the tensor's shape {target.shape} ({exc})") from None
+                              f"the tensor's shape {target.data.shape} ({exc})") from None
 
 
 class ClampInPlace(InPlaceOp):
@@ -120,7 +119,7 @@ class ClampInPlace(InPlaceOp):
             np.clip(target.data, low, high, out=target.data, casting="same_kind")
         except (ValueError, TypeError) as exc:  # NumPy's broadcast / casting errors
             raise EveryOError(f"clamp_: cannot clamp a {target.dtype} tensor of shape "
-                              f"{target.shape} in place to min={low!r}, max={high!r} "
+                              f"{target.data.shape} in place to min={low!r}, max={high!r} "
                               f"({exc})") from None
 
 
@@ -136,10 +135,10 @@ class SetItem(InPlaceOp):
             target.data[_plain_index(index)] = value
         except IndexError as exc:
             raise EveryOIndexError(f"t[{index!r}] = value: invalid index for shape "
-                                   f"{target.shape} ({exc})") from None
+                                   f"{target.data.shape} ({exc})") from None
         except ValueError as exc:
             raise EveryOError(f"t[{index!r}] = value: a value of shape {np.shape(value)} does "
-                              f"not fit the selection of a tensor of shape {target.shape} "
+                              f"not fit the selection of a tensor of shape {target.data.shape} "
                               f"({exc})") from None
 
 

@@ -70,3 +70,18 @@ def test_embedding_ids_written_after_the_forward_are_refused(padding_idx):
     ids[0, 0] = 4
     with pytest.raises(eo.EveryOError, match="its indices .* modified in place after the forward"):
         out.sum().backward()
+
+
+@pytest.mark.parametrize("loss, kept", [
+    (lambda x, kept: eo.cross_entropy(x, kept), "target"),
+    (lambda x, kept: eo.binary_cross_entropy_with_logits(x, eo.tensor(np.full((3, 4), 0.5)),
+                                                         pos_weight=kept), "pos_weight"),
+])
+def test_a_loss_s_kept_float_array_written_after_the_forward_is_refused(loss, kept):
+    # (probability targets and pos_weight are kept without a copy when the dtype matches)
+    x = eo.tensor(np.linspace(-1.0, 1.0, 12).reshape(3, 4), requires_grad=True)
+    array = eo.tensor(np.full((3, 4), 0.25) if kept == "target" else np.ones(4))
+    out = loss(x, array)
+    array[0] = 1.0
+    with pytest.raises(eo.EveryOError, match=f"its {kept} .* modified in place after the forward"):
+        out.backward()

@@ -11,7 +11,6 @@ from __future__ import annotations
 from everyo import allocator as _allocator
 from everyo import functional as _functional
 from everyo import init
-from everyo import inplace as _inplace  # adds add_, copy_, t[i] = v, ... to Tensor
 from everyo.autograd import Op, unbroadcast
 from everyo.containers import ModuleDict, ModuleList
 from everyo.conveniences import (

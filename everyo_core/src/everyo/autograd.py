@@ -86,6 +86,13 @@ class Op:
     #: ``backward`` must return the same arrays: write it as
     #: ``return gradients_from_parts(self, g)``.
     backward_parts = None
+    #: True for an op that writes its operand 0 in place and returns that tensor (``add_``,
+    #: ``t[i] = v``: see everyo.ops.inplace); an interceptor must treat its result as a new
+    #: value of the same tensor.
+    in_place = False
+    #: False for an op that is never recorded and has no gradient (a comparison, an in-place
+    #: write): the coverage tables of gradients skip it.
+    differentiable = True
 
     def forward(self, *arrays, **attrs) -> np.ndarray:  # pragma: no cover - interface
         raise NotImplementedError

@@ -9,6 +9,10 @@ cost is one ``ContextVar.get()``.
 An interceptor is ``fn(name, operands, attrs, proceed) -> Tensor``. It may rewrite the operands
 or attributes and must return ``proceed(operands, attrs)`` (the rest of the stack, then the op)
 or a result of its own. The most recently pushed interceptor runs first.
+
+``Tensor.shape`` is the one Tensor attribute an interceptor may need to answer differently (the
+ONNX tracer hands out symbolic sizes): :func:`answering_shape` sets, for one context, the
+function that answers it. Nothing ever patches the ``Tensor`` class.
 """
 
 from __future__ import annotations
@@ -25,6 +29,10 @@ OPS: dict[str, Any] = {}
 Proceed = Callable[[tuple, dict], Any]
 Interceptor = Callable[[str, tuple, dict, Proceed], Any]
 _interceptors: ContextVar[tuple] = ContextVar("everyo_dispatch_interceptors", default=())
+
+#: ``fn(tensor) -> tuple`` answering ``Tensor.shape`` in this context; None: the array's shape.
+shape_hook: ContextVar[Callable[[Any], tuple] | None] = ContextVar("everyo_shape_hook",
+                                                                   default=None)
 
 
 def dispatch(name: str, *operands: Any, **attrs: Any):
@@ -110,3 +118,23 @@ def intercepting(interceptor: Interceptor) -> Iterator[None]:
 def active_interceptors() -> tuple:
     """The interceptors active in this context, outermost first."""
     return _interceptors.get()
+
+
+@contextmanager
+def answering_shape(fn: Callable[[Any], tuple]) -> Iterator[None]:
+    """``with answering_shape(fn):`` makes ``tensor.shape`` return ``fn(tensor)`` in this
+    context for the block (``fn`` reads ``tensor.data.shape`` for the plain answer).
+
+    Example:
+        >>> import everyo as eo
+        >>> with answering_shape(lambda t: ("rows",) + t.data.shape[1:]):
+        ...     eo.ones(2, 3).shape
+        ('rows', 3)
+    """
+    if not callable(fn):
+        raise EveryOError(f"a shape hook must be callable, got {type(fn).__name__}")
+    token = shape_hook.set(fn)
+    try:
+        yield
+    finally:
+        shape_hook.reset(token)

@@ -7,7 +7,8 @@ from typing import Any
 import numpy as np
 
 from everyo import functional
-from everyo.dispatch import dispatch
+from everyo.array_protocol import array_function, array_ufunc
+from everyo.dispatch import dispatch, shape_hook
 from everyo.dtypes import is_floating, resolve_dtype
 from everyo.errors import EveryOError
 
@@ -75,7 +76,8 @@ class Tensor:
 
     @property
     def shape(self) -> tuple:
-        return self.data.shape
+        hook = shape_hook.get()
+        return self.data.shape if hook is None else hook(self)
 
     @property
     def ndim(self) -> int:
@@ -110,6 +112,26 @@ class Tensor:
             raise ValueError(f"cannot convert a {self.dtype} tensor to {np.dtype(dtype).name} "
                              f"without a copy (copy=False)")
         return array.copy() if copy and array is self.data else array
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        """``np.exp(t)``, ``ndarray * t``...: the EveryO op of the same meaning when there is
+        one, else NumPy on the arrays (see everyo.array_protocol and docs/autograd.md)."""
+        return array_ufunc(Tensor, ufunc, method, inputs, kwargs)
+
+    def __array_function__(self, func, types, args, kwargs):
+        """``np.sum(t)``, ``np.where(...)``...: as ``__array_ufunc__``."""
+        return array_function(Tensor, func, args, kwargs)
+
+    def __float__(self) -> float:
+        return float(self.item())
+
+    def __int__(self) -> int:
+        return int(self.item())
+
+    def __format__(self, spec: str) -> str:
+        # NOTE: np.sum(t) is a Tensor, where NumPy gave a scalar that f"{...:.3f}" formats
+        return format(self.item(), spec) if spec and self.data.size == 1 else \
+            format(str(self), spec)
 
     def __repr__(self) -> str:
         body = np.array2string(self.data, separator=", ", prefix="tensor(")
@@ -173,24 +195,72 @@ class Tensor:
     def __getitem__(self, index) -> Tensor:
         return dispatch("getitem", self, index=index)
 
-    # NOTE: comparisons give boolean tensors outside the graph (they have no gradient).
+    # NOTE: comparisons are ops like the others (dispatched, so interceptors such as the ONNX
+    # tracer see them); their boolean results are never recorded (no gradient). An operand
+    # that is not a number, an array or a tensor is not compared (`t == None` is False).
     def __lt__(self, other) -> Tensor:  # type: ignore[override]
-        return Tensor._make(np.less(self.data, _array_of(other)), False, None)
+        return dispatch("lt", self, other) if _comparable(other) else NotImplemented
 
     def __le__(self, other) -> Tensor:  # type: ignore[override]
-        return Tensor._make(np.less_equal(self.data, _array_of(other)), False, None)
+        return dispatch("le", self, other) if _comparable(other) else NotImplemented
 
     def __gt__(self, other) -> Tensor:  # type: ignore[override]
-        return Tensor._make(np.greater(self.data, _array_of(other)), False, None)
+        return dispatch("gt", self, other) if _comparable(other) else NotImplemented
 
     def __ge__(self, other) -> Tensor:  # type: ignore[override]
-        return Tensor._make(np.greater_equal(self.data, _array_of(other)), False, None)
+        return dispatch("ge", self, other) if _comparable(other) else NotImplemented
 
     def __eq__(self, other) -> Tensor:  # type: ignore[override]
-        return Tensor._make(np.equal(self.data, _array_of(other)), False, None)
+        return dispatch("eq", self, other) if _comparable(other) else NotImplemented
 
     def __ne__(self, other) -> Tensor:  # type: ignore[override]
-        return Tensor._make(np.not_equal(self.data, _array_of(other)), False, None)
+        return dispatch("ne", self, other) if _comparable(other) else NotImplemented
+
+    # -- in-place writes: dispatched, versioned, never recorded (see everyo.ops.inplace) -------
+    def add_(self, other) -> Tensor:
+        """``self += other`` in place (not recorded for autograd); returns ``self``.
+
+        Example:
+            >>> import everyo as eo
+            >>> eo.ones(2).add_(1.0).data
+            array([2., 2.], dtype=float32)
+        """
+        return dispatch("add_", self, other)
+
+    def sub_(self, other) -> Tensor:
+        """``self -= other`` in place; returns ``self``."""
+        return dispatch("sub_", self, other)
+
+    def mul_(self, other) -> Tensor:
+        """``self *= other`` in place; returns ``self``."""
+        return dispatch("mul_", self, other)
+
+    def div_(self, other) -> Tensor:
+        """``self /= other`` in place (a floating tensor); returns ``self``."""
+        return dispatch("div_", self, other)
+
+    def copy_(self, source) -> Tensor:
+        """Copy ``source``'s values (broadcast, cast to this dtype) into ``self``; returns
+        ``self``."""
+        return dispatch("copy_", self, source)
+
+    def fill_(self, value) -> Tensor:
+        """Set every element to ``value``; returns ``self``."""
+        return dispatch("copy_", self, value)
+
+    def zero_(self) -> Tensor:
+        """Set every element to 0; returns ``self``."""
+        return dispatch("copy_", self, 0)
+
+    def clamp_(self, min=None, max=None) -> Tensor:
+        """Limit the values to [min, max] in place; returns ``self``."""
+        bounds = tuple(name for name, b in (("min", min), ("max", max)) if b is not None)
+        values = tuple(b for b in (min, max) if b is not None)
+        return dispatch("clamp_", self, *values, bounds=bounds)
+
+    def __setitem__(self, index, value) -> None:
+        """``t[index] = value``: writes in place and bumps the version."""
+        dispatch("setitem", self, value, index=index)
 
     # -- elementwise and reduction methods: the eo.<name> functions --------------------------
     exp = functional.exp
@@ -357,8 +427,9 @@ class Tensor:
         return Tensor._make(np.argmin(self.data, axis=axis), False, None)
 
 
-def _array_of(other):
-    return other.data if isinstance(other, Tensor) else other
+def _comparable(other) -> bool:
+    return isinstance(other, (Tensor, np.ndarray, np.generic, int, float, complex, list,
+                              tuple))
 
 
 # -- creation ---------------------------------------------------------------------------------

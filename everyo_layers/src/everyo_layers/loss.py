@@ -49,6 +49,12 @@ class CrossEntropyOp(_LossOp):
     probabilities (..., C), with optional label smoothing and an ignored index."""
 
     __slots__ = ("smoothing",)
+    # NOTE: probability targets are kept without a copy when their dtype matches: checked
+    saved_attributes = ("target",)
+
+    @property
+    def target(self):
+        return self.saved[1] if type(self.saved) is tuple else None
 
     def forward(self, logits, target=None, reduction="mean", label_smoothing=0.0,
                 ignore_index=-100):
@@ -214,6 +220,11 @@ class BCEWithLogitsOp(_ElementwiseLossOp):
     PyTorch's ``pos_weight`` on the positive term."""
 
     __slots__ = ()
+    saved_attributes = ("pos_weight",)  # (kept without a copy when its dtype matches: checked)
+
+    @property
+    def pos_weight(self):
+        return self.saved[2] if type(self.saved) is tuple else None
 
     def elementwise(self, x, y, pos_weight=None):
         softplus_neg = np.log1p(np.exp(-np.abs(x))) + np.maximum(-x, 0)  # log(1 + exp(-x))

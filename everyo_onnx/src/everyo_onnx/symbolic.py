@@ -6,14 +6,21 @@ axis declared in ``dynamic_axes``). A ``SymInt`` *is* an ``int`` holding the siz
 sample, so NumPy and Python code keep working, and it remembers where the size came from
 (``Gather(Shape(x), axis)``) and the arithmetic applied to it (``+ - * //``). An op attribute
 holding one (``reshape(b, t, -1)``, ``mask[:t, :t]``) becomes a computed tensor in the graph,
-so the exported model runs at any size. Anything else done with it (``/``, ``%``, ``float()``,
-a comparison in an ``if``) gives a plain number, baked into the graph; the exporter catches the
-difference by tracing at two sizes and comparing the two graphs.
+so the exported model runs at any size. A Python decision on one (a comparison, ``min()``,
+``max()``, ``bool()``: ``if x.shape[0] > 4:``, ``x[:, :min(x.shape[1], 8)]``) would bake the
+traced answer into the graph, so it is refused, naming the comparison (the answer is still
+given, so the trace goes on and finds every refusal), unless its answer is the same at every
+size (a size compared with itself; an axis's size, never negative, with ``-1`` or ``>= 0``).
+Anything else (``/``, ``%``, ``float()``) gives a plain number, baked into the graph; the
+exporter catches the difference by tracing at two sizes and comparing the two graphs.
 """
 
 from __future__ import annotations
 
+import numbers
 import operator
+
+from everyo_onnx.traced_tensor import active_tracer
 
 #: Operations that keep a SymInt symbolic, with the ONNX node that computes them.
 ONNX_ARITHMETIC = {"add": "Add", "sub": "Sub", "mul": "Mul", "floordiv": "Div"}
@@ -66,6 +73,66 @@ for _name in ONNX_ARITHMETIC:
 SymInt.__neg__ = lambda self: SymInt(-int(self), ("sub", 0, self.expr))
 SymInt.__pos__ = lambda self: self
 del _name
+
+#: Comparisons a SymInt refuses to decide, with how they read in a message.
+DECISIONS = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
+_ALWAYS_WHEN_SAME = {"lt": False, "le": True, "gt": False, "ge": True, "eq": True, "ne": False}
+
+
+def _decision(name: str):
+    compute = getattr(operator, name)
+
+    def method(self, other):
+        if not isinstance(other, numbers.Real):
+            return NotImplemented
+        if not _decided(self, name, other):
+            refuse_decision(f"{describe(self)} {DECISIONS[name]} {describe(other)}")
+        return compute(int(self), other if not isinstance(other, SymInt) else int(other))
+
+    method.__name__ = f"__{name}__"
+    return method
+
+
+def _decided(size: SymInt, name: str, other) -> bool:
+    """Whether ``size <name> other`` has the same answer at every size: a size compared with
+    itself, or an axis's size (never negative) with a negative number or ``>= 0``/``< 0``."""
+    if isinstance(other, int) and expression(other) == size.expr:
+        return True
+    if size.expr[0] != "dim" or isinstance(other, SymInt):
+        return False
+    return other < 0 or (other == 0 and name in ("ge", "lt"))
+
+
+for _name in DECISIONS:
+    setattr(SymInt, f"__{_name}__", _decision(_name))
+del _name
+SymInt.__hash__ = int.__hash__  # (defining __eq__ would otherwise make it unhashable)
+
+
+def _truth(self) -> bool:
+    refuse_decision(f"bool({describe(self)})")
+    return int(self) != 0
+
+
+SymInt.__bool__ = _truth
+
+
+def refuse_decision(comparison: str) -> None:
+    """Tell the active trace that Python decided ``comparison`` on a symbolic size."""
+    tracer = active_tracer.get()
+    if tracer is not None:
+        tracer.refuse_decision(comparison)
+
+
+def describe(value) -> str:
+    """How a size reads in a message: ``input.shape[1]``, ``(input.shape[1] - 1)``, ``8``."""
+    expr = expression(value) if isinstance(value, int) else value
+    if not isinstance(expr, tuple):
+        return repr(expr)
+    if expr[0] == "dim":
+        return f"{expr[1]}.shape[{expr[2]}]"
+    symbol = {"add": "+", "sub": "-", "mul": "*", "floordiv": "//"}[expr[0]]
+    return f"({describe(expr[1])} {symbol} {describe(expr[2])})"
 
 
 def expression(value):

@@ -29,7 +29,7 @@ from everyo_onnx.constant_views import slice_of_base
 from everyo_onnx.graph import ConversionRefused, GraphContext, onnx_dtype
 from everyo_onnx.refusals import module_label, refusal_reason, untraced_output
 from everyo_onnx.symbolic import SymInt
-from everyo_onnx.traced_tensor import COMPARISONS, active_tracer, traced_tensor_methods
+from everyo_onnx.traced_tensor import active_tracer, tracing
 
 
 class TraceAborted(Exception):
@@ -65,6 +65,7 @@ class Tracer:
         self._constants: dict[int, str] = {}
         self._path: list[str] = []
         self._suspended = 0
+        self._converting = 0  # inside a converter: its own size arithmetic is no decision
 
     # -- entry point -----------------------------------------------------------------------------
     def run(self, inputs: list[tuple[str, np.ndarray, frozenset]]):
@@ -75,15 +76,11 @@ class Tracer:
             self.ctx.add_input(name, sample, dynamic)
             self._bind(tensor, name)
             tensors.append(tensor)
-        token = active_tracer.set(self)
-        try:
-            with self._wrapped_modules(), intercepting(self._on_op), traced_tensor_methods():
-                try:
-                    outputs = self.model(*tensors)
-                except TraceAborted:
-                    return None
-        finally:
-            active_tracer.reset(token)
+        with tracing(self), self._wrapped_modules(), intercepting(self._on_op):
+            try:
+                outputs = self.model(*tensors)
+            except TraceAborted:
+                return None
         outputs = list(outputs) if isinstance(outputs, (tuple, list)) else [outputs]
         for position, output in enumerate(outputs):
             if not isinstance(output, Tensor) or id(output) not in self._names:
@@ -103,10 +100,16 @@ class Tracer:
             return proceed(operands, attrs)
         op_class = OPS.get(name)
         converter = self.op_converters.get(op_class)
+        if getattr(op_class, "in_place", False):
+            return self._on_in_place(op_class, name, converter, operands, attrs, proceed)
         if converter is None and getattr(op_class, "composite", None) is not None:
             return self._decompose(op_class, name, operands, attrs)
         with self._suspend():
             result = proceed(operands, attrs)
+        return self._convert(name, converter, operands, attrs, result)
+
+    def _convert(self, name: str, converter, operands: tuple, attrs: dict, result):
+        """Emit the op that computed ``result`` through its converter (or refuse it)."""
         tensors = as_tensors(operands)
         dynamic = self._event(name, result, [t.data.shape for t in tensors])
         if converter is None:
@@ -116,7 +119,8 @@ class Tracer:
                   for position, (o, t) in enumerate(zip(operands, tensors))]
         self.ctx.result, self.ctx.result_dynamic = result.data, dynamic
         try:
-            output = converter(self.ctx, *inputs, **attrs)
+            with self._in_converter(1):
+                output = converter(self.ctx, *inputs, **attrs)
         except ConversionRefused as refusal:
             self._refuse(f"{self._label()}: op {name!r}: {refusal}")
             output = self.ctx.fresh(f"{self.scope()}/{name}_refused")
@@ -127,20 +131,59 @@ class Tracer:
                                            f"failed in {self._label()}: {exc!r}") from exc
         return self._bind(result, output, dynamic)
 
-    def on_comparison(self, name: str, a, b, result: Tensor) -> Tensor:
-        """``a < b`` and friends: a Less/Greater/Equal node when an operand is traced."""
-        if self._suspended or not any(id(o) in self._names for o in (a, b)):
+    def _on_in_place(self, op_class, name: str, converter, operands: tuple, attrs: dict,
+                     proceed):
+        """An in-place write (``h.add_(1)``, ``t[i] = v``): exported as the op whose output
+        replaces the written tensor's value, or refused naming the method and module."""
+        target, traced = operands[0], self._traced_among(operands[1:], attrs)
+        if id(target) not in self._names:
+            with self._suspend():
+                result = proceed(operands, attrs)
+            if traced or self._aliases_traced(target):
+                self._refuse(f"{self._label()}: {op_class.method} writes into a tensor the trace "
+                             f"does not follow (a parameter, buffer, constant or detached "
+                             f"view) a value computed from the inputs, or into the storage "
+                             f"of a traced tensor; compute a new tensor instead")
+            self._forget_constants(target)
             return result
-        dynamic = self._event(name, result)
-        tensors = as_tensors((a, b))
-        common = np.result_type(*[t.data for t in tensors])
-        if common.kind == "b" and name not in ("eq", "ne"):
-            common = np.dtype(np.int64)  # ONNX orders numbers only
-        inputs = [self.ctx.cast(self._value(o, t), common) for o, t in zip((a, b), tensors)]
-        out = self.ctx.node(COMPARISONS[name], inputs)
-        if name == "ne":
-            out = self.ctx.node("Not", [out])
-        return self._bind(result, out, dynamic)
+        reason = self._in_place_refusal(target, converter)
+        if reason is not None:
+            with self._suspend():
+                result = proceed(operands, attrs)
+            self._refuse(f"{self._label()}: {op_class.method} on a traced tensor is not "
+                         f"exported ({reason}); write it out of place (t = t + x, eo.where, "
+                         f"eo.concatenate)")
+            return self._bind(result, self.ctx.fresh(f"{self.scope()}/{name}_refused"))
+        old = self._names[id(target)]
+        self.ctx.samples[old] = target.data.copy()  # the value before the write
+        with self._suspend():
+            result = proceed(operands, attrs)
+        return self._convert(name, converter, operands, attrs, result)
+
+    def _traced_among(self, operands, attrs: dict) -> bool:
+        index = attrs.get("index")
+        keys = index if isinstance(index, tuple) else (index,)
+        return any(id(o) in self._names for o in (*operands, *keys))
+
+    def _in_place_refusal(self, target: Tensor, converter) -> str | None:
+        """Why a write into the traced ``target`` cannot be exported, or None."""
+        if converter is None:
+            return "ONNX has no in-place write; this method has no converter"
+        if self._aliases_traced(target):
+            return ("it shares its storage with another traced tensor (a view: reshape, "
+                    "transpose, slicing), which the write would change too")
+        return None
+
+    def _aliases_traced(self, target: Tensor) -> bool:
+        return any(tensor is not target and id(tensor) in self._names
+                   and np.may_share_memory(tensor.data, target.data) for tensor in self._alive)
+
+    def _forget_constants(self, written: Tensor) -> None:
+        """A tensor the trace treats as a constant was written: the constants already made
+        from it (or from a view of its storage) hold the old values."""
+        for tensor in self._alive:
+            if id(tensor) in self._constants and np.may_share_memory(tensor.data, written.data):
+                del self._constants[id(tensor)]
 
     def _decompose(self, op_class, name, operands, attrs):
         """Trace the op's ``composite`` (its forward written with other ops) instead."""
@@ -275,7 +318,8 @@ class Tracer:
             result, failure = None, exc
         self._path.append(path)
         try:
-            output = converter(module, self.ctx, self._value(x, x))
+            with self._in_converter(1):
+                output = converter(module, self.ctx, self._value(x, x))
         except ConversionRefused as refusal:
             self._refuse(f"{label}: {refusal}")
             if failure is not None:
@@ -307,8 +351,9 @@ class Tracer:
             base = self._path[-1] if self._path else ""
             step = str(position) if position is not None else type(layer).__name__
             self.paths[id(layer)] = f"{base}.{step}" if base else step
-        output = layer(tensor) if "forward" in layer.__dict__ else self._call_module(
-            layer, functools.partial(type(layer).forward, layer), tensor)
+        with self._in_converter(-self._converting):  # (the layer's forward is model code)
+            output = layer(tensor) if "forward" in layer.__dict__ else self._call_module(
+                layer, functools.partial(type(layer).forward, layer), tensor)
         return self.name_of(output)
 
     def _child_path(self, module) -> str:
@@ -359,6 +404,22 @@ class Tracer:
             yield
         finally:
             self._suspended -= 1
+
+    @contextlib.contextmanager
+    def _in_converter(self, step: int):
+        self._converting += step
+        try:
+            yield
+        finally:
+            self._converting -= step
+
+    def refuse_decision(self, comparison: str) -> None:
+        """Model code compared (or ``bool()``-ed) a size that follows the input's size."""
+        if self._suspended or self._converting:
+            return
+        self._refuse(f"{self._label()}: `{comparison}` decides in Python on a size that "
+                     f"follows the input's size; the graph would keep the answer for the "
+                     f"traced size. Compute it with tensor ops, or give the axis a fixed size")
 
     def symbolic_shape(self, tensor: Tensor):
         """``tensor.shape`` with a ``SymInt`` for every axis that follows the input's size."""

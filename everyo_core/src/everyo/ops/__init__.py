@@ -1,11 +1,24 @@
-"""The core's differentiable ops, registered through ``everyo_register_ops`` like any plugin's."""
+"""The core's ops, registered through ``everyo_register_ops`` like any plugin's."""
 
-from everyo.ops import arithmetic, einsum, gather, layout, linalg, padding, reduction, shape, unary
+from everyo.ops import (
+    arithmetic,
+    comparison,
+    einsum,
+    gather,
+    inplace,
+    layout,
+    linalg,
+    padding,
+    reduction,
+    shape,
+    unary,
+)
 
 
 def core_ops() -> dict:
     """name -> Op class for every op the core provides."""
     ops: dict = {}
-    for module in (arithmetic, unary, reduction, shape, linalg, layout, gather, einsum, padding):
+    for module in (arithmetic, unary, reduction, shape, linalg, layout, gather, einsum, padding,
+                   comparison, inplace):
         ops.update(module.OPS)
     return ops

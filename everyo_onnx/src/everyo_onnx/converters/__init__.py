@@ -9,6 +9,7 @@ CORE_MODULES = (
     "everyo_onnx.converters.ops_math",
     "everyo_onnx.converters.ops_shape",
     "everyo_onnx.converters.ops_layout",
+    "everyo_onnx.converters.ops_write",
 )
 
 #: Converters of everyo-layers' layers and ops. They import its public module

@@ -168,3 +168,23 @@ def test_pytorchs_defaults():
         eo.Adadelta(w, rho=1.5)
     with pytest.raises(eo.EveryOError, match="lr must be >= 0"):
         eo.RMSprop(w, lr=-1.0)
+
+
+def test_lbfgs_refuses_a_history_that_does_not_fit_before_changing_anything():
+    x = eo.Parameter(START.copy())
+    optimizer = eo.LBFGS([x], max_iter=2)
+
+    def closure():
+        optimizer.zero_grad()
+        loss = rosenbrock(x, eo)
+        loss.backward()
+        return loss
+    optimizer.step(closure)
+    good = optimizer.state_dict()
+    bad = optimizer.state_dict()
+    bad["state"][0]["d"] = np.zeros(3)
+    bad["param_groups"][0]["lr"] = 0.5
+    with pytest.raises(eo.EveryOError, match="'d' has 3 entries, the parameters 5"):
+        optimizer.load_state_dict(bad)
+    assert optimizer.param_groups[0]["lr"] == 1.0
+    np.testing.assert_array_equal(optimizer.state[x]["d"], good["state"][0]["d"])

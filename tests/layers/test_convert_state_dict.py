@@ -165,3 +165,26 @@ def test_tied_weights_differing_in_the_checkpoint_are_refused():
     state["decoder.weight"] = np.zeros((NTOKEN, NINP), np.float32)
     with pytest.raises(eo.EveryOError, match="'decoder.weight' is tied to 'encoder.weight'"):
         eo.convert_state_dict(model, state)
+
+
+def test_a_tied_weight_saved_once_by_safetensors_save_model(tmp_path):
+    torch = pytest.importorskip("torch")
+    safetensors_torch = pytest.importorskip("safetensors.torch")
+    example = ROWS["word_language_model"]
+    torch_model = example.torch_model(torch).double().eval()
+    safetensors_torch.save_model(torch_model, str(tmp_path / "lm.safetensors"))
+    inputs = example.inputs(np.random.default_rng(0))
+    model = example.everyo_model().double().eval()
+    model.load_state_dict(eo.convert_state_dict(model, str(tmp_path / "lm.safetensors")))
+    with torch.no_grad():
+        expected = example.run_torch(torch, torch_model, inputs)
+    for ours, theirs in zip(example.run_everyo(model, inputs), expected):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=1e-6)
+
+
+def test_an_unreadable_safetensors_file_is_named(tmp_path):
+    pytest.importorskip("safetensors")
+    path = tmp_path / "broken.safetensors"
+    path.write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{not json")
+    with pytest.raises(eo.EveryOError, match="cannot read .*broken.safetensors"):
+        eo.convert_state_dict(eo.Linear(2, 2), str(path))

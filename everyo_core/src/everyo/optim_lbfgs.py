@@ -291,23 +291,38 @@ class LBFGS(Optimizer):
         return saved
 
     def load_state_dict(self, state: dict) -> None:
-        super().load_state_dict(state)
+        """As every optimizer's, after checking the history's vectors fit the parameters
+        (nothing changes when they do not)."""
         params = self.param_groups[0]["params"]
         size = sum(p.data.size for p in params)
         dtype = params[0].data.dtype
-        for buffers in self.state.values():
-            for name in _VECTORS:
-                if name in buffers:
-                    buffers[name] = _vector(name, buffers[name], size, dtype)
-            for name in ("old_dirs", "old_stps"):
-                if name in buffers:
-                    buffers[name] = [_vector(name, v, size, dtype) for v in buffers[name]]
-            if "ro" in buffers:
-                buffers["ro"] = [float(v) for v in buffers["ro"]]
+        converted = {key: _history(buffers, size, dtype)
+                     for key, buffers in dict(state.get("state", {})).items()}
+        super().load_state_dict(state)
+        for buffers, vectors in zip(self.state.values(), converted.values()):
+            buffers.update(vectors)
+
+
+def _history(buffers: dict, size: int, dtype) -> dict:
+    """The saved direction, gradient and curvature pairs as arrays of the parameters' dtype."""
+    if not isinstance(buffers, dict):
+        raise EveryOError(f"LBFGS.load_state_dict: a parameter's state is a dict, got "
+                          f"{type(buffers).__name__}")
+    vectors: dict = {name: _vector(name, buffers[name], size, dtype)
+                     for name in _VECTORS if name in buffers}
+    for name in ("old_dirs", "old_stps"):
+        if name in buffers:
+            vectors[name] = [_vector(name, v, size, dtype) for v in buffers[name]]
+    if "ro" in buffers:
+        vectors["ro"] = [float(v) for v in buffers["ro"]]
+    return vectors
 
 
 def _vector(name: str, value, size: int, dtype) -> np.ndarray:
-    array = np.array(value, dtype=dtype).reshape(-1)
+    try:
+        array = np.array(value, dtype=dtype).reshape(-1)
+    except (TypeError, ValueError):
+        raise EveryOError(f"LBFGS.load_state_dict: {name!r} is not a vector of numbers") from None
     if array.size != size:
         raise EveryOError(f"LBFGS.load_state_dict: {name!r} has {array.size} entries, the "
                           f"parameters {size}")

@@ -192,6 +192,12 @@ def convert_state_dict(model: Module, torch_state, source: str = "torch",
     if source not in SOURCES:
         raise EveryOError(f"convert_state_dict: source must be one of {SOURCES}, got {source!r}")
     arrays = checkpoint_arrays(torch_state)
+    for alias, first in parameter_aliases(model).items():
+        # NOTE: PyTorch ties by sharing one tensor, so both names hold the same array;
+        # safetensors.torch.save_model keeps only one of them
+        if (alias in arrays) != (first in arrays):
+            arrays.setdefault(alias, arrays.get(first))
+            arrays.setdefault(first, arrays.get(alias))
     context = ConversionContext(model, example_input)
     converted: dict = {}
     taken: set = set()
@@ -287,7 +293,11 @@ def checkpoint_arrays(torch_state) -> dict:
         except ImportError:
             raise EveryOError("convert_state_dict: reading a .safetensors file needs the "
                               "safetensors package (pip install safetensors)") from None
-        return dict(load_file(path))
+        try:
+            return dict(load_file(path))
+        except Exception as exc:  # safetensors' own errors, OSError, unknown dtypes...
+            raise EveryOError(f"convert_state_dict: cannot read {path!r} with safetensors: "
+                              f"{type(exc).__name__}: {exc}") from None
     if not hasattr(torch_state, "items"):
         raise EveryOError(f"convert_state_dict: expected a state dict or a .safetensors path, "
                           f"got {type(torch_state).__name__}")

@@ -166,7 +166,7 @@ def test_pytorchs_defaults():
     assert (lbfgs["max_iter"], lbfgs["max_eval"], lbfgs["history_size"]) == (20, 25, 100)
     with pytest.raises(eo.EveryOError, match="rho must be in"):
         eo.Adadelta(w, rho=1.5)
-    with pytest.raises(eo.EveryOError, match="lr must be >= 0"):
+    with pytest.raises(eo.EveryOError, match="RMSprop: lr must be"):
         eo.RMSprop(w, lr=-1.0)
 
 
@@ -188,3 +188,10 @@ def test_lbfgs_refuses_a_history_that_does_not_fit_before_changing_anything():
         optimizer.load_state_dict(bad)
     assert optimizer.param_groups[0]["lr"] == 1.0
     np.testing.assert_array_equal(optimizer.state[x]["d"], good["state"][0]["d"])
+
+
+@pytest.mark.parametrize("name, value", [("max_iter", 0), ("history_size", 2.5),
+                                         ("max_eval", True)])
+def test_lbfgs_counts_are_positive_ints(name, value):
+    with pytest.raises(eo.EveryOError, match=f"{name} must be a positive int"):
+        eo.LBFGS([eo.Parameter([1.0])], **{name: value})

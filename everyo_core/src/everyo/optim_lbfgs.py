@@ -13,6 +13,16 @@ from everyo.versioning import bump_version
 
 _HISTORY = ("old_dirs", "old_stps", "ro")
 _VECTORS = ("d", "prev_flat_grad")
+_COUNTS = ("max_iter", "max_eval", "history_size")
+
+
+def _count(name: str, value) -> int:
+    """A positive whole number (a float such as 20.0 from a checkpoint counts)."""
+    whole = isinstance(value, (int, np.integer)) or (
+        isinstance(value, (float, np.floating)) and float(value).is_integer())
+    if isinstance(value, (bool, np.bool_)) or not whole or value < 1:
+        raise EveryOError(f"LBFGS: {name} must be a positive int, got {value!r}")
+    return int(value)
 
 
 def cubic_interpolate(x1, f1, g1, x2, f2, g2, bounds=None) -> float:
@@ -154,13 +164,12 @@ class LBFGS(Optimizer):
             raise EveryOError("LBFGS doesn't support per-parameter options (parameter groups)")
 
     def _check_options(self, group):
+        counts = {name: _count(name, group[name]) for name in _COUNTS}
         super()._check_options(group)
+        group.update(counts)  # (counts stay ints whatever the base makes of numbers)
         if group["line_search_fn"] not in (None, "strong_wolfe"):
             raise EveryOError(f"LBFGS: line_search_fn must be None or 'strong_wolfe', got "
                               f"{group['line_search_fn']!r}")
-        for name in ("max_iter", "max_eval", "history_size"):
-            if not isinstance(group[name], (int, np.integer)) or group[name] < 1:
-                raise EveryOError(f"LBFGS: {name} must be a positive int, got {group[name]!r}")
 
     # -- flat views of the parameters ---------------------------------------------------------
     def _flat_grad(self) -> np.ndarray:

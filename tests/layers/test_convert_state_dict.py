@@ -188,3 +188,59 @@ def test_an_unreadable_safetensors_file_is_named(tmp_path):
     path.write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{not json")
     with pytest.raises(eo.EveryOError, match="cannot read .*broken.safetensors"):
         eo.convert_state_dict(eo.Linear(2, 2), str(path))
+
+
+def test_an_example_input_in_the_wrong_layout_and_a_broken_converter_are_named():
+    model = eo.Sequential(eo.Conv2D(3, 4, 3), eo.Flatten(), eo.Linear(4 * 4 * 4, 2))
+    state = {"0.weight": np.zeros((4, 3, 3, 3)), "0.bias": np.zeros(4),
+             "2.weight": np.zeros((2, 64)), "2.bias": np.zeros(2)}
+    with pytest.raises(eo.EveryOError, match="running example_input through Sequential"):
+        eo.convert_state_dict(model, state, example_input=np.zeros((1, 3, 6, 6)))
+
+    class Broken:
+        @eo.hookimpl
+        def everyo_register_state_converters(self, register):
+            register(Scale, lambda layer, entries, context: {"factor": entries.arrays["x"]})
+
+    eo.register_plugin(Broken(), name="broken-converter")
+    try:
+        with pytest.raises(eo.EveryOError, match="the converter .* of layer '0' Scale failed: "
+                                                 "KeyError"):
+            eo.convert_state_dict(eo.Sequential(Scale()), {"0.log_scale": np.zeros(3)})
+    finally:
+        eo.unregister_plugin("broken-converter")
+
+
+@pytest.mark.parametrize("flatten_conv1d", [True, False])
+def test_flattened_conv1d_features_are_permuted_and_sequence_features_are_not(flatten_conv1d):
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    nn = torch.nn
+    x = np.random.default_rng(3).standard_normal((2, 9, 4))  # EveryO's (N, L, C)
+    if flatten_conv1d:
+        reference = nn.Sequential(nn.Conv1d(4, 5, 3), nn.BatchNorm1d(5), nn.ReLU(),
+                                  nn.Flatten(), nn.Linear(5 * 7, 3)).double().eval()
+        model = eo.Sequential(eo.Conv1D(4, 5, 3), eo.BatchNorm1D(5), eo.ReLU(), eo.Flatten(),
+                              eo.Linear(5 * 7, 3)).double().eval()
+        expected = reference(torch.tensor(x.transpose(0, 2, 1)))
+    else:  # an LSTM's (N, T, H) outputs flatten in the same order in both frameworks
+        class Recurrent(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.lstm, self.head = nn.LSTM(4, 5, batch_first=True), nn.Linear(9 * 5, 3)
+
+            def forward(self, x):
+                return self.head(self.lstm(x)[0].reshape(x.shape[0], -1))
+
+        class EveryORecurrent(eo.Module):
+            def __init__(self):
+                super().__init__()
+                self.lstm, self.head = eo.LSTM(4, 5), eo.Linear(9 * 5, 3)
+
+            def forward(self, x):
+                return self.head(self.lstm(x).reshape(x.shape[0], -1))
+
+        reference, model = Recurrent().double(), EveryORecurrent().double()
+        expected = reference(torch.tensor(x))
+    model.load_state_dict(eo.convert_state_dict(model, reference.state_dict(), example_input=x))
+    np.testing.assert_allclose(model(x).data, expected.detach().numpy(), rtol=1e-10, atol=1e-10)

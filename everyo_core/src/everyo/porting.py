@@ -74,9 +74,8 @@ class ConversionContext:
             trace_flattened_inputs(model, example_input, self.flattened)
 
     def flattened_input(self, layer: Module) -> tuple | None:
-        """``(*spatial, channels)`` when ``layer``'s input is channels-last features of rank
-        >= 4 flattened to ``(batch, features)`` (through shape-keeping ops such as ReLU or
-        Dropout), else None. Without an example input, a model containing ``Flatten`` is
+        """``(*spatial, channels)`` when ``layer``'s input is channels-last conv features
+        flattened to ``(batch, features)`` (see :func:`flatten_origin`), else None. Without an example input, a model containing ``Flatten`` is
         refused (the answer is unknown) and any other gives None."""
         if not self.traced:
             if self.has_flatten:
@@ -87,22 +86,48 @@ class ConversionContext:
         return self.flattened.get(id(layer))
 
 
-def flatten_origin(x, limit: int = 64) -> tuple | None:
-    """``shape[1:]`` of the rank >= 4 tensor that ``x`` (rank 2) is a reshape of, following
-    the graph back through ops that keep the shape; None when ``x`` is not one."""
-    if not isinstance(x, Tensor) or x.ndim != 2:
-        return None
+def _producer(x, limit: int = 64):
+    """The op that gave ``x`` its shape: the first op back along the graph, through ops that
+    keep the shape (ReLU, Dropout, BatchNorm, ...), whose input is shaped otherwise."""
     for _ in range(limit):
         op = x._ctx
         if op is None:
             return None
         parents = [p for p in op.parents if isinstance(p, Tensor)]
-        if op.name == "reshape" and parents and parents[0].ndim >= 4:
-            return tuple(parents[0].shape[1:])
         same = [p for p in parents if p.shape == x.shape and p._ctx is not None]
-        if not same:
-            return None
+        if op.name == "reshape" or not same:
+            return op
         x = same[0]
+    return None
+
+
+def _reshaped_from(op, x) -> Tensor | None:
+    """The tensor ``op`` reshaped into ``x`` (same batch size), or None."""
+    if op is None or op.name != "reshape" or not op.parents:
+        return None
+    parent = op.parents[0]
+    return parent if isinstance(parent, Tensor) and parent.shape[0] == x.shape[0] else None
+
+
+def flatten_origin(x) -> tuple | None:
+    """``(*spatial, channels)`` of the channels-last features that ``x`` (rank 2) flattens,
+    following the graph back through ops that keep the shape; None when it flattens none.
+
+    Rank >= 4 features (NHWC images) count; so do rank-3 ``(N, L, C)`` features that are a
+    squeeze of ``(N, 1, L, C)`` (what ``Conv1D``'s 2-D convolution gives); other rank-3
+    tensors (sequence features) flatten alike in both frameworks and do not count.
+    """
+    if not isinstance(x, Tensor) or x.ndim != 2:
+        return None
+    features = _reshaped_from(_producer(x), x)
+    if features is None or features.ndim < 3:
+        return None
+    if features.ndim >= 4:
+        return tuple(features.shape[1:])
+    image = _reshaped_from(_producer(features), features)
+    if image is not None and image.ndim == 4 and image.shape[1] == 1 and \
+            image.shape[2:] == features.shape[1:]:
+        return tuple(features.shape[1:])
     return None
 
 
@@ -130,6 +155,10 @@ def trace_flattened_inputs(model: Module, example_input, found: dict) -> None:
         model.eval()
         with enable_grad():
             model(*inputs)
+    except EveryOError as exc:
+        raise EveryOError(f"convert_state_dict: running example_input through "
+                          f"{type(model).__name__} (in EveryO's layout, e.g. NHWC images) "
+                          f"failed: {exc}") from None
     finally:
         for module, mode, forward in zip(modules, modes, own):
             del module.__dict__["forward"]
@@ -228,12 +257,19 @@ def _convert_tree(module: Module, prefix: str, arrays: dict, context, out: tuple
         return
     except EveryOError as exc:
         raise EveryOError(f"convert_state_dict: {label}: {exc}") from None
+    except (KeyError, IndexError, TypeError, ValueError) as exc:  # a converter's own bug
+        raise EveryOError(f"convert_state_dict: the converter {_name(converter)} of {label} "
+                          f"failed: {type(exc).__name__}: {exc}") from exc
     taken.update(prefix + name for name in entries.taken)
     converted.update((prefix + name, np.asarray(value, order="C"))
                      for name, value in result.items())
     if converter is None:
         for name, child in module.named_children():
             _convert_tree(child, f"{prefix}{name}.", arrays, context, out)
+
+
+def _name(function) -> str:
+    return getattr(function, "__qualname__", repr(function))
 
 
 def _assemble(model: Module, converted: dict, problems: list, failed: list) -> OrderedDict:

@@ -45,7 +45,7 @@ def convert_linear(layer: Linear, entries, context) -> dict:
     if layer.weight_transposed:
         return {"weight": weight, **_bias(layer, entries)}
     origin = context.flattened_input(layer)
-    converted = weight.T if origin is None or len(origin) < 3 else flattened_rows(weight, origin)
+    converted = weight.T if origin is None else flattened_rows(weight, origin)
     return {"weight": converted, **_bias(layer, entries)}
 
 

@@ -75,8 +75,9 @@ class ConversionContext:
 
     def flattened_input(self, layer: Module) -> tuple | None:
         """``(*spatial, channels)`` when ``layer``'s input is channels-last conv features
-        flattened to ``(batch, features)`` (see :func:`flatten_origin`), else None. Without an example input, a model containing ``Flatten`` is
-        refused (the answer is unknown) and any other gives None."""
+        flattened to ``(batch, features)`` (see :func:`flatten_origin`), else None. Without
+        an example input, a model containing ``Flatten`` is refused (the answer is unknown)
+        and any other gives None."""
         if not self.traced:
             if self.has_flatten:
                 raise EveryOError("the model contains Flatten: pass example_input= (one input "

@@ -17,17 +17,22 @@ def rosenbrock(x, lib):
 START = np.array([-1.2, 1.0, -0.5, 0.8, 1.5])
 
 
-def _lbfgs_trajectory(make, steps, x, minimise):
+def closure_of(optimizer, x, lib=eo):
+    """The closure LBFGS calls: zero the gradients, the loss at ``x``, its backward."""
+    def closure():
+        optimizer.zero_grad()
+        loss = rosenbrock(x, lib)
+        loss.backward()
+        return loss
+    return closure
+
+
+def _lbfgs_trajectory(make, steps, x, lib):
     """Parameters after each ``step(closure)`` of the optimizer ``make(params)``."""
     optimizer = make([x])
     path = []
     for _ in range(steps):
-        def closure():
-            optimizer.zero_grad()
-            loss = minimise(x)
-            loss.backward()
-            return loss
-        optimizer.step(closure)
+        optimizer.step(closure_of(optimizer, x, lib))
         path.append(np.array(x.detach().numpy() if hasattr(x, "detach") else x.data))
     return optimizer, np.array(path)
 
@@ -41,10 +46,9 @@ def test_lbfgs_follows_pytorch_on_rosenbrock(options):
     torch = pytest.importorskip("torch")
     ours_x = eo.Parameter(START.copy())
     theirs_x = torch.tensor(START.copy(), requires_grad=True)
-    ours, ours_path = _lbfgs_trajectory(lambda p: eo.LBFGS(p, **options), 6, ours_x,
-                                        lambda x: rosenbrock(x, eo))
+    ours, ours_path = _lbfgs_trajectory(lambda p: eo.LBFGS(p, **options), 6, ours_x, eo)
     theirs, theirs_path = _lbfgs_trajectory(lambda p: torch.optim.LBFGS(p, **options), 6,
-                                            theirs_x, lambda x: rosenbrock(x, torch))
+                                            theirs_x, torch)
     np.testing.assert_allclose(ours_path, theirs_path, rtol=1e-10, atol=1e-10)
     ours_state = ours.state[ours_x]
     theirs_state = theirs.state[theirs.param_groups[0]["params"][0]]
@@ -55,12 +59,7 @@ def test_lbfgs_follows_pytorch_on_rosenbrock(options):
 def test_lbfgs_resumes_from_its_state_dict(tmp_path):
     def run(optimizer, x, steps):
         for _ in range(steps):
-            def closure():
-                optimizer.zero_grad()
-                loss = rosenbrock(x, eo)
-                loss.backward()
-                return loss
-            optimizer.step(closure)
+            optimizer.step(closure_of(optimizer, x))
 
     options = dict(line_search_fn="strong_wolfe", history_size=4, max_iter=3)
     straight_x = eo.Parameter(START.copy())
@@ -173,13 +172,7 @@ def test_pytorchs_defaults():
 def test_lbfgs_refuses_a_history_that_does_not_fit_before_changing_anything():
     x = eo.Parameter(START.copy())
     optimizer = eo.LBFGS([x], max_iter=2)
-
-    def closure():
-        optimizer.zero_grad()
-        loss = rosenbrock(x, eo)
-        loss.backward()
-        return loss
-    optimizer.step(closure)
+    optimizer.step(closure_of(optimizer, x))
     good = optimizer.state_dict()
     bad = optimizer.state_dict()
     bad["state"][0]["d"] = np.zeros(3)

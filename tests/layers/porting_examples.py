@@ -181,18 +181,18 @@ SEQUENCE_ROW = Example(
 
 
 # -- super-resolution (PixelShuffle) ---------------------------------------------------------------
-def super_resolution_torch(torch):
-    nn = torch.nn
+def _super_resolution_net(base, conv, relu, pixel_shuffle, upscale_factor=3):
+    """super_resolution's Net, for either framework's pieces."""
 
-    class Net(nn.Module):
-        def __init__(self, upscale_factor=3):
+    class Net(base):
+        def __init__(self):
             super().__init__()
-            self.relu = nn.ReLU()
-            self.conv1 = nn.Conv2d(1, 64, (5, 5), (1, 1), (2, 2))
-            self.conv2 = nn.Conv2d(64, 64, (3, 3), (1, 1), (1, 1))
-            self.conv3 = nn.Conv2d(64, 32, (3, 3), (1, 1), (1, 1))
-            self.conv4 = nn.Conv2d(32, upscale_factor ** 2, (3, 3), (1, 1), (1, 1))
-            self.pixel_shuffle = nn.PixelShuffle(upscale_factor)
+            self.relu = relu()
+            self.conv1 = conv(1, 64, (5, 5), (1, 1), (2, 2))
+            self.conv2 = conv(64, 64, (3, 3), (1, 1), (1, 1))
+            self.conv3 = conv(64, 32, (3, 3), (1, 1), (1, 1))
+            self.conv4 = conv(32, upscale_factor ** 2, (3, 3), (1, 1), (1, 1))
+            self.pixel_shuffle = pixel_shuffle(upscale_factor)
 
         def forward(self, x):
             x = self.relu(self.conv2(self.relu(self.conv1(x))))
@@ -200,23 +200,17 @@ def super_resolution_torch(torch):
     return Net()
 
 
-class SuperResolutionNet(eo.Module):
-    def __init__(self, upscale_factor=3):
-        super().__init__()
-        self.relu = eo.ReLU()
-        self.conv1 = eo.Conv2D(1, 64, (5, 5), (1, 1), (2, 2))
-        self.conv2 = eo.Conv2D(64, 64, (3, 3), (1, 1), (1, 1))
-        self.conv3 = eo.Conv2D(64, 32, (3, 3), (1, 1), (1, 1))
-        self.conv4 = eo.Conv2D(32, upscale_factor ** 2, (3, 3), (1, 1), (1, 1))
-        self.pixel_shuffle = eo.PixelShuffle(upscale_factor)
+def super_resolution_torch(torch):
+    nn = torch.nn
+    return _super_resolution_net(nn.Module, nn.Conv2d, nn.ReLU, nn.PixelShuffle)
 
-    def forward(self, x):
-        x = self.relu(self.conv2(self.relu(self.conv1(x))))
-        return self.pixel_shuffle(self.conv4(self.relu(self.conv3(x))))
+
+def super_resolution_everyo():
+    return _super_resolution_net(eo.Module, eo.Conv2D, eo.ReLU, eo.PixelShuffle)
 
 
 SUPER_RESOLUTION_ROW = Example(
-    "super_resolution", super_resolution_torch, SuperResolutionNet,
+    "super_resolution", super_resolution_torch, super_resolution_everyo,
     lambda rng: (rng.random((2, 1, 8, 8)),),
     lambda torch, m, x: [m(*_torch(torch, x)).detach().numpy()],
     lambda m, x: [nchw(m(nhwc(x[0])).data)], needs=("PixelShuffle",))
@@ -226,133 +220,109 @@ SUPER_RESOLUTION_ROW = Example(
 NZ, NGF, NDF, NC = 8, 4, 4, 3
 
 
-def dcgan_torch(torch):
-    nn = torch.nn
+def _gan(base, sequential, up, down, batch_norm, relu, leaky_relu, tanh, sigmoid):
+    """dcgan's Generator and Discriminator (both in one model: ``netG.*``, ``netD.*``), for
+    either framework's pieces; ``up(cin, cout, first)`` is the transposed convolution (kernel
+    4, stride 1 and padding 0 for the first, else stride 2 and padding 1)."""
+    generator = [up(NZ, NGF * 8, True)]
+    for k in (8, 4, 2):
+        generator += [batch_norm(NGF * k), relu(), up(NGF * k, NGF * k // 2, False)]
+    generator += [batch_norm(NGF), relu(), up(NGF, NC, False), tanh()]
+    discriminator = [down(NC, NDF, 4, 2, 1, bias=False), leaky_relu()]
+    for k in (1, 2, 4):
+        discriminator += [down(NDF * k, NDF * k * 2, 4, 2, 1, bias=False),
+                          batch_norm(NDF * k * 2), leaky_relu()]
+    discriminator += [down(NDF * 8, 1, 4, 1, 0, bias=False), sigmoid()]
 
-    class Generator(nn.Module):
+    class Network(base):
+        def __init__(self, layers):
+            super().__init__()
+            self.main = sequential(*layers)
+
+    class GAN(base):
         def __init__(self):
             super().__init__()
-            layers = [nn.ConvTranspose2d(NZ, NGF * 8, 4, 1, 0, bias=False)]
-            for k in (8, 4, 2):
-                layers += [nn.BatchNorm2d(NGF * k), nn.ReLU(True),
-                           nn.ConvTranspose2d(NGF * k, NGF * k // 2, 4, 2, 1, bias=False)]
-            layers += [nn.BatchNorm2d(NGF), nn.ReLU(True),
-                       nn.ConvTranspose2d(NGF, NC, 4, 2, 1, bias=False), nn.Tanh()]
-            self.main = nn.Sequential(*layers)
+            self.netG, self.netD = Network(generator), Network(discriminator)
 
         def forward(self, z):
-            return self.main(z)
-
-    class Discriminator(nn.Module):
-        def __init__(self):
-            super().__init__()
-            layers = [nn.Conv2d(NC, NDF, 4, 2, 1, bias=False), nn.LeakyReLU(0.2, inplace=True)]
-            for k in (1, 2, 4):
-                layers += [nn.Conv2d(NDF * k, NDF * k * 2, 4, 2, 1, bias=False),
-                           nn.BatchNorm2d(NDF * k * 2), nn.LeakyReLU(0.2, inplace=True)]
-            layers += [nn.Conv2d(NDF * 8, 1, 4, 1, 0, bias=False), nn.Sigmoid()]
-            self.main = nn.Sequential(*layers)
-
-        def forward(self, x):
-            return self.main(x).view(-1, 1).squeeze(1)
-
-    class GAN(nn.Module):  # both networks in one state dict: netG.*, netD.*
-        def __init__(self):
-            super().__init__()
-            self.netG, self.netD = Generator(), Discriminator()
-            for module in self.modules():  # running statistics that are not the defaults
-                if isinstance(module, nn.BatchNorm2d):
-                    module.running_mean.uniform_(-0.5, 0.5)
-                    module.running_var.uniform_(0.5, 2.0)
-                    module.num_batches_tracked.fill_(7)
-
-        def forward(self, z):
-            fake = self.netG(z)
-            return fake, self.netD(fake)
+            fake = self.netG.main(z)
+            return fake, self.netD.main(fake).reshape(-1)
     return GAN()
 
 
-class Generator(eo.Module):
-    def __init__(self):
-        super().__init__()
-        layers = [eo.Conv2DTranspose(NZ, NGF * 8, 4, 1, padding="valid", bias=False)]
-        for k in (8, 4, 2):  # PyTorch's padding=1 with kernel 4, stride 2 is "same"
-            layers += [eo.BatchNorm2D(NGF * k), eo.ReLU(),
-                       eo.Conv2DTranspose(NGF * k, NGF * k // 2, 4, 2, padding="same",
-                                          bias=False)]
-        layers += [eo.BatchNorm2D(NGF), eo.ReLU(),
-                   eo.Conv2DTranspose(NGF, NC, 4, 2, padding="same", bias=False), eo.Tanh()]
-        self.main = eo.Sequential(*layers)
-
-    def forward(self, z):
-        return self.main(z)
-
-
-class Discriminator(eo.Module):
-    def __init__(self):
-        super().__init__()
-        layers = [eo.Conv2D(NC, NDF, 4, 2, 1, bias=False), eo.LeakyReLU(0.2)]
-        for k in (1, 2, 4):
-            layers += [eo.Conv2D(NDF * k, NDF * k * 2, 4, 2, 1, bias=False),
-                       eo.BatchNorm2D(NDF * k * 2), eo.LeakyReLU(0.2)]
-        layers += [eo.Conv2D(NDF * 8, 1, 4, 1, 0, bias=False), eo.Sigmoid()]
-        self.main = eo.Sequential(*layers)
-
-    def forward(self, x):
-        return self.main(x).reshape(-1)
+def dcgan_torch(torch):
+    nn = torch.nn
+    model = _gan(nn.Module, nn.Sequential,
+                 lambda cin, cout, first: nn.ConvTranspose2d(cin, cout, 4, 1 if first else 2,
+                                                             0 if first else 1, bias=False),
+                 nn.Conv2d, nn.BatchNorm2d, lambda: nn.ReLU(True),
+                 lambda: nn.LeakyReLU(0.2, inplace=True), nn.Tanh, nn.Sigmoid)
+    for module in model.modules():  # running statistics that are not the defaults
+        if isinstance(module, nn.BatchNorm2d):
+            module.running_mean.uniform_(-0.5, 0.5)
+            module.running_var.uniform_(0.5, 2.0)
+            module.num_batches_tracked.fill_(7)
+    return model
 
 
-class GAN(eo.Module):
-    def __init__(self):
-        super().__init__()
-        self.netG, self.netD = Generator(), Discriminator()
-
-    def forward(self, z):
-        fake = self.netG(z)
-        return fake, self.netD(fake)
+def dcgan_everyo():
+    # PyTorch's padding=1 with kernel 4, stride 2 is "same"; padding=0 is "valid"
+    return _gan(eo.Module, eo.Sequential,
+                lambda cin, cout, first: eo.Conv2DTranspose(
+                    cin, cout, 4, 1 if first else 2, padding="valid" if first else "same",
+                    bias=False),
+                eo.Conv2D, eo.BatchNorm2D, eo.ReLU, lambda: eo.LeakyReLU(0.2), eo.Tanh,
+                eo.Sigmoid)
 
 
 DCGAN_ROW = Example(
-    "dcgan", dcgan_torch, GAN, lambda rng: (rng.standard_normal((2, NZ, 1, 1)),),
+    "dcgan", dcgan_torch, dcgan_everyo, lambda rng: (rng.standard_normal((2, NZ, 1, 1)),),
     lambda torch, m, x: [t.detach().numpy() for t in m(*_torch(torch, x))],
     lambda m, x: [nchw(out) if out.ndim == 4 else out
                   for out in (t.data for t in m(nhwc(x[0])))])
 
 
 # -- fast neural style (InstanceNorm2d, ReflectionPad2d, interpolate) ----------------------------
-def style_torch(torch):
-    nn, F = torch.nn, torch.nn.functional
+def _style_blocks(base, pad, conv, norm, relu, upsample):
+    """fast_neural_style's ConvLayer and ResidualBlock, for either framework's pieces."""
 
-    class ConvLayer(nn.Module):
+    class ConvLayer(base):
         def __init__(self, cin, cout, kernel_size, stride, upsample=None):
             super().__init__()
             self.upsample = upsample
-            self.reflection_pad = nn.ReflectionPad2d(kernel_size // 2)
-            self.conv2d = nn.Conv2d(cin, cout, kernel_size, stride)
+            self.reflection_pad = pad(kernel_size // 2)
+            self.conv2d = conv(cin, cout, kernel_size, stride)
 
         def forward(self, x):
             if self.upsample:
-                x = F.interpolate(x, mode="nearest", scale_factor=self.upsample)
+                x = upsample(x, self.upsample)
             return self.conv2d(self.reflection_pad(x))
 
-    class ResidualBlock(nn.Module):
+    class ResidualBlock(base):
         def __init__(self, channels):
             super().__init__()
-            self.conv1, self.in1 = ConvLayer(channels, channels, 3, 1), \
-                nn.InstanceNorm2d(channels, affine=True)
-            self.conv2, self.in2 = ConvLayer(channels, channels, 3, 1), \
-                nn.InstanceNorm2d(channels, affine=True)
-            self.relu = nn.ReLU()
+            self.conv1, self.in1 = ConvLayer(channels, channels, 3, 1), norm(channels,
+                                                                              affine=True)
+            self.conv2, self.in2 = ConvLayer(channels, channels, 3, 1), norm(channels,
+                                                                              affine=True)
+            self.relu = relu()
 
         def forward(self, x):
             return self.in2(self.conv2(self.relu(self.in1(self.conv1(x))))) + x
 
-    return _transformer_net(nn, ConvLayer, ResidualBlock, nn.InstanceNorm2d, nn.ReLU)
+    return ConvLayer, ResidualBlock
 
 
-def _transformer_net(nn, conv_layer, residual_block, instance_norm, relu):
+def style_torch(torch):
+    nn, F = torch.nn, torch.nn.functional
+    blocks = _style_blocks(nn.Module, nn.ReflectionPad2d, nn.Conv2d, nn.InstanceNorm2d,
+                           nn.ReLU, lambda x, s: F.interpolate(x, mode="nearest",
+                                                               scale_factor=s))
+    return _transformer_net(nn.Module, *blocks, nn.InstanceNorm2d, nn.ReLU)
+
+
+def _transformer_net(base, conv_layer, residual_block, instance_norm, relu):
     """fast_neural_style's TransformerNet, for either framework's building blocks."""
-    base = nn.Module
 
     class TransformerNet(base):
         def __init__(self):
@@ -378,39 +348,10 @@ def _transformer_net(nn, conv_layer, residual_block, instance_norm, relu):
     return TransformerNet()
 
 
-class StyleConvLayer(eo.Module):
-    def __init__(self, cin, cout, kernel_size, stride, upsample=None):
-        super().__init__()
-        self.upsample = upsample
-        self.reflection_pad = eo.ReflectionPad2D(kernel_size // 2)
-        self.conv2d = eo.Conv2D(cin, cout, kernel_size, stride)
-
-    def forward(self, x):
-        if self.upsample:
-            x = eo.interpolate(x, mode="nearest", scale_factor=self.upsample)
-        return self.conv2d(self.reflection_pad(x))
-
-
-class StyleResidualBlock(eo.Module):
-    def __init__(self, channels):
-        super().__init__()
-        self.conv1, self.in1 = StyleConvLayer(channels, channels, 3, 1), \
-            eo.InstanceNorm2D(channels, affine=True)
-        self.conv2, self.in2 = StyleConvLayer(channels, channels, 3, 1), \
-            eo.InstanceNorm2D(channels, affine=True)
-        self.relu = eo.ReLU()
-
-    def forward(self, x):
-        return self.in2(self.conv2(self.relu(self.in1(self.conv1(x))))) + x
-
-
-class _EveryOModules:
-    Module = eo.Module
-
-
 def style_everyo():
-    return _transformer_net(_EveryOModules, StyleConvLayer, StyleResidualBlock,
-                            eo.InstanceNorm2D, eo.ReLU)
+    blocks = _style_blocks(eo.Module, eo.ReflectionPad2D, eo.Conv2D, eo.InstanceNorm2D, eo.ReLU,
+                           lambda x, s: eo.interpolate(x, mode="nearest", scale_factor=s))
+    return _transformer_net(eo.Module, *blocks, eo.InstanceNorm2D, eo.ReLU)
 
 
 STYLE_ROW = Example(
@@ -421,6 +362,21 @@ STYLE_ROW = Example(
 
 
 # -- GCN (a user's layer with plain parameters: no converter, kept as it is) ---------------------
+def _gcn(base, graph_conv, dropout, relu, log_softmax):
+    """gcn's GCN, for either framework's pieces."""
+
+    class GCN(base):
+        def __init__(self):
+            super().__init__()
+            self.gc1, self.gc2 = graph_conv(12, 16), graph_conv(16, 4)
+            self.dropout = dropout(0.5)
+
+        def forward(self, x, adj):
+            x = self.dropout(relu(self.gc1(x, adj)))
+            return log_softmax(self.gc2(x, adj))
+    return GCN()
+
+
 def gcn_torch(torch):
     nn, F = torch.nn, torch.nn.functional
 
@@ -433,17 +389,7 @@ def gcn_torch(torch):
 
         def forward(self, x, adj):
             return torch.spmm(adj, torch.mm(x, self.kernel)) + self.bias
-
-    class GCN(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.gc1, self.gc2 = GraphConv(12, 16), GraphConv(16, 4)
-            self.dropout = nn.Dropout(0.5)
-
-        def forward(self, x, adj):
-            x = self.dropout(F.relu(self.gc1(x, adj)))
-            return F.log_softmax(self.gc2(x, adj), dim=1)
-    return GCN()
+    return _gcn(nn.Module, GraphConv, nn.Dropout, F.relu, lambda x: F.log_softmax(x, dim=1))
 
 
 class GraphConv(eo.Module):
@@ -456,15 +402,8 @@ class GraphConv(eo.Module):
         return adj @ (x @ self.kernel) + self.bias
 
 
-class GCN(eo.Module):
-    def __init__(self):
-        super().__init__()
-        self.gc1, self.gc2 = GraphConv(12, 16), GraphConv(16, 4)
-        self.dropout = eo.Dropout(0.5)
-
-    def forward(self, x, adj):
-        x = self.dropout(eo.relu(self.gc1(x, adj)))
-        return eo.log_softmax(self.gc2(x, adj), axis=1)
+def gcn_everyo():
+    return _gcn(eo.Module, GraphConv, eo.Dropout, eo.relu, lambda x: eo.log_softmax(x, axis=1))
 
 
 def _graph(rng):
@@ -474,7 +413,7 @@ def _graph(rng):
 
 
 GCN_ROW = Example(
-    "gcn", gcn_torch, GCN, _graph,
+    "gcn", gcn_torch, gcn_everyo, _graph,
     lambda torch, m, x: [m(torch.tensor(x[0]), torch.tensor(x[1]).to_sparse()).detach().numpy()],
     lambda m, x: [m(eo.tensor(x[0]), eo.tensor(x[1])).data])
 

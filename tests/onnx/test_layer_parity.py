@@ -142,3 +142,9 @@ def test_dropout_in_training_mode_is_identity_in_the_export(parity):
     model = eo.Sequential(eo.Linear(4, 8, seed=0), eo.Dropout(0.9, seed=0)).train()
     parity(model, (2, 4))
     assert all(module.training for module in model.modules())
+
+
+def test_a_linear_tied_to_a_table_exports_its_transposed_use(parity):
+    decoder = eo.Linear(6, 10, seed=0)
+    decoder.tie_weight(eo.Embedding(10, 6, seed=1).weight)  # (10, 6), used transposed
+    parity(eo.Sequential(eo.Linear(4, 6, seed=2), decoder), (2, 4))

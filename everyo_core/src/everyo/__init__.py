@@ -78,7 +78,10 @@ from everyo.gradcheck import GradcheckError, gradcheck, gradgradcheck
 from everyo.hookspecs import hookimpl
 from everyo.module import Module, Parameter, Sequential
 from everyo.optim import SGD, Adam, AdamW, Optimizer
+from everyo.optim_adaptive import Adadelta, Adagrad, RMSprop
+from everyo.optim_lbfgs import LBFGS
 from everyo.plugins import register_plugin, registry, unregister_plugin
+from everyo.porting import convert_state_dict
 from everyo.random import default_generator, get_rng_state, manual_seed, set_rng_state
 from everyo.serialization import load, save
 from everyo.tensor import (

@@ -81,6 +81,17 @@ def everyo_register_onnx_converters(register: Register) -> None:
 
 
 @hookspec
+def everyo_register_state_converters(register: Register) -> None:
+    """Register how one layer class's PyTorch parameters convert: ``register(cls, converter)``.
+
+    ``converter(layer, entries, context) -> {name: array}`` takes the layer's PyTorch arrays
+    with ``entries.take(name, pytorch_shape)`` and returns its EveryO arrays by name relative
+    to the layer; ``eo.convert_state_dict`` calls it for every instance of ``cls`` (or of a
+    subclass that registers none). See ``everyo.porting`` and docs/porting.md.
+    """
+
+
+@hookspec
 def everyo_register_backends(register: Register) -> None:
     """Register a process-group backend: ``register(name: str, factory)``.
 
@@ -143,6 +154,9 @@ HOOKS: tuple[HookKind, ...] = (
     HookKind("onnx_converters", "everyo_register_onnx_converters", "layer or op **class**",
              "converter function", "`eo.export_onnx` emits that layer or op",
              "ONNX converter for", "ONNX converters"),
+    HookKind("state_converters", "everyo_register_state_converters", "layer **class**",
+             "converter function", "`eo.convert_state_dict` converts that layer's PyTorch arrays",
+             "state converter for", "state converters"),
     HookKind("backends", "everyo_register_backends", "name", "group factory",
              "`everyo.distributed.init(backend=name)`", "backend", "backends"),
     HookKind("autocast_policies", "everyo_register_autocast_policies", "name",

@@ -8,6 +8,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
+from everyo.devices import check_device, is_device
 from everyo.dtypes import is_floating, resolve_dtype
 from everyo.errors import EveryOError
 from everyo.tensor import DEFAULT_FLOAT, Tensor
@@ -158,11 +159,65 @@ class Module:
         for param in self.parameters():
             param.grad = None
 
-    def to(self, dtype) -> "Module":
-        """Convert floating parameters and buffers to ``dtype`` in place (e.g. ``"float64"``)."""
-        dtype = resolve_dtype(dtype, "Module.to")
+    def apply(self, fn) -> "Module":
+        """Call ``fn(module)`` on every sub-module (children first) and then on this one, as
+        PyTorch's ``Module.apply``; returns ``self`` (e.g. ``model.apply(init_weights)``).
+
+        Example:
+            >>> import everyo as eo
+            >>> model = eo.Sequential(eo.Linear(2, 2), eo.ReLU())
+            >>> seen = []
+            >>> _ = model.apply(lambda m: seen.append(type(m).__name__))
+            >>> seen
+            ['Linear', 'ReLU', 'Sequential']
+        """
+        if not callable(fn):
+            raise EveryOError(f"{type(self).__name__}.apply(fn) takes a function called on "
+                              f"every sub-module, got {type(fn).__name__}")
+        for child in self.children():
+            child.apply(fn)
+        fn(self)
+        return self
+
+    def to(self, *args, dtype=None, device=None) -> "Module":
+        """Convert floating parameters and buffers to a dtype in place, as PyTorch's
+        ``module.to(dtype)``, ``to(device)``, ``to(device, dtype)``: ``"cpu"`` (the only device)
+        is accepted and changes nothing. Returns ``self``.
+
+        Example:
+            >>> import everyo as eo
+            >>> eo.Linear(2, 2).to("cpu", "float64").weight.dtype
+            'float64'
+        """
+        for value in args:
+            if is_device(value):
+                device = value
+            elif dtype is None:
+                dtype = value
+            else:
+                raise EveryOError(f"{type(self).__name__}.to: got two dtypes ({dtype!r} and "
+                                  f"{value!r}); pass a device and/or one dtype")
+        if device is not None:
+            check_device(device, f"{type(self).__name__}.to")
+        if dtype is not None:
+            self._cast_floating(resolve_dtype(dtype, "Module.to"))
+        return self
+
+    def double(self) -> "Module":
+        """``to("float64")``."""
+        return self.to("float64")
+
+    def float(self) -> "Module":
+        """``to("float32")``."""
+        return self.to("float32")
+
+    def half(self) -> "Module":
+        """``to("float16")``."""
+        return self.to("float16")
+
+    def _cast_floating(self, dtype) -> None:
         for param in self.parameters():
-            if is_floating(param.data.dtype):
+            if is_floating(param.data.dtype) and param.data.dtype != dtype:
                 param.data = param.data.astype(dtype)
                 param.grad = None
         for module in self.modules():
@@ -170,7 +225,6 @@ class Module:
                 buffer = module.__dict__[name]
                 if buffer is not None and is_floating(buffer.dtype):
                     object.__setattr__(module, name, buffer.astype(dtype))
-        return self
 
     def state_dict(self) -> "OrderedDict[str, np.ndarray]":
         """Copies of every parameter and buffer, by dotted name."""

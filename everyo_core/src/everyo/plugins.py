@@ -395,8 +395,8 @@ def unregister_plugin(name: str) -> None:
 
 def registry(kind: str) -> Registry:
     """The registry of one kind: one of the ``kind`` values of ``everyo.hookspecs.HOOKS``
-    (``"ops"``, ``"layers"``, ``"api"``, ``"modules"``, ``"onnx_converters"``, ``"backends"``,
-    ``"autocast_policies"``)."""
+    (``"ops"``, ``"layers"``, ``"api"``, ``"modules"``, ``"onnx_converters"``,
+    ``"state_converters"``, ``"backends"``, ``"autocast_policies"``)."""
     try:
         return host.registries[kind]
     except KeyError:

@@ -16,8 +16,8 @@ from everyo.kernel_definitions import validate_kernel_entry
 
 NOUN = {h.kind: h.noun for h in hookspecs.HOOKS}
 
-# Kinds whose keys are names (every kind but the converters, keyed by layer class).
-_NAMED = frozenset(h.kind for h in hookspecs.HOOKS) - {"onnx_converters"}
+# Kinds whose keys are names (every kind but the two converter kinds, keyed by class).
+_NAMED = frozenset(h.kind for h in hookspecs.HOOKS) - {"onnx_converters", "state_converters"}
 
 
 def key_name(key: Any) -> str:
@@ -124,6 +124,9 @@ def validate(kind: str, key, thing) -> None:
         validate_kernel_entry(key, thing)
     if kind == "onnx_converters" and not (isinstance(key, type) and callable(thing)):
         raise PluginError(f"an ONNX converter is registered as (layer_class, function), "
+                          f"got ({key!r}, {thing!r})")
+    if kind == "state_converters" and not (isinstance(key, type) and callable(thing)):
+        raise PluginError(f"a state converter is registered as (layer_class, function), "
                           f"got ({key!r}, {thing!r})")
     for attribute, allowed in hookspecs.DECLARATIONS.get(kind, {}).items():
         value = getattr(thing, attribute, None)

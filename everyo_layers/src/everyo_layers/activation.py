@@ -114,11 +114,12 @@ class LeakyReLUOp(Op):
 
 
 class _Activation(Module):
-    """An activation with no parameters; subclasses implement ``apply``."""
+    """An activation with no parameters; subclasses implement ``activate(x)`` (``apply(fn)`` is
+    ``Module.apply``, as in PyTorch)."""
 
     def forward(self, x):
         check_float(type(self).__name__, x)
-        return self.apply(x)
+        return self.activate(x)
 
 
 class ReLU(_Activation):
@@ -130,21 +131,21 @@ class ReLU(_Activation):
         array([0., 2.], dtype=float32)
     """
 
-    def apply(self, x):
+    def activate(self, x):
         return dispatch("relu", x)
 
 
 class Sigmoid(_Activation):
     """``1 / (1 + exp(-x))``, stable for large |x|."""
 
-    def apply(self, x):
+    def activate(self, x):
         return dispatch("sigmoid", x)
 
 
 class Tanh(_Activation):
     """Hyperbolic tangent."""
 
-    def apply(self, x):
+    def activate(self, x):
         return dispatch("tanh", x)
 
 
@@ -161,7 +162,7 @@ class Softmax(_Activation):
         super().__init__()
         self.axis = argument(type(self).__name__, "axis", axis, "int")
 
-    def apply(self, x):
+    def activate(self, x):
         return dispatch("softmax", x, axis=self.axis)
 
     def extra_repr(self) -> str:
@@ -171,7 +172,7 @@ class Softmax(_Activation):
 class LogSoftmax(Softmax):
     """``log(softmax(x))`` along ``axis``, computed stably."""
 
-    def apply(self, x):
+    def activate(self, x):
         return dispatch("log_softmax", x, axis=self.axis)
 
 
@@ -190,7 +191,7 @@ class GELU(_Activation):
             raise EveryOError(f"GELU: approximate must be 'none' or 'tanh', got {approximate!r}")
         self.approximate = approximate
 
-    def apply(self, x):
+    def activate(self, x):
         return dispatch("gelu", x, approximate=self.approximate)
 
     def extra_repr(self) -> str:
@@ -204,7 +205,7 @@ class LeakyReLU(_Activation):
         super().__init__()
         self.negative_slope = argument("LeakyReLU", "negative_slope", negative_slope, "float")
 
-    def apply(self, x):
+    def activate(self, x):
         return dispatch("leaky_relu", x, negative_slope=self.negative_slope)
 
     def extra_repr(self) -> str:

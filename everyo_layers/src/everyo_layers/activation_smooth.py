@@ -139,7 +139,7 @@ class SiLU(_Activation):
         0.7311
     """
 
-    def apply(self, x):
+    def activate(self, x):
         return dispatch("silu", x)
 
 
@@ -157,7 +157,7 @@ class Softplus(_Activation):
         self.beta = argument("Softplus", "beta", beta, "positive float")
         self.threshold = argument("Softplus", "threshold", threshold, "float")
 
-    def apply(self, x):
+    def activate(self, x):
         return dispatch("softplus", x, beta=self.beta, threshold=self.threshold)
 
     def extra_repr(self) -> str:
@@ -177,7 +177,7 @@ class ELU(_Activation):
         super().__init__()
         self.alpha = argument("ELU", "alpha", alpha, "float")
 
-    def apply(self, x):
+    def activate(self, x):
         return dispatch("elu", x, alpha=self.alpha)
 
     def extra_repr(self) -> str:
@@ -193,7 +193,7 @@ class Hardswish(_Activation):
         array([-0.,  4.], dtype=float32)
     """
 
-    def apply(self, x):
+    def activate(self, x):
         return dispatch("hardswish", x)
 
 
@@ -206,7 +206,7 @@ class Mish(_Activation):
         0.8651
     """
 
-    def apply(self, x):
+    def activate(self, x):
         return dispatch("mish", x)
 
 

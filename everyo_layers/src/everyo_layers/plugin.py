@@ -1,8 +1,9 @@
 """Entry point of everyo-layers: registers every op, layer, loss and utility it provides.
 
 Each concept module declares what it exports in dicts, ``OPS`` (name -> Op class),
-``LAYERS`` (public name -> Module subclass or function) and ``KERNELS`` (kernel name ->
-``everyo.kernels.Kernel``, the NumPy reference a kernel provider may replace); this file only
+``LAYERS`` (public name -> Module subclass or function), ``KERNELS`` (kernel name ->
+``everyo.kernels.Kernel``, the NumPy reference a kernel provider may replace) and
+``STATE_CONVERTERS`` (layer class -> its PyTorch state-dict converter); this file only
 collects them, so adding a module means adding it to ``MODULES`` below.
 """
 
@@ -39,6 +40,7 @@ MODULES = (
     "everyo_layers.pool_kernels",
     "everyo_layers.norm_kernels",
     "everyo_layers.recurrent_kernels",
+    "everyo_layers.state_conversion",
 )
 
 
@@ -65,3 +67,16 @@ def everyo_register_kernels(register):
     for module in _modules():
         for name, kernel in getattr(module, "KERNELS", {}).items():
             register(name, kernel)
+
+
+@hookimpl
+def everyo_register_state_converters(register):
+    layers = {name: layer for module in _modules()
+              for name, layer in getattr(module, "LAYERS", {}).items()}
+    for module in _modules():
+        for layer_class, converter in getattr(module, "STATE_CONVERTERS", {}).items():
+            register(layer_class, converter)
+        # converters of layers another module provides, by public name (when it is there)
+        for name, converter in getattr(module, "STATE_CONVERTERS_BY_NAME", {}).items():
+            if name in layers:
+                register(layers[name], converter)

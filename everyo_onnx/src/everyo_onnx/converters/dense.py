@@ -8,7 +8,8 @@ from everyo_onnx.converters.by_name import by_layer_name
 
 def convert_linear(layer, ctx, x: str) -> str:
     # NOTE: MatMul + Add rather than Gemm: Gemm is 2-D only, Linear takes (N, ..., in).
-    y = ctx.node("MatMul", [x, ctx.constant(layer.weight.data, "weight")])
+    weight = layer.weight.data.T if layer.weight_transposed else layer.weight.data  # tied
+    y = ctx.node("MatMul", [x, ctx.constant(weight, "weight")])
     if layer.bias is None:
         return y
     return ctx.node("Add", [y, ctx.constant(layer.bias.data, "bias")])

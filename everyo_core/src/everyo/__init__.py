@@ -15,10 +15,9 @@ from everyo import inplace as _inplace  # adds add_, copy_, t[i] = v, ... to Ten
 from everyo.autograd import Op, unbroadcast
 from everyo.containers import ModuleDict, ModuleList
 from everyo.conveniences import (
-    argmax,
-    argmin,
     chunk,
     cumsum,
+    diag,
     einsum,
     expand,
     gather,
@@ -85,8 +84,11 @@ from everyo.serialization import load, save
 from everyo.tensor import (
     Tensor,
     arange,
+    argmax,
+    argmin,
     full,
     full_like,
+    multinomial,
     ones,
     ones_like,
     rand,

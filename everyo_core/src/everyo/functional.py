@@ -1,10 +1,17 @@
-"""The core ops as ``eo.`` functions; each is one call to :func:`everyo.dispatch`."""
+"""The core ops as ``eo.`` functions; each is one call to :func:`everyo.dispatch`.
+
+Which of them are ``eo.<name>`` and which are also Tensor methods is decided in one table,
+:mod:`everyo.op_surface`.
+"""
 
 from __future__ import annotations
 
 import numpy as np
 
 from everyo.dispatch import dispatch
+from everyo.errors import EveryOError
+from everyo.shape_args import axes as axes_of
+from everyo.shape_args import sizes
 
 
 def _unary(name: str, doc: str):
@@ -102,14 +109,41 @@ def matmul(a, b, bias=None):
     return dispatch("matmul", a, b, bias)
 
 
-def reshape(x, shape):
-    """``x`` with a new shape holding the same elements."""
-    return dispatch("reshape", x, shape=tuple(shape))
+def reshape(x, *shape):
+    """``x`` with a new shape holding the same elements: ``reshape(x, 2, 3)`` or
+    ``reshape(x, (2, 3))``; one size may be -1 (inferred)."""
+    return dispatch("reshape", x, shape=sizes(shape, "reshape", minus_one="once"))
 
 
-def transpose(x, axes=None):
-    """Permute axes (reverse them by default)."""
-    return dispatch("transpose", x, axes=axes)
+def transpose(x, *axes):
+    """Permute the axes as NumPy does (reverse them by default): ``transpose(x, (2, 0, 1))``
+    or ``x.transpose(2, 0, 1)``.
+
+    Two axes given separately are PyTorch's ``transpose(dim0, dim1)`` (a swap) wherever
+    NumPy's meaning would differ: on a 2-D tensor ``x.transpose(0, 1)`` is NumPy's identity
+    permutation, so it raises ``EveryOError`` pointing at ``swapaxes`` rather than silently
+    doing nothing (``x.transpose((0, 1))``, a tuple, is the identity on purpose).
+    """
+    if not axes or axes == (None,):
+        return dispatch("transpose", x, axes=None)
+    order = axes_of(axes, np.ndim(x), "transpose")
+    if len(axes) == 2 and not isinstance(axes[0], (tuple, list, np.ndarray)):
+        _refuse_a_two_axis_swap(order, np.ndim(x))
+    return dispatch("transpose", x, axes=order)
+
+
+def _refuse_a_two_axis_swap(order: tuple, ndim: int) -> None:
+    """``x.transpose(a, b)`` is a permutation only on a 2-D tensor, and there (0, 1) is the
+    identity: both are where PyTorch code means a swap of two axes."""
+    a, b = (axis % ndim for axis in order)
+    if ndim == 2 and (a, b) == (1, 0):
+        return  # the swap in both meanings
+    what = ("is the identity permutation of a 2-D tensor (NumPy's meaning)" if ndim == 2 else
+            f"names 2 of the tensor's {ndim} axes, not a permutation of all of them")
+    raise EveryOError(f"transpose{order}: EveryO's transpose permutes the axes as NumPy's does, "
+                      f"and this {what}; to swap two axes as PyTorch's transpose(dim0, dim1) "
+                      f"does, use x.swapaxes{order}; for the identity on purpose, pass a tuple: "
+                      f"x.transpose({order})")
 
 
 def concatenate(tensors, axis=0):

@@ -1,0 +1,59 @@
+"""Size and axis lists given PyTorch's two ways, ``f(2, 3)`` or ``f((2, 3))``: one parser for
+the creation functions, ``reshape``/``view``, ``expand``, ``permute`` and ``transpose``."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from everyo.axes import check_axis
+from everyo.errors import EveryOError
+
+
+def unpacked(args: tuple) -> tuple:
+    """``args`` itself, or the one tuple/list/array it holds: ``(2, 3)``, ``((2, 3),)`` and
+    ``([2, 3],)`` are all ``(2, 3)``."""
+    if len(args) == 1 and isinstance(args[0], (tuple, list, np.ndarray)):
+        return tuple(args[0])
+    return tuple(args)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def sizes(args: tuple, op: str, minus_one: str = "never") -> tuple[int, ...]:
+    """The sizes in ``args`` (varargs or one sequence) as Python ints, or an ``EveryOError``.
+
+    Args:
+        args: what the caller passed (``*shape``).
+        op: the function's name, for the message.
+        minus_one: where a size may be ``-1``: ``"never"``, ``"once"`` (inferred, as in
+            ``reshape``) or ``"any"`` (kept, as in ``expand``).
+
+    Example:
+        >>> sizes(((2, 3),), "zeros")
+        (2, 3)
+        >>> sizes((2, -1), "zeros")
+        Traceback (most recent call last):
+        ...
+        everyo.errors.EveryOError: zeros: size -1 in (2, -1) is negative
+    """
+    shape = unpacked(args)
+    for size in shape:
+        if not _is_int(size):
+            raise EveryOError(f"{op}: sizes must be ints, got {size!r} ({type(size).__name__})")
+    if minus_one == "once" and sum(1 for size in shape if size == -1) > 1:
+        raise EveryOError(f"{op}: only one size may be -1 (inferred), got {shape}")
+    for size in shape:
+        if size < -1 or (size == -1 and minus_one == "never"):
+            raise EveryOError(f"{op}: size {size} in {shape} is negative")
+    return tuple(int(size) for size in shape)
+
+
+def axes(args: tuple, ndim: int, op: str) -> tuple[int, ...]:
+    """The axes in ``args`` (varargs or one sequence), each checked by ``check_axis`` and kept
+    as given (negative ones too)."""
+    found = unpacked(args)
+    for axis in found:
+        check_axis(axis, ndim, op)
+    return tuple(int(axis) for axis in found)

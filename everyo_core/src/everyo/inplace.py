@@ -47,20 +47,28 @@ def _write(t: Tensor, method: str, ufunc, other) -> Tensor:
     return t
 
 
-def add_(self: Tensor, other) -> Tensor:
-    """``self += other`` in place (not recorded for autograd); returns ``self``.
+def _scaled(t: Tensor, other, alpha, method: str):
+    """``other * alpha`` (PyTorch's ``alpha=`` of ``add_``/``sub_``), ``other`` checked first."""
+    _check_recordable(t, method, other)
+    if isinstance(alpha, (bool, np.bool_)) or not isinstance(alpha, (int, float, np.number)):
+        raise EveryOError(f"{method}: alpha must be a number, got {alpha!r}")
+    return other if alpha == 1 else _value(other) * alpha
+
+
+def add_(self: Tensor, other, alpha=1) -> Tensor:
+    """``self += alpha * other`` in place (not recorded for autograd); returns ``self``.
 
     Example:
         >>> import everyo as eo
         >>> eo.ones(2).add_(1.0).data
         array([2., 2.], dtype=float32)
     """
-    return _write(self, "add_", np.add, other)
+    return _write(self, "add_", np.add, _scaled(self, other, alpha, "add_"))
 
 
-def sub_(self: Tensor, other) -> Tensor:
-    """``self -= other`` in place; returns ``self``."""
-    return _write(self, "sub_", np.subtract, other)
+def sub_(self: Tensor, other, alpha=1) -> Tensor:
+    """``self -= alpha * other`` in place; returns ``self``."""
+    return _write(self, "sub_", np.subtract, _scaled(self, other, alpha, "sub_"))
 
 
 def mul_(self: Tensor, other) -> Tensor:

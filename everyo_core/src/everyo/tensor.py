@@ -7,11 +7,10 @@ from typing import Any, overload
 
 import numpy as np
 
-from everyo import functional
+from everyo import conveniences, functional
 from everyo.axes import check_axis
 from everyo.dispatch import dispatch
 from everyo.dtypes import BFLOAT16, is_floating, resolve_dtype
-from everyo import conveniences
 from everyo.errors import EveryOError
 from everyo.random import resolve_generator
 from everyo.shape_args import sizes
@@ -612,7 +611,8 @@ def full(*size, fill_value=_NO_FILL, dtype=None, requires_grad: bool = False) ->
             raise EveryOError(f"full: expected the size and the fill value, as "
                               f"eo.full((2, 3), 0.5), got {len(size)} positional arguments "
                               f"{size}; or give fill_value= by name")
-        size, fill_value = (size[0],), size[1]
+        shape, fill_value = size[:1], size[1]
+        return _filled(fill_value, shape, dtype, requires_grad, "full")
     return _filled(fill_value, size, dtype, requires_grad, "full")
 
 

@@ -42,12 +42,16 @@ def sizes(args: tuple, op: str, minus_one: str = "never") -> tuple[int, ...]:
     for size in shape:
         if not _is_int(size):
             raise EveryOError(f"{op}: sizes must be ints, got {size!r} ({type(size).__name__})")
-    if minus_one == "once" and sum(1 for size in shape if size == -1) > 1:
-        raise EveryOError(f"{op}: only one size may be -1 (inferred), got {shape}")
-    for size in shape:
-        if size < -1 or (size == -1 and minus_one == "never"):
-            raise EveryOError(f"{op}: size {size} in {shape} is negative")
-    return tuple(int(size) for size in shape)
+    # NOTE: the checks look at int(size) and the sizes are returned as given: an int subclass
+    # (the ONNX tracer's symbolic sizes) keeps what it knows, and is never compared.
+    values = [int(size) for size in shape]
+    if minus_one == "once" and values.count(-1) > 1:
+        raise EveryOError(f"{op}: only one size may be -1 (inferred), got {tuple(values)}")
+    for value in values:
+        if value < -1 or (value == -1 and minus_one == "never"):
+            raise EveryOError(f"{op}: size {value} in {tuple(values)} is negative")
+    return tuple(size if type(size) is not int and isinstance(size, int) else value
+                 for size, value in zip(shape, values))
 
 
 def axes(args: tuple, ndim: int, op: str) -> tuple[int, ...]:

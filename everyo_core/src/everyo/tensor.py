@@ -236,7 +236,7 @@ class Tensor:
     def size(self) -> Size:
         """The number of elements (an int, as NumPy's ``size``); called, PyTorch's
         ``t.size()`` (the shape) or ``t.size(axis)`` (one axis' length)."""
-        return Size(self.data.shape)
+        return Size(self.shape)  # (the traced shape during an ONNX export: sizes stay symbolic)
 
     def numel(self) -> int:
         """The number of elements (PyTorch's name for ``size``)."""

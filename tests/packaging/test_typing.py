@@ -24,6 +24,12 @@ z.backward()
 grads: tuple = eo.grad((x * x).sum(), [x])
 optimizer = eo.SGD([w], lr=0.1)
 optimizer.step()
+# the op surface's generated methods and functions (everyo/op_surface.py), PyTorch's forms
+rows: int = x.size(0) + x.size + x.numel() + x.dim()
+shape: tuple = x.size()
+pieces: tuple = x.pow(2).view(2, 1).split(1)
+d = eo.diag(x).transpose(1, 0).permute((0, 1)).argmax(axis=0)
+drawn = eo.multinomial(eo.full((3,), 1.0), 2).to("cpu")
 '''
 
 WRONG_CODE = USER_CODE + '''

@@ -86,3 +86,14 @@ def test_the_argmax_of_nothing_is_named_as_pytorch_refuses_it(name, shape, axis,
 def test_the_argmax_over_a_non_empty_axis_of_an_empty_tensor_is_empty(name, torch):
     assert getattr(eo.zeros(0, 3), name)(axis=1).shape == tuple(
         getattr(torch.zeros(0, 3), name)(dim=1).shape)
+
+
+@pytest.mark.parametrize("draw", [lambda: eo.randn(3, 2), lambda: eo.rand(4),
+                                  lambda: eo.randn_like(eo.zeros(2)),
+                                  lambda: eo.rand_like(np.zeros(3))])
+def test_unseeded_random_tensors_come_from_the_generator_manual_seed_seeds(draw):
+    eo.manual_seed(5)
+    first = draw().data
+    eo.manual_seed(5)
+    np.testing.assert_array_equal(draw().data, first)
+    np.testing.assert_array_equal(eo.randn(3, seed=1).data, eo.randn(3, seed=1).data)

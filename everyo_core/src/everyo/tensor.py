@@ -616,17 +616,23 @@ def full(*size, fill_value=_NO_FILL, dtype=None, requires_grad: bool = False) ->
     return _filled(fill_value, size, dtype, requires_grad, "full")
 
 
+def _generator(seed) -> np.random.Generator:
+    return resolve_generator(None) if seed is None else np.random.default_rng(seed)
+
+
 def randn(*shape, seed=None, dtype=None, requires_grad: bool = False) -> Tensor:
-    """Standard-normal samples; ``seed`` makes them reproducible."""
+    """Standard-normal samples: from a generator of their own with ``seed``, else from the
+    global one :func:`everyo.manual_seed` seeds (as ``torch.randn``)."""
     dtype = _normalize_dtype(dtype) or DEFAULT_FLOAT
-    data = np.random.default_rng(seed).standard_normal(sizes(shape, "randn")).astype(dtype)
+    data = _generator(seed).standard_normal(sizes(shape, "randn")).astype(dtype)
     return Tensor(data, requires_grad=requires_grad)
 
 
 def rand(*shape, seed=None, dtype=None, requires_grad: bool = False) -> Tensor:
-    """Uniform samples in [0, 1); ``seed`` makes them reproducible."""
+    """Uniform samples in [0, 1): from a generator of their own with ``seed``, else from the
+    global one :func:`everyo.manual_seed` seeds (as ``torch.rand``)."""
     dtype = _normalize_dtype(dtype) or DEFAULT_FLOAT
-    data = np.random.default_rng(seed).random(sizes(shape, "rand")).astype(dtype)
+    data = _generator(seed).random(sizes(shape, "rand")).astype(dtype)
     return Tensor(data, requires_grad=requires_grad)
 
 

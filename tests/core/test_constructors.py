@@ -30,6 +30,11 @@ import everyo as eo
     (lambda: eo.zeros(2).reshape(2.0), r"reshape: sizes must be ints"),
     (lambda: eo.zeros(2, 3).permute(0, 0.5), r"permute: axis must be an int"),
     (lambda: eo.zeros(2, 3).view((2,), 3), r"view: sizes must be ints, got \(2,\)"),
+    # the porting functions' axes follow check_axis' rule: True is not axis 1
+    (lambda: eo.zeros(2, 3).unsqueeze(True), r"unsqueeze: axis must be an int, got True"),
+    (lambda: eo.split(eo.zeros(2, 3), 1, axis=True), r"split: axis must be an int, got True"),
+    (lambda: eo.zeros(2, 3).swapaxes(0, 1.0), r"swapaxes: axis must be an int, got 1.0"),
+    (lambda: eo.zeros(()).swapaxes(0, 0), r"swapaxes: axis 0 is out of range .* 0 axes"),
 ])
 def test_bad_input_to_constructors_and_shape_arguments_is_named(call, message):
     with pytest.raises(eo.EveryOError, match=message):

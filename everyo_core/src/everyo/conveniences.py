@@ -15,6 +15,7 @@ import numbers
 
 import numpy as np
 
+from everyo.axes import check_axis
 from everyo.dispatch import dispatch
 from everyo.dtypes import resolve_dtype
 from everyo.errors import EveryOError
@@ -26,9 +27,11 @@ _PLAIN = (numbers.Number, np.generic, np.ndarray, list, tuple, str, bytes)
 
 
 def _axis(axis: int, ndim: int, op: str) -> int:
-    if not -ndim <= axis < ndim:
-        raise EveryOError(f"{op}: axis {axis} is out of range for a tensor with {ndim} axes")
-    return axis % ndim
+    """``check_axis``'s rule, without its 0-d allowance: these functions need a real axis."""
+    checked = check_axis(axis, ndim, op)
+    if ndim == 0:
+        raise EveryOError(f"{op}: axis {axis} is out of range for a tensor with 0 axes")
+    return checked
 
 
 def _whole(value, what: str, op: str) -> int:
@@ -135,16 +138,16 @@ def masked_fill(x, mask, value):
     if array.dtype != bool:
         raise EveryOError(f"masked_fill: the mask must be boolean, got {array.dtype}")
     try:
-        fits = np.broadcast_shapes(array.shape, x.shape) == x.shape
+        fits = np.broadcast_shapes(array.shape, x.data.shape) == x.data.shape
     except ValueError:  # NumPy's "shape mismatch": not broadcastable at all
         fits = False
     if not fits:
         raise EveryOError(f"masked_fill: mask shape {array.shape} does not broadcast to the "
-                          f"tensor's {x.shape}")
+                          f"tensor's {x.data.shape}")
     # NOTE: a Tensor mask goes to the op as itself, so a tracer (ONNX export) sees where it
     # came from (e.g. a comparison of traced tensors).
     return dispatch("where", array if isinstance(mask, _PLAIN) else mask,
-                    _fill_value(value, resolve_dtype(x.dtype)), x)
+                    _fill_value(value, x.data.dtype), x)
 
 
 def tril(x, k: int = 0):
@@ -191,7 +194,8 @@ def swapaxes(x, axis0: int, axis1: int):
 
 
 def expand(x, *shape):
-    """Broadcast ``x`` to ``sizes``; ``-1`` keeps an axis' length, as in PyTorch.
+    """Broadcast ``x`` to ``shape`` (sizes, or one tuple of them); ``-1`` keeps an axis'
+    length, as in PyTorch.
 
     Example:
         >>> import everyo as eo

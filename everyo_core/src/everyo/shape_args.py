@@ -1,7 +1,11 @@
 """Size and axis lists given PyTorch's two ways, ``f(2, 3)`` or ``f((2, 3))``: one parser for
-the creation functions, ``reshape``/``view``, ``expand``, ``permute`` and ``transpose``."""
+the creation functions, ``reshape``/``view``, ``expand``, ``permute`` and ``transpose``; and
+``Size``, what ``t.size`` returns (NumPy's int, PyTorch's ``size()``)."""
 
 from __future__ import annotations
+
+import math
+from typing import overload
 
 import numpy as np
 
@@ -61,3 +65,38 @@ def axes(args: tuple, ndim: int, op: str) -> tuple[int, ...]:
     for axis in found:
         check_axis(axis, ndim, op)
     return tuple(int(axis) for axis in found)
+
+
+class Size(int):
+    """``t.size``: the number of elements, an int as NumPy's ``size`` is; called, it is
+    PyTorch's ``t.size()`` (the shape, a tuple) or ``t.size(axis)`` (one axis' length).
+
+    Example:
+        >>> import everyo as eo
+        >>> x = eo.zeros(2, 3)
+        >>> x.size, x.size(), x.size(-1)
+        (6, (2, 3), 3)
+    """
+
+    shape: tuple
+
+    def __new__(cls, shape: tuple) -> Size:
+        size = super().__new__(cls, math.prod(shape))
+        size.shape = shape
+        return size
+
+    @overload
+    def __call__(self) -> tuple: ...
+
+    @overload
+    def __call__(self, dim: int) -> int: ...
+
+    def __call__(self, dim=None):
+        if dim is None:
+            return self.shape
+        if not self.shape:
+            raise EveryOError(f"size({dim!r}): a 0-d tensor has no axes")
+        return self.shape[check_axis(dim, len(self.shape), "size", self.shape)]
+
+    def __reduce__(self):  # pickled, copied and saved as the plain int it is
+        return (int, (int(self),))

@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import math
-from typing import Any, overload
+from typing import Any
 
 import numpy as np
 
 from everyo import conveniences, functional
 from everyo.axes import check_axis
+from everyo.devices import check_device, is_device
 from everyo.dispatch import dispatch
 from everyo.dtypes import BFLOAT16, is_floating, resolve_dtype
 from everyo.errors import EveryOError
 from everyo.random import resolve_generator
-from everyo.shape_args import sizes
+from everyo.shape_args import Size, sizes
 
 DEFAULT_FLOAT = np.dtype(np.float32)
 
@@ -52,58 +52,6 @@ def _check_grad_dtype(dtype: np.dtype) -> None:
         raise EveryOError(
             f"only floating-point tensors can require gradients; this one is {dtype.name}"
         )
-
-
-class Size(int):
-    """``t.size``: the number of elements, an int as NumPy's ``size`` is; called, it is
-    PyTorch's ``t.size()`` (the shape, a tuple) or ``t.size(axis)`` (one axis' length).
-
-    Example:
-        >>> import everyo as eo
-        >>> x = eo.zeros(2, 3)
-        >>> x.size, x.size(), x.size(-1)
-        (6, (2, 3), 3)
-    """
-
-    shape: tuple
-
-    def __new__(cls, shape: tuple) -> Size:
-        size = super().__new__(cls, math.prod(shape))
-        size.shape = shape
-        return size
-
-    @overload
-    def __call__(self) -> tuple: ...
-
-    @overload
-    def __call__(self, dim: int) -> int: ...
-
-    def __call__(self, dim=None):
-        if dim is None:
-            return self.shape
-        if not self.shape:
-            raise EveryOError(f"size({dim!r}): a 0-d tensor has no axes")
-        return self.shape[check_axis(dim, len(self.shape), "size", self.shape)]
-
-    def __reduce__(self):  # pickled, copied and saved as the plain int it is
-        return (int, (int(self),))
-
-
-_DEVICE_TYPES = ("cpu", "cuda", "mps", "xpu", "hip", "meta", "xla", "ipu", "vulkan")
-
-
-def is_device(value) -> bool:
-    """Whether ``value`` names a device (``"cpu"``, ``"cuda:0"``, a ``torch.device``)."""
-    if not isinstance(value, str) and type(value).__name__ != "device":
-        return False
-    return str(value).split(":")[0] in _DEVICE_TYPES
-
-
-def check_device(device, what: str) -> None:
-    """Accept the CPU (EveryO's only device: a no-op); refuse any other by name."""
-    if str(device).split(":")[0] != "cpu":
-        raise EveryOError(f"{what}: EveryO computes on the CPU only; device {str(device)!r} is "
-                          f"not available (.to('cpu') is accepted and does nothing)")
 
 
 def _array(x) -> np.ndarray:

@@ -11,7 +11,7 @@ import numpy as np
 from everyo.dispatch import dispatch
 from everyo.errors import EveryOError
 from everyo.shape_args import axes as axes_of
-from everyo.shape_args import sizes
+from everyo.shape_args import sizes, unpacked
 
 
 def _unary(name: str, doc: str):
@@ -126,10 +126,10 @@ def transpose(x, *axes):
     """
     if not axes or axes == (None,):
         return dispatch("transpose", x, axes=None)
-    order = axes_of(axes, np.ndim(x), "transpose")
     if len(axes) == 2 and not isinstance(axes[0], (tuple, list, np.ndarray)):
-        _refuse_a_two_axis_swap(order, np.ndim(x))
-    return dispatch("transpose", x, axes=order)
+        ndim = x.ndim if hasattr(x, "ndim") else np.ndim(x)
+        _refuse_a_two_axis_swap(axes_of(axes, ndim, "transpose"), ndim)
+    return dispatch("transpose", x, axes=unpacked(axes))  # (the op checks the permutation)
 
 
 def _refuse_a_two_axis_swap(order: tuple, ndim: int) -> None:

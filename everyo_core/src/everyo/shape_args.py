@@ -4,7 +4,6 @@ the creation functions, ``reshape``/``view``, ``expand``, ``permute`` and ``tran
 
 from __future__ import annotations
 
-import math
 from typing import overload
 
 import numpy as np
@@ -18,7 +17,7 @@ def unpacked(args: tuple) -> tuple:
     ``([2, 3],)`` are all ``(2, 3)``."""
     if len(args) == 1 and isinstance(args[0], (tuple, list, np.ndarray)):
         return tuple(args[0])
-    return tuple(args)
+    return args
 
 
 def _is_int(value) -> bool:
@@ -43,6 +42,13 @@ def sizes(args: tuple, op: str, minus_one: str = "never") -> tuple[int, ...]:
         everyo.errors.EveryOError: zeros: size -1 in (2, -1) is negative
     """
     shape = unpacked(args)
+    for size in shape:  # the hot case first: plain ints, -1 where allowed
+        if type(size) is not int or size < -1:
+            break
+    else:
+        unknown = shape.count(-1)
+        if not unknown or (unknown == 1 and minus_one != "never") or minus_one == "any":
+            return shape
     for size in shape:
         if not _is_int(size):
             raise EveryOError(f"{op}: sizes must be ints, got {size!r} ({type(size).__name__})")
@@ -63,8 +69,9 @@ def axes(args: tuple, ndim: int, op: str) -> tuple[int, ...]:
     as given (negative ones too)."""
     found = unpacked(args)
     for axis in found:
-        check_axis(axis, ndim, op)
-    return tuple(int(axis) for axis in found)
+        if type(axis) is not int or not -ndim <= axis < ndim:
+            check_axis(axis, ndim, op)  # (the rule and its message; plain ints in range pass)
+    return tuple(found)
 
 
 class Size(int):
@@ -80,8 +87,8 @@ class Size(int):
 
     shape: tuple
 
-    def __new__(cls, shape: tuple) -> Size:
-        size = super().__new__(cls, math.prod(shape))
+    def __new__(cls, count: int, shape: tuple) -> Size:
+        size = int.__new__(cls, count)
         size.shape = shape
         return size
 

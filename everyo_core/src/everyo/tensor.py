@@ -184,7 +184,7 @@ class Tensor:
     def size(self) -> Size:
         """The number of elements (an int, as NumPy's ``size``); called, PyTorch's
         ``t.size()`` (the shape) or ``t.size(axis)`` (one axis' length)."""
-        return Size(self.shape)  # (the traced shape during an ONNX export: sizes stay symbolic)
+        return Size(self.data.size, self.shape)  # (traced: the sizes stay symbolic)
 
     def numel(self) -> int:
         """The number of elements (PyTorch's name for ``size``)."""
@@ -528,8 +528,9 @@ def _fill(value, op: str):
 
 def _filled(fill, shape: tuple, dtype, requires_grad, op: str) -> Tensor:
     dtype = _normalize_dtype(dtype) or DEFAULT_FLOAT
-    return Tensor(np.full(sizes(shape, op), _fill(fill, op), dtype=dtype),
-                  requires_grad=requires_grad)
+    if type(fill) not in (int, float):  # (zeros' and ones' own fills need no check)
+        fill = _fill(fill, op)
+    return Tensor(np.full(sizes(shape, op), fill, dtype=dtype), requires_grad=requires_grad)
 
 
 def zeros(*shape, dtype=None, requires_grad: bool = False) -> Tensor:

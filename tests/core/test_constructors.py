@@ -35,6 +35,13 @@ import everyo as eo
     (lambda: eo.split(eo.zeros(2, 3), 1, axis=True), r"split: axis must be an int, got True"),
     (lambda: eo.zeros(2, 3).swapaxes(0, 1.0), r"swapaxes: axis must be an int, got 1.0"),
     (lambda: eo.zeros(()).swapaxes(0, 0), r"swapaxes: axis 0 is out of range .* 0 axes"),
+    # more than memory holds (NumPy's MemoryError or "array is too big" ValueError)
+    (lambda: eo.ones(10**8, 10**8), r"ones: a float32 tensor of shape \(100000000, 100000000\) "
+                                    r"needs 4e\+16 bytes"),
+    (lambda: eo.zeros(10**10, 10**10), r"zeros: a float32 tensor of shape .* needs 4e\+20 bytes"),
+    (lambda: eo.randn(10**8, 10**8), r"randn: a float32 tensor of shape .* needs"),
+    (lambda: eo.rand(10**8, 10**8, seed=0), r"rand: a float32 tensor of shape .* needs"),
+    (lambda: eo.arange(1e17), r"arange: .* needs"),
 ])
 def test_bad_input_to_constructors_and_shape_arguments_is_named(call, message):
     with pytest.raises(eo.EveryOError, match=message):

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -526,11 +528,27 @@ def _fill(value, op: str):
     return array.reshape(())
 
 
+@contextmanager
+def _allocating(op: str, shape: tuple, dtype: np.dtype) -> Iterator[None]:
+    """Name NumPy's failure to allocate a tensor (``MemoryError``, or a ``ValueError`` "array
+    is too big" past what an index can count)."""
+    try:
+        yield
+    except (MemoryError, ValueError) as exc:
+        if isinstance(exc, ValueError) and "too big" not in str(exc):
+            raise
+        needed = math.prod(shape) * dtype.itemsize
+        raise EveryOError(f"{op}: a {dtype.name} tensor of shape {shape} needs {needed:.2g} "
+                          f"bytes, more than can be allocated") from None
+
+
 def _filled(fill, shape: tuple, dtype, requires_grad, op: str) -> Tensor:
-    dtype = _normalize_dtype(dtype) or DEFAULT_FLOAT
+    dtype, shape = _normalize_dtype(dtype) or DEFAULT_FLOAT, sizes(shape, op)
     if type(fill) not in (int, float):  # (zeros' and ones' own fills need no check)
         fill = _fill(fill, op)
-    return Tensor(np.full(sizes(shape, op), fill, dtype=dtype), requires_grad=requires_grad)
+    with _allocating(op, shape, dtype):
+        data = np.full(shape, fill, dtype=dtype)
+    return Tensor(data, requires_grad=requires_grad)
 
 
 def zeros(*shape, dtype=None, requires_grad: bool = False) -> Tensor:
@@ -572,16 +590,18 @@ def _generator(seed) -> np.random.Generator:
 def randn(*shape, seed=None, dtype=None, requires_grad: bool = False) -> Tensor:
     """Standard-normal samples: from a generator of their own with ``seed``, else from the
     global one :func:`everyo.manual_seed` seeds (as ``torch.randn``)."""
-    dtype = _normalize_dtype(dtype) or DEFAULT_FLOAT
-    data = _generator(seed).standard_normal(sizes(shape, "randn")).astype(dtype)
+    dtype, shape = _normalize_dtype(dtype) or DEFAULT_FLOAT, sizes(shape, "randn")
+    with _allocating("randn", shape, dtype):
+        data = _generator(seed).standard_normal(shape).astype(dtype)
     return Tensor(data, requires_grad=requires_grad)
 
 
 def rand(*shape, seed=None, dtype=None, requires_grad: bool = False) -> Tensor:
     """Uniform samples in [0, 1): from a generator of their own with ``seed``, else from the
     global one :func:`everyo.manual_seed` seeds (as ``torch.rand``)."""
-    dtype = _normalize_dtype(dtype) or DEFAULT_FLOAT
-    data = _generator(seed).random(sizes(shape, "rand")).astype(dtype)
+    dtype, shape = _normalize_dtype(dtype) or DEFAULT_FLOAT, sizes(shape, "rand")
+    with _allocating("rand", shape, dtype):
+        data = _generator(seed).random(shape).astype(dtype)
     return Tensor(data, requires_grad=requires_grad)
 
 
@@ -597,7 +617,10 @@ def arange(start=None, stop=None, step=1, dtype=None) -> Tensor:
         raise EveryOError("arange: step must be non-zero")
     if start is None:
         raise EveryOError("arange: give the end, as eo.arange(5), or start and end")
-    data = np.arange(start, stop, step) if stop is not None else np.arange(0, start, step)
+    start, stop = (0, start) if stop is None else (start, stop)
+    count = max(math.ceil((stop - start) / step), 0)
+    with _allocating("arange", (count,), np.result_type(start, stop, step)):
+        data = np.arange(start, stop, step)
     return Tensor(_default_float(data.astype(_normalize_dtype(dtype) or data.dtype), dtype, False))
 
 

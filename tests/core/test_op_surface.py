@@ -56,3 +56,14 @@ def test_no_module_attaches_methods_to_tensor_with_setattr():
     offenders = [path.name for path in SOURCE.glob("*.py")
                  if path.name != "inplace.py" and "setattr(Tensor" in path.read_text()]
     assert offenders == []
+
+
+def test_a_new_row_reaches_the_exports_and_the_methods(monkeypatch):
+    monkeypatch.setitem(SURFACE, "hypot", ("functional", (FUNCTION, METHOD)))
+    monkeypatch.setitem(SURFACE, "outer", ("conveniences", (FUNCTION,)))
+    init = op_surface.generated_init((SOURCE / "__init__.py").read_text())
+    body = op_surface.generated_tensor((SOURCE / "tensor.py").read_text())
+    assert "    hypot,\n" in init and "    outer,\n" in init
+    assert "    hypot = functional.hypot\n" in body and "outer =" not in body
+    compile(init, "__init__.py", "exec")
+    compile(body, "tensor.py", "exec")

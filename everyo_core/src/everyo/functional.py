@@ -6,6 +6,8 @@ Which of them are ``eo.<name>`` and which are also Tensor methods is decided in 
 
 from __future__ import annotations
 
+from typing import Any, Callable, Protocol
+
 import numpy as np
 
 from everyo.dispatch import dispatch
@@ -14,7 +16,22 @@ from everyo.shape_args import axes as axes_of
 from everyo.shape_args import sizes, unpacked
 
 
-def _unary(name: str, doc: str):
+class Reduction(Protocol):
+    """The signature of a reduction (``eo.sum(x, axis=None, keepdims=False)``, ``argmax``...),
+    spelled out for type checkers; as a Tensor attribute it binds ``x`` (:class:`BoundReduction`)."""
+
+    def __call__(self, x: Any, axis: Any = None, keepdims: bool = False) -> Any: ...
+
+    def __get__(self, instance: Any, owner: Any = None) -> BoundReduction: ...
+
+
+class BoundReduction(Protocol):
+    """A reduction as a Tensor method: ``x.sum(axis=None, keepdims=False)``."""
+
+    def __call__(self, axis: Any = None, keepdims: bool = False) -> Any: ...
+
+
+def _unary(name: str, doc: str) -> Callable[[Any], Any]:
     def fn(x):
         return dispatch(name, x)
 
@@ -32,7 +49,7 @@ sigmoid = _unary("sigmoid", "Elementwise logistic function, stable for large |x|
 relu = _unary("relu", "Elementwise max(x, 0).")
 
 
-def _reduction(name: str, doc: str):
+def _reduction(name: str, doc: str) -> Reduction:
     def fn(x, axis=None, keepdims=False):
         return dispatch(name, x, axis=axis, keepdims=keepdims)
 

@@ -60,7 +60,7 @@ def _array(x) -> np.ndarray:
     return x.data if isinstance(x, Tensor) else np.asarray(x)
 
 
-def _index_of(reducer, name: str):
+def _index_of(reducer, name: str) -> functional.Reduction:
     def fn(x, axis=None, keepdims: bool = False) -> Tensor:
         data = _array(x)
         if axis is not None:

@@ -129,6 +129,8 @@ def test_transpose_of_two_axes_is_never_a_silent_no_op(torch):
         x.transpose(-2, -1)
     with pytest.raises(eo.EveryOError, match=r"names 2 of the tensor's 3 axes.*swapaxes\(0, 2\)"):
         eo.zeros(2, 3, 4).transpose(0, 2)
+    with pytest.raises(eo.EveryOError, match=r"names 2 of the tensor's 0 axes"):
+        eo.tensor(1.0).transpose(0, 0)
     # where NumPy's and PyTorch's meanings agree, the swap works; a tuple is a permutation
     t = torch.tensor(x.data)
     np.testing.assert_array_equal(x.transpose(1, 0).data, t.transpose(1, 0).numpy())

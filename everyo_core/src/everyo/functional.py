@@ -136,10 +136,12 @@ def transpose(x, *axes):
     """Permute the axes as NumPy does (reverse them by default): ``transpose(x, (2, 0, 1))``
     or ``x.transpose(2, 0, 1)``.
 
-    Two axes given separately are PyTorch's ``transpose(dim0, dim1)`` (a swap) wherever
-    NumPy's meaning would differ: on a 2-D tensor ``x.transpose(0, 1)`` is NumPy's identity
-    permutation, so it raises ``EveryOError`` pointing at ``swapaxes`` rather than silently
-    doing nothing (``x.transpose((0, 1))``, a tuple, is the identity on purpose).
+    Two axes given separately are where ported PyTorch code means ``transpose(dim0, dim1)``,
+    a swap. Where NumPy's meaning differs from that swap — ``x.transpose(0, 1)`` on a 2-D
+    tensor is NumPy's identity permutation, and two axes of a 3-D tensor are no permutation at
+    all — it raises ``EveryOError`` pointing at ``swapaxes`` instead of silently doing
+    nothing; ``x.transpose(1, 0)`` on a 2-D tensor is the swap in both meanings and works, and
+    ``x.transpose((0, 1))``, a tuple, is the identity on purpose.
     """
     if not axes or axes == (None,):
         return dispatch("transpose", x, axes=None)
@@ -152,15 +154,15 @@ def transpose(x, *axes):
 def _refuse_a_two_axis_swap(order: tuple, ndim: int) -> None:
     """``x.transpose(a, b)`` is a permutation only on a 2-D tensor, and there (0, 1) is the
     identity: both are where PyTorch code means a swap of two axes."""
-    a, b = (axis % ndim for axis in order)
+    a, b = (axis % (ndim or 1) for axis in order)  # (`max` here is eo.max)
     if ndim == 2 and (a, b) == (1, 0):
         return  # the swap in both meanings
     what = ("is the identity permutation of a 2-D tensor (NumPy's meaning)" if ndim == 2 else
             f"names 2 of the tensor's {ndim} axes, not a permutation of all of them")
+    identity = f"; for the identity on purpose, pass a tuple: x.transpose({order})"
     raise EveryOError(f"transpose{order}: EveryO's transpose permutes the axes as NumPy's does, "
                       f"and this {what}; to swap two axes as PyTorch's transpose(dim0, dim1) "
-                      f"does, use x.swapaxes{order}; for the identity on purpose, pass a tuple: "
-                      f"x.transpose({order})")
+                      f"does, use x.swapaxes{order}{identity if ndim == 2 else ''}")
 
 
 def concatenate(tensors, axis=0):

@@ -117,7 +117,8 @@ def test_an_op_whose_operands_have_no_common_dtype_is_refused_by_name():
         def forward(self, a, b):
             return np.concatenate([a, b])
 
-    stamp = eo.tensor(np.array(["2026-12-01"], "datetime64[D]"))
+    # (an operand array: eo.tensor refuses a non-numeric dtype itself)
+    stamp = np.array(["2026-12-01"], "datetime64[D]")
     with pytest.raises(eo.EveryOError, match=r"'join' cannot combine dtypes "
                                              r"\['datetime64\[D\]', 'float32'\]"):
         Join.apply(eo.ones(1), stamp)

@@ -40,7 +40,7 @@ def test_double_float_half_and_cpu():
 
 def test_other_devices_and_two_dtypes_are_refused():
     model = eo.Linear(2, 2)
-    with pytest.raises(eo.EveryOError, match="CPU only, got device 'cuda:0'"):
+    with pytest.raises(eo.EveryOError, match="CPU only; device 'cuda:0'"):
         model.to("cuda:0")
     with pytest.raises(eo.EveryOError, match="two dtypes"):
         model.to("float32", "float64")

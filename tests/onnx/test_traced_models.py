@@ -292,3 +292,39 @@ def test_a_bfloat16_model_exports_as_float32(tmp_path, onnx):
         expected = model.eval()(eo.tensor(x)).data.astype(np.float32)
     # The graph computes in float32; the model rounds every result to bfloat16 (8 bits).
     np.testing.assert_allclose(eo.run_onnx(path, x), expected, rtol=2e-2, atol=2e-2)
+
+
+class _Diagonals(eo.Module):
+    """eo.diag both ways: of a vector along the (symbolic) batch axis, of a fixed-size vector
+    and of fixed-size matrices, with offsets."""
+
+    def forward(self, x):
+        batch_square = eo.diag(x[:, 0, 0], -1)  # (b + 1, b + 1)
+        fixed = eo.diag(x[0, 0], 2)  # (7, 7)
+        wide, tall = eo.diag(x[0], 1), eo.diag(x[0].T, -2)  # (3, 5) -> 3, (5, 3) -> 3
+        return batch_square.sum() + fixed.sum(axis=0) + (wide * tall).sum()
+
+
+def test_diag_exports_both_ways_and_keeps_infinities(tmp_path):
+    path = tmp_path / "diag.onnx"
+    eo.export_onnx(_Diagonals(), path, input_shape=(2, 3, 5), verify=True)
+    assert_parity(_Diagonals(), path, lambda n: [(n, 3, 5)])
+    assert {"EyeLike", "Where"} <= set(op_types(path))
+    x = np.random.default_rng(0).standard_normal((2, 3, 5)).astype(np.float32)
+    x[0, 1, 0], x[0, 2, 1] = np.inf, -np.inf  # off the matrices' diagonals, off the vectors
+    finite = eo.run_onnx(path, x)
+    assert np.all(np.isfinite(finite))  # (inf * 0 would have made them NaN)
+    np.testing.assert_allclose(finite, _Diagonals()(eo.tensor(x)).data, rtol=1e-6)
+    x[1, 0, 0] = np.inf  # in the batch vector: the square's other elements stay 0, not NaN
+    np.testing.assert_array_equal(eo.run_onnx(path, x), np.full(7, np.inf, np.float32))
+
+
+def test_diag_of_a_matrix_that_follows_the_input_is_refused_by_name(tmp_path):
+    class Time(eo.Module):
+        def forward(self, x):
+            return eo.diag(x[0])
+
+    with pytest.raises(eo.EveryOSerializationError, match="diag of a matrix whose size "
+                                                          "follows the input"):
+        eo.export_onnx(Time(), tmp_path / "m.onnx", input_shape=(2, 4, 4),
+                       dynamic_axes={"input": {1: "time"}})

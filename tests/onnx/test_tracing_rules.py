@@ -293,3 +293,17 @@ def test_a_negative_symbolic_size_is_floor_divided_like_python(length, tmp_path)
     actual = eo.run_onnx(path, x)
     assert actual.shape == expected.shape
     np.testing.assert_allclose(actual, expected, rtol=1e-6)
+
+
+class _FlattenBySize(eo.Module):
+    def forward(self, x):
+        return x.view(x.size(0), -1).reshape((x.size()[0], x.size(1) * x.size(-1))) * 2.0
+
+
+def test_pytorchs_size_calls_stay_symbolic_in_an_export(tmp_path):
+    path = tmp_path / "m.onnx"
+    eo.export_onnx(_FlattenBySize(), path, input_shape=(2, 6, 3),
+                   dynamic_axes={"input": {0: "batch", 1: "sequence"}})
+    x = np.random.default_rng(0).standard_normal((5, 4, 3)).astype(np.float32)
+    np.testing.assert_allclose(eo.run_onnx(path, x), _FlattenBySize()(eo.tensor(x)).data,
+                               rtol=1e-6)

@@ -24,10 +24,23 @@ z.backward()
 grads: tuple = eo.grad((x * x).sum(), [x])
 optimizer = eo.SGD([w], lr=0.1)
 optimizer.step()
+# the op surface's generated methods and functions (everyo/op_surface.py), PyTorch's forms
+rows: int = x.size(0) + x.size + x.numel() + x.dim()
+shape: tuple = x.size()
+pieces: tuple = x.pow(2).view(2, 1).split(1)
+d = eo.diag(x).transpose(1, 0).permute((0, 1)).argmax(axis=0)
+total = x.sum(axis=0, keepdims=True).exp().max() + eo.mean(x, axis=0) + eo.argmin(x, 0)
+drawn = eo.multinomial(eo.full((3,), 1.0), 2).to("cpu")
 '''
 
 WRONG_CODE = USER_CODE + '''
 n: int = x + 1
+'''
+
+
+MISSPELLED_CODE = USER_CODE + '''
+x.sum(axes=0)
+eo.exp(x, 2)
 '''
 
 
@@ -48,6 +61,14 @@ def test_type_checker_sees_what_operators_return(tmp_path):
     # The same code with one wrong annotation must fail: the operators are typed, not Any.
     result = mypy(tmp_path, WRONG_CODE)
     assert result.returncode == 1 and 'has type "Tensor"' in result.stdout, result.stdout
+
+
+def test_type_checker_sees_the_op_surfaces_signatures(tmp_path):
+    # The generated methods and functions (everyo/op_surface.py) carry their signatures.
+    result = mypy(tmp_path, MISSPELLED_CODE)
+    assert result.returncode == 1, result.stdout
+    assert 'Unexpected keyword argument "axes"' in result.stdout, result.stdout
+    assert "Too many arguments" in result.stdout, result.stdout
 
 
 def test_the_core_type_checks():

@@ -14,10 +14,9 @@ from everyo import init
 from everyo.autograd import Op, unbroadcast
 from everyo.containers import ModuleDict, ModuleList
 from everyo.conveniences import (
-    argmax,
-    argmin,
     chunk,
     cumsum,
+    diag,
     einsum,
     expand,
     gather,
@@ -87,8 +86,11 @@ from everyo.serialization import load, save
 from everyo.tensor import (
     Tensor,
     arange,
+    argmax,
+    argmin,
     full,
     full_like,
+    multinomial,
     ones,
     ones_like,
     rand,

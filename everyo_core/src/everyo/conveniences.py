@@ -1,31 +1,37 @@
-"""Tensor functions ported PyTorch code uses, as ``eo.<name>`` and as Tensor methods:
-``split``, ``chunk``, ``view``, ``masked_fill``, ``tril``, ``triu``, ``unsqueeze``, ``permute``,
-``swapaxes``, ``expand``, ``gather``, ``cumsum``, ``argmax``, ``argmin`` and ``einsum``.
+"""Tensor functions ported PyTorch code uses: ``split``, ``chunk``, ``view``, ``masked_fill``,
+``tril``, ``triu``, ``diag``, ``unsqueeze``, ``permute``, ``swapaxes``, ``expand``, ``gather``,
+``cumsum`` and ``einsum`` (which are ``eo.<name>`` and Tensor methods: :mod:`everyo.op_surface`).
 
 They keep PyTorch's meanings (``split`` by piece size, ``chunk`` by number of pieces) with
 EveryO's ``axis=`` where PyTorch says ``dim=``. Most are compositions of existing ops; ``expand``,
-``tril``/``triu``, ``gather``, ``cumsum`` and ``einsum`` are ops of their own (``everyo.ops``).
+``tril``/``triu``, ``diag``, ``gather``, ``cumsum`` and ``einsum`` are ops of their own
+(``everyo.ops``). This module does not import :mod:`everyo.tensor` (whose class body takes
+these functions as methods): a tensor argument is recognised by what it holds.
 """
 
 from __future__ import annotations
 
+import numbers
+
 import numpy as np
 
+from everyo.axes import check_axis
 from everyo.dispatch import dispatch
+from everyo.dtypes import resolve_dtype
 from everyo.errors import EveryOError
-from everyo.tensor import Tensor
+from everyo.shape_args import axes as axes_of
+from everyo.shape_args import sizes as sizes_of
 
-
-def _shape_args(shape) -> tuple:
-    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
-        return tuple(shape[0])
-    return tuple(shape)
+#: What a non-tensor argument can be (everything else passed as a value is a Tensor).
+_PLAIN = (numbers.Number, np.generic, np.ndarray, list, tuple, str, bytes)
 
 
 def _axis(axis: int, ndim: int, op: str) -> int:
-    if not -ndim <= axis < ndim:
-        raise EveryOError(f"{op}: axis {axis} is out of range for a tensor with {ndim} axes")
-    return axis % ndim
+    """``check_axis``'s rule, without its 0-d allowance: these functions need a real axis."""
+    checked = check_axis(axis, ndim, op)
+    if ndim == 0:
+        raise EveryOError(f"{op}: axis {axis} is out of range for a tensor with 0 axes")
+    return checked
 
 
 def _whole(value, what: str, op: str) -> int:
@@ -36,7 +42,7 @@ def _whole(value, what: str, op: str) -> int:
     return int(value)
 
 
-def _pieces(x: Tensor, sizes: list, axis: int) -> tuple:
+def _pieces(x, sizes: list, axis: int) -> tuple:
     out, start = [], 0
     lead = (slice(None),) * axis
     for n in sizes:
@@ -87,16 +93,17 @@ def chunk(x, chunks: int, axis: int = 0) -> tuple:
     return split(x, -(-n // chunks), axis)
 
 
-def view(x, *shape) -> Tensor:
+def view(x, *shape):
     """``reshape`` under PyTorch's name (EveryO tensors have no strides to keep)."""
-    return dispatch("reshape", x, shape=_shape_args(shape))
+    return dispatch("reshape", x, shape=sizes_of(shape, "view", minus_one="once"))
 
 
 def _fill_value(value, dtype: np.dtype):
     """``value`` in the tensor's ``dtype``, as PyTorch's ``masked_fill`` casts it (a float
     into an int tensor truncates toward zero), refusing what does not fit the dtype."""
-    if isinstance(value, Tensor):
-        return value if value.data.dtype == dtype else value.astype(dtype)
+    if not isinstance(value, _PLAIN):  # a Tensor: cast in the graph, so it stays differentiable
+        return value if resolve_dtype(value.dtype) == dtype else dispatch("cast", value,
+                                                                           dtype=dtype)
     array = np.asarray(value)
     if array.dtype.kind not in "biuf":
         raise EveryOError(f"masked_fill: value must be a number or a Tensor, got {value!r}")
@@ -116,7 +123,7 @@ def _fill_value(value, dtype: np.dtype):
     return cast
 
 
-def masked_fill(x, mask, value) -> Tensor:
+def masked_fill(x, mask, value):
     """``x`` with ``value`` wherever ``mask`` (broadcast against ``x``) is True.
 
     The result keeps ``x``'s dtype, as in PyTorch: ``value`` is cast to it (a float into an
@@ -127,7 +134,7 @@ def masked_fill(x, mask, value) -> Tensor:
         >>> eo.masked_fill(eo.zeros(3), np.array([True, False, True]), -1.0).data
         array([-1.,  0., -1.], dtype=float32)
     """
-    array = mask.data if isinstance(mask, Tensor) else np.asarray(mask)
+    array = np.asarray(mask)  # (a Tensor hands over its data)
     if array.dtype != bool:
         raise EveryOError(f"masked_fill: the mask must be boolean, got {array.dtype}")
     try:
@@ -139,32 +146,46 @@ def masked_fill(x, mask, value) -> Tensor:
                           f"tensor's {x.data.shape}")
     # NOTE: a Tensor mask goes to the op as itself, so a tracer (ONNX export) sees where it
     # came from (e.g. a comparison of traced tensors).
-    return dispatch("where", mask if isinstance(mask, Tensor) else array,
+    return dispatch("where", array if isinstance(mask, _PLAIN) else mask,
                     _fill_value(value, x.data.dtype), x)
 
 
-def tril(x, k: int = 0) -> Tensor:
+def tril(x, k: int = 0):
     """The lower triangle of the last two axes (on and below diagonal ``k``), zeros above."""
     return dispatch("tril", x, k=k)
 
 
-def triu(x, k: int = 0) -> Tensor:
+def triu(x, k: int = 0):
     """The upper triangle of the last two axes (on and above diagonal ``k``), zeros below."""
     return dispatch("triu", x, k=k)
 
 
-def unsqueeze(x, axis: int) -> Tensor:
+def diag(x, diagonal: int = 0):
+    """PyTorch's ``diag``: a vector becomes a square matrix with it on diagonal ``diagonal``
+    (above the main one for ``diagonal > 0``), a matrix gives that diagonal as a vector.
+
+    Example:
+        >>> import everyo as eo
+        >>> eo.diag(eo.tensor([1.0, 2.0]), 1).data
+        array([[0., 1., 0.],
+               [0., 0., 2.],
+               [0., 0., 0.]], dtype=float32)
+    """
+    return dispatch("diag", x, diagonal=diagonal)
+
+
+def unsqueeze(x, axis: int):
     """``x`` with a new axis of length 1 at ``axis``."""
     at = _axis(axis, x.ndim + 1, "unsqueeze")
     return dispatch("reshape", x, shape=x.shape[:at] + (1,) + x.shape[at:])
 
 
-def permute(x, *axes) -> Tensor:
+def permute(x, *order):
     """Reorder the axes: ``x.permute(0, 3, 1, 2)`` turns NHWC into NCHW."""
-    return dispatch("transpose", x, axes=_shape_args(axes))
+    return dispatch("transpose", x, axes=axes_of(order, x.ndim, "permute"))
 
 
-def swapaxes(x, axis0: int, axis1: int) -> Tensor:
+def swapaxes(x, axis0: int, axis1: int):
     """Exchange two axes (PyTorch's ``transpose(dim0, dim1)``)."""
     order = list(range(x.ndim))
     a, b = _axis(axis0, x.ndim, "swapaxes"), _axis(axis1, x.ndim, "swapaxes")
@@ -172,24 +193,25 @@ def swapaxes(x, axis0: int, axis1: int) -> Tensor:
     return dispatch("transpose", x, axes=tuple(order))
 
 
-def expand(x, *sizes) -> Tensor:
-    """Broadcast ``x`` to ``sizes``; ``-1`` keeps an axis' length, as in PyTorch.
+def expand(x, *shape):
+    """Broadcast ``x`` to ``shape`` (sizes, or one tuple of them); ``-1`` keeps an axis'
+    length, as in PyTorch.
 
     Example:
         >>> import everyo as eo
         >>> eo.expand(eo.ones(3, 1), 3, 4).shape
         (3, 4)
     """
-    sizes = _shape_args(sizes)
-    extra = len(sizes) - x.ndim
+    wanted = sizes_of(shape, "expand", minus_one="any")
+    extra = len(wanted) - x.ndim
     if extra < 0:
-        raise EveryOError(f"expand: {len(sizes)} sizes for a tensor with {x.ndim} axes")
+        raise EveryOError(f"expand: {len(wanted)} sizes for a tensor with {x.ndim} axes")
     shape = tuple(x.shape[i - extra] if s == -1 and i >= extra else s
-                  for i, s in enumerate(sizes))
+                  for i, s in enumerate(wanted))
     return dispatch("expand", x, shape=shape)
 
 
-def gather(x, axis: int, index) -> Tensor:
+def gather(x, axis: int, index):
     """``out[i][j][k] = x[i][index[i][j][k]][k]`` for ``axis=1`` (PyTorch's ``gather``).
 
     Example:
@@ -198,33 +220,16 @@ def gather(x, axis: int, index) -> Tensor:
         array([[2.],
                [3.]], dtype=float32)
     """
-    index = index.data if isinstance(index, Tensor) else np.asarray(index)
+    index = np.asarray(index)  # (a Tensor hands over its data)
     return dispatch("gather", x, axis=axis, index=index)
 
 
-def cumsum(x, axis: int) -> Tensor:
+def cumsum(x, axis: int):
     """Running sum along ``axis``."""
     return dispatch("cumsum", x, axis=axis)
 
 
-def _arg(reducer, name):
-    def fn(x, axis=None, keepdims: bool = False) -> Tensor:
-        data = x.data if isinstance(x, Tensor) else np.asarray(x)
-        if axis is not None:
-            _axis(axis, data.ndim, name)
-        return Tensor._make(np.asarray(reducer(data, axis=axis, keepdims=keepdims)), False, None)
-
-    fn.__name__ = fn.__qualname__ = name
-    fn.__doc__ = (f"Index of the {name[3:]}imum over ``axis`` (of the flattened tensor by "
-                  f"default); an integer tensor with no gradient.")
-    return fn
-
-
-argmax = _arg(np.argmax, "argmax")
-argmin = _arg(np.argmin, "argmin")
-
-
-def einsum(equation: str, *operands) -> Tensor:
+def einsum(equation: str, *operands):
     """Einstein summation, differentiable in every operand (``...`` supported).
 
     Example:
@@ -235,11 +240,3 @@ def einsum(equation: str, *operands) -> Tensor:
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
         operands = tuple(operands[0])
     return dispatch("einsum", *operands, equation=equation)
-
-
-TENSOR_METHODS = ("split", "chunk", "view", "masked_fill", "tril", "triu", "unsqueeze",
-                  "permute", "swapaxes", "expand", "gather", "cumsum", "argmax", "argmin")
-
-for _name in TENSOR_METHODS:
-    setattr(Tensor, _name, globals()[_name])
-del _name

@@ -1,30 +1,22 @@
-"""Devices: EveryO computes on the CPU, so ``"cpu"`` is the one device a PyTorch-style
-``.to(device)`` accepts; any other device is refused by name."""
+"""Devices: EveryO computes on the CPU, so PyTorch's ``.to("cpu")`` is accepted as a no-op and
+any other device is refused by name."""
 
 from __future__ import annotations
 
 from everyo.errors import EveryOError
 
-_DEVICE_TYPES = ("cpu", "cuda", "mps", "xpu", "meta", "xla", "hip", "npu")
+_DEVICE_TYPES = ("cpu", "cuda", "mps", "xpu", "hip", "meta", "xla", "ipu", "vulkan")
 
 
 def is_device(value) -> bool:
-    """True for a device name such as ``"cpu"``, ``"cuda:0"`` (not a dtype name).
-
-    Example:
-        >>> is_device("cpu"), is_device("cuda:1"), is_device("float32")
-        (True, True, False)
-    """
-    return isinstance(value, str) and value.split(":")[0] in _DEVICE_TYPES
+    """Whether ``value`` names a device (``"cpu"``, ``"cuda:0"``, a ``torch.device``)."""
+    if not isinstance(value, str) and type(value).__name__ != "device":
+        return False
+    return str(value).split(":")[0] in _DEVICE_TYPES
 
 
-def check_device(device, where: str) -> None:
-    """Accept the CPU (``"cpu"``, ``"cpu:0"``); refuse any other device naming it.
-
-    Example:
-        >>> check_device("cpu", "Module.to")
-    """
-    if device in ("cpu", "cpu:0"):
-        return
-    raise EveryOError(f"{where}: EveryO computes on the CPU only, got device {device!r}; "
-                      f"use 'cpu' (or leave the device out)")
+def check_device(device, what: str) -> None:
+    """Accept the CPU (EveryO's only device: a no-op); refuse any other by name."""
+    if str(device).split(":")[0] != "cpu":
+        raise EveryOError(f"{what}: EveryO computes on the CPU only; device {str(device)!r} is "
+                          f"not available (.to('cpu') is accepted and does nothing)")

@@ -1,13 +1,37 @@
-"""The core ops as ``eo.`` functions; each is one call to :func:`everyo.dispatch`."""
+"""The core ops as ``eo.`` functions; each is one call to :func:`everyo.dispatch`.
+
+Which of them are ``eo.<name>`` and which are also Tensor methods is decided in one table,
+:mod:`everyo.op_surface`.
+"""
 
 from __future__ import annotations
+
+from typing import Any, Callable, Protocol
 
 import numpy as np
 
 from everyo.dispatch import dispatch
+from everyo.errors import EveryOError
+from everyo.shape_args import axes as axes_of
+from everyo.shape_args import sizes, unpacked
 
 
-def _unary(name: str, doc: str):
+class Reduction(Protocol):
+    """The signature of a reduction (``eo.sum(x, axis=None, keepdims=False)``, ``argmax``...),
+    spelled out for type checkers; as a Tensor attribute it binds ``x`` (:class:`BoundReduction`)."""
+
+    def __call__(self, x: Any, axis: Any = None, keepdims: bool = False) -> Any: ...
+
+    def __get__(self, instance: Any, owner: Any = None) -> BoundReduction: ...
+
+
+class BoundReduction(Protocol):
+    """A reduction as a Tensor method: ``x.sum(axis=None, keepdims=False)``."""
+
+    def __call__(self, axis: Any = None, keepdims: bool = False) -> Any: ...
+
+
+def _unary(name: str, doc: str) -> Callable[[Any], Any]:
     def fn(x):
         return dispatch(name, x)
 
@@ -25,7 +49,7 @@ sigmoid = _unary("sigmoid", "Elementwise logistic function, stable for large |x|
 relu = _unary("relu", "Elementwise max(x, 0).")
 
 
-def _reduction(name: str, doc: str):
+def _reduction(name: str, doc: str) -> Reduction:
     def fn(x, axis=None, keepdims=False):
         return dispatch(name, x, axis=axis, keepdims=keepdims)
 
@@ -102,14 +126,43 @@ def matmul(a, b, bias=None):
     return dispatch("matmul", a, b, bias)
 
 
-def reshape(x, shape):
-    """``x`` with a new shape holding the same elements."""
-    return dispatch("reshape", x, shape=tuple(shape))
+def reshape(x, *shape):
+    """``x`` with a new shape holding the same elements: ``reshape(x, 2, 3)`` or
+    ``reshape(x, (2, 3))``; one size may be -1 (inferred)."""
+    return dispatch("reshape", x, shape=sizes(shape, "reshape", minus_one="once"))
 
 
-def transpose(x, axes=None):
-    """Permute axes (reverse them by default)."""
-    return dispatch("transpose", x, axes=axes)
+def transpose(x, *axes):
+    """Permute the axes as NumPy does (reverse them by default): ``transpose(x, (2, 0, 1))``
+    or ``x.transpose(2, 0, 1)``.
+
+    Two axes given separately are where ported PyTorch code means ``transpose(dim0, dim1)``,
+    a swap. Where NumPy's meaning differs from that swap — ``x.transpose(0, 1)`` on a 2-D
+    tensor is NumPy's identity permutation, and two axes of a 3-D tensor are no permutation at
+    all — it raises ``EveryOError`` pointing at ``swapaxes`` instead of silently doing
+    nothing; ``x.transpose(1, 0)`` on a 2-D tensor is the swap in both meanings and works, and
+    ``x.transpose((0, 1))``, a tuple, is the identity on purpose.
+    """
+    if not axes or axes == (None,):
+        return dispatch("transpose", x, axes=None)
+    if len(axes) == 2 and not isinstance(axes[0], (tuple, list, np.ndarray)):
+        ndim = x.ndim if hasattr(x, "ndim") else np.ndim(x)
+        _refuse_a_two_axis_swap(axes_of(axes, ndim, "transpose"), ndim)
+    return dispatch("transpose", x, axes=unpacked(axes))  # (the op checks the permutation)
+
+
+def _refuse_a_two_axis_swap(order: tuple, ndim: int) -> None:
+    """``x.transpose(a, b)`` is a permutation only on a 2-D tensor, and there (0, 1) is the
+    identity: both are where PyTorch code means a swap of two axes."""
+    a, b = (axis % (ndim or 1) for axis in order)  # (`max` here is eo.max)
+    if ndim == 2 and (a, b) == (1, 0):
+        return  # the swap in both meanings
+    what = ("is the identity permutation of a 2-D tensor (NumPy's meaning)" if ndim == 2 else
+            f"names 2 of the tensor's {ndim} axes, not a permutation of all of them")
+    identity = f"; for the identity on purpose, pass a tuple: x.transpose({order})"
+    raise EveryOError(f"transpose{order}: EveryO's transpose permutes the axes as NumPy's does, "
+                      f"and this {what}; to swap two axes as PyTorch's transpose(dim0, dim1) "
+                      f"does, use x.swapaxes{order}{identity if ndim == 2 else ''}")
 
 
 def concatenate(tensors, axis=0):

@@ -2,17 +2,32 @@
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 import numpy as np
 
-from everyo import functional
+from everyo import conveniences, functional
 from everyo.array_protocol import array_function, array_ufunc
+from everyo.axes import check_axis
+from everyo.devices import check_device, is_device
 from everyo.dispatch import dispatch, shape_hook
-from everyo.dtypes import is_floating, resolve_dtype
+from everyo.dtypes import BFLOAT16, is_floating, resolve_dtype
 from everyo.errors import EveryOError
+from everyo.random import resolve_generator
+from everyo.shape_args import Size, sizes
 
 DEFAULT_FLOAT = np.dtype(np.float32)
+
+
+def _alpha_scaled(other, alpha, method: str):
+    """``alpha * other``, PyTorch's ``alpha=`` of ``add_``/``sub_`` (``other`` as given at 1)."""
+    if isinstance(alpha, (bool, np.bool_)) or not isinstance(alpha, (int, float, np.number)):
+        raise EveryOError(f"{method}: alpha must be a number, got {alpha!r}")
+    if alpha == 1:
+        return other
+    return other * alpha if isinstance(other, Tensor) else np.multiply(other, alpha)
 
 
 def _normalize_dtype(dtype) -> np.dtype | None:
@@ -21,11 +36,106 @@ def _normalize_dtype(dtype) -> np.dtype | None:
     return resolve_dtype(dtype)
 
 
+def _converted(data, dtype: np.dtype | None, what: str, copy: bool) -> np.ndarray:
+    """``data`` as a numeric array (copied when ``copy``), or an ``EveryOError`` naming why not."""
+    try:
+        array = np.array(data, dtype=dtype, copy=True if copy else None)
+    except (ValueError, TypeError, OverflowError) as exc:
+        if "inhomogeneous" in str(exc):
+            problem = "the nested sequences are ragged (their lengths differ)"
+        else:
+            problem = f"the data cannot be converted to {dtype.name if dtype else 'an array'}"
+        raise EveryOError(f"{what}: {problem}: {exc}") from None
+    return _check_numeric(array, what)
+
+
+def _check_numeric(array: np.ndarray, what: str) -> np.ndarray:
+    """``array``, or an ``EveryOError`` when its values are not numbers (strings, objects)."""
+    if array.dtype.kind not in "biufc" and array.dtype != BFLOAT16:
+        hint = (" (object: e.g. None, mixed types, or Python ints beyond 64 bits)"
+                if array.dtype.kind == "O" else "")
+        raise EveryOError(f"{what}: the values are not numeric: dtype {array.dtype.name}"
+                          f"{hint}; a tensor holds booleans, integers or floating-point numbers")
+    return array
+
+
 def _check_grad_dtype(dtype: np.dtype) -> None:
     if not is_floating(dtype):
         raise EveryOError(
             f"only floating-point tensors can require gradients; this one is {dtype.name}"
         )
+
+
+def _array(x) -> np.ndarray:
+    return x.data if isinstance(x, Tensor) else np.asarray(x)
+
+
+def _index_of(reducer, name: str) -> functional.Reduction:
+    def fn(x, axis=None, keepdims: bool = False) -> Tensor:
+        data = _array(x)
+        if axis is not None:
+            axis = check_axis(axis, data.ndim, name, data.shape)
+        empty = data.size == 0 if axis is None else data.ndim and data.shape[axis] == 0
+        if empty:  # PyTorch's rule: the reduced axis (all of them by default) must not be empty
+            raise EveryOError(f"{name}: {'the tensor' if axis is None else f'axis {axis}'} of "
+                              f"shape {data.shape} is empty: there is no {name[3:]}imum to "
+                              f"point at")
+        out = reducer(data, axis=axis if data.ndim else None, keepdims=keepdims)
+        return Tensor._make(np.asarray(out), False, None)
+
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = (f"Index of the {name[3:]}imum over ``axis`` (of the flattened tensor by "
+                  f"default); an integer tensor with no gradient.")
+    return fn
+
+
+# NOTE: outside dispatch (an integer result has no gradient); the ONNX exporter names an
+# output computed this way (everyo_onnx/refusals.py).
+argmax = _index_of(np.argmax, "argmax")
+argmin = _index_of(np.argmin, "argmin")
+
+
+def multinomial(probs, num_samples: int, replacement: bool = False, generator=None) -> Tensor:
+    """Draw ``num_samples`` category indices per row of ``probs`` (non-negative weights,
+    normalised per row; one row or a matrix of rows), PyTorch's ``multinomial``. Without
+    ``replacement`` a category is drawn at most once. The default generator is the one
+    :func:`everyo.manual_seed` seeds.
+
+    Example:
+        >>> import everyo as eo
+        >>> _ = eo.manual_seed(0)
+        >>> eo.multinomial(eo.tensor([0.0, 1.0, 0.0]), 2, replacement=True).data
+        array([1, 1])
+    """
+    weights = _array(probs).astype(np.float64)
+    rows = _sampling_rows(weights, num_samples, replacement)
+    rng = resolve_generator(generator)
+    out = np.stack([rng.choice(len(row), size=num_samples, replace=bool(replacement),
+                               p=row / row.sum()) for row in rows]).astype(np.int64)
+    return Tensor(out if weights.ndim == 2 else out[0])
+
+
+def _sampling_rows(weights: np.ndarray, num_samples, replacement) -> np.ndarray:
+    """``weights`` as rows to sample from, checked as PyTorch checks them."""
+    if weights.ndim not in (1, 2) or weights.shape[-1] == 0:
+        raise EveryOError(f"multinomial: probs must be a non-empty vector or matrix, got shape "
+                          f"{weights.shape}")
+    if isinstance(num_samples, (bool, np.bool_)) or not isinstance(
+            num_samples, (int, np.integer)) or num_samples <= 0:
+        raise EveryOError(f"multinomial: num_samples must be a positive int, got "
+                          f"{num_samples!r}")
+    if not isinstance(replacement, (bool, np.bool_)):
+        raise EveryOError(f"multinomial: replacement must be a bool, got {replacement!r}")
+    rows = weights.reshape(-1, weights.shape[-1])
+    if not np.all(np.isfinite(rows)) or np.any(rows < 0):
+        raise EveryOError("multinomial: probs must be finite and non-negative")
+    if np.any(rows.sum(axis=1) <= 0):
+        raise EveryOError("multinomial: every row of probs needs a positive sum")
+    fewest = int(np.count_nonzero(rows, axis=1).min())
+    if not replacement and num_samples > fewest:
+        raise EveryOError(f"multinomial: cannot draw {num_samples} samples without "
+                          f"replacement from a row with {fewest} non-zero categories")
+    return rows
 
 
 class Tensor:
@@ -50,7 +160,7 @@ class Tensor:
     __array_priority__ = 1000  # ndarray (op) Tensor defers to Tensor's reflected operator
 
     def __init__(self, data, requires_grad: bool = False, dtype=None):
-        array = np.asarray(data, dtype=_normalize_dtype(dtype))
+        array = _converted(data, _normalize_dtype(dtype), "Tensor", copy=False)
         if requires_grad:
             _check_grad_dtype(array.dtype)
         self.data = array
@@ -84,8 +194,18 @@ class Tensor:
         return self.data.ndim
 
     @property
-    def size(self) -> int:
+    def size(self) -> Size:
+        """The number of elements (an int, as NumPy's ``size``); called, PyTorch's
+        ``t.size()`` (the shape) or ``t.size(axis)`` (one axis' length)."""
+        return Size(self.data.size, self.shape)  # (traced: the sizes stay symbolic)
+
+    def numel(self) -> int:
+        """The number of elements (PyTorch's name for ``size``)."""
         return self.data.size
+
+    def dim(self) -> int:
+        """The number of axes (PyTorch's name for ``ndim``)."""
+        return self.data.ndim
 
     @property
     def is_leaf(self) -> bool:
@@ -217,19 +337,19 @@ class Tensor:
         return dispatch("ne", self, other) if _comparable(other) else NotImplemented
 
     # -- in-place writes: dispatched, versioned, never recorded (see everyo.ops.inplace) -------
-    def add_(self, other) -> Tensor:
-        """``self += other`` in place (not recorded for autograd); returns ``self``.
+    def add_(self, other, alpha=1) -> Tensor:
+        """``self += alpha * other`` in place (not recorded for autograd); returns ``self``.
 
         Example:
             >>> import everyo as eo
             >>> eo.ones(2).add_(1.0).data
             array([2., 2.], dtype=float32)
         """
-        return dispatch("add_", self, other)
+        return dispatch("add_", self, _alpha_scaled(other, alpha, "add_"))
 
-    def sub_(self, other) -> Tensor:
-        """``self -= other`` in place; returns ``self``."""
-        return dispatch("sub_", self, other)
+    def sub_(self, other, alpha=1) -> Tensor:
+        """``self -= alpha * other`` in place; returns ``self``."""
+        return dispatch("sub_", self, _alpha_scaled(other, alpha, "sub_"))
 
     def mul_(self, other) -> Tensor:
         """``self *= other`` in place; returns ``self``."""
@@ -262,27 +382,48 @@ class Tensor:
         """``t[index] = value``: writes in place and bumps the version."""
         dispatch("setitem", self, value, index=index)
 
-    # -- elementwise and reduction methods: the eo.<name> functions --------------------------
-    exp = functional.exp
-    log = functional.log
-    sqrt = functional.sqrt
-    tanh = functional.tanh
-    sigmoid = functional.sigmoid
-    relu = functional.relu
+    # -- the op surface's methods: the eo.<name> functions themselves -------------------------
+    # -- methods generated from everyo/op_surface.py (python -m everyo.op_surface) --
     abs = functional.abs
-    neg = functional.neg
+    argmax = argmax
+    argmin = argmin
+    chunk = conveniences.chunk
     clip = functional.clip
-    sum = functional.sum
-    mean = functional.mean
-    max = functional.max
-    min = functional.min
-    var = functional.var
-    softmax = functional.softmax
+    cumsum = conveniences.cumsum
+    diag = conveniences.diag
+    exp = functional.exp
+    expand = conveniences.expand
+    gather = conveniences.gather
+    log = functional.log
     log_softmax = functional.log_softmax
+    masked_fill = conveniences.masked_fill
     matmul = functional.matmul
+    max = functional.max
     maximum = functional.maximum
+    mean = functional.mean
+    min = functional.min
     minimum = functional.minimum
+    multinomial = multinomial
+    neg = functional.neg
     pad = functional.pad
+    permute = conveniences.permute
+    pow = functional.pow
+    relu = functional.relu
+    reshape = functional.reshape
+    sigmoid = functional.sigmoid
+    softmax = functional.softmax
+    split = conveniences.split
+    sqrt = functional.sqrt
+    sum = functional.sum
+    swapaxes = conveniences.swapaxes
+    tanh = functional.tanh
+    transpose = functional.transpose
+    tril = conveniences.tril
+    triu = conveniences.triu
+    unsqueeze = conveniences.unsqueeze
+    var = functional.var
+    view = conveniences.view
+    # -- end of the generated methods --
 
     # -- conversion -------------------------------------------------------------------------
     def item(self):
@@ -309,20 +450,33 @@ class Tensor:
         """Differentiable cast: the gradient is cast back to this tensor's dtype."""
         return dispatch("cast", self, dtype=resolve_dtype(dtype, "astype"))
 
-    def to(self, dtype) -> "Tensor":
+    def to(self, *args, dtype=None, device=None, non_blocking: bool = False) -> Tensor:
         """This tensor in ``dtype`` (itself when it already is): a differentiable cast.
 
-        Args:
-            dtype: e.g. ``"bfloat16"``, ``"float16"``, ``"float32"``.
+        PyTorch's forms: ``t.to("bfloat16")``, ``t.to("cpu")`` (EveryO computes on the CPU,
+        so that is a no-op; another device is an error), ``t.to("cpu", "float64")``,
+        ``t.to(other)`` (``other``'s dtype) and ``dtype=``/``device=`` by name;
+        ``non_blocking`` is accepted and means nothing on the CPU.
 
         Returns:
             A tensor whose gradient flows back in this tensor's dtype.
 
         Example:
             >>> import everyo as eo
-            >>> eo.tensor([1.0, 3.140625]).to("bfloat16")
+            >>> eo.tensor([1.0, 3.140625]).to("cpu", "bfloat16")
             tensor([1, 3.14062], dtype=bfloat16)
         """
+        for arg in args:
+            if isinstance(arg, Tensor):
+                dtype = arg.data.dtype
+            elif is_device(arg):
+                device = arg
+            else:
+                dtype = arg
+        if device is not None:
+            check_device(device, "Tensor.to")
+        if dtype is None:
+            return self
         dtype = resolve_dtype(dtype, "Tensor.to")
         return self if dtype == self.data.dtype else dispatch("cast", self, dtype=dtype)
 
@@ -386,17 +540,7 @@ class Tensor:
 
         return version(self)
 
-    # -- shape ops with flexible signatures ----------------------------------------------------
-    def reshape(self, *shape) -> "Tensor":
-        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
-            shape = tuple(shape[0])
-        return dispatch("reshape", self, shape=shape)
-
-    def transpose(self, *axes) -> "Tensor":
-        if len(axes) == 1 and isinstance(axes[0], (tuple, list)):
-            axes = tuple(axes[0])
-        return dispatch("transpose", self, axes=axes or None)
-
+    # -- shape methods of their own -------------------------------------------------------------
     def flatten(self, start_axis: int = 0) -> "Tensor":
         ndim = max(self.ndim, 1)
         if not -ndim <= start_axis < ndim:
@@ -405,9 +549,6 @@ class Tensor:
                               f"{self.shape}")
         lead = self.shape[:start_axis % ndim] if self.ndim else ()
         return dispatch("reshape", self, shape=lead + (-1,))
-
-    def unsqueeze(self, axis: int) -> "Tensor":
-        return dispatch("reshape", self, shape=np.expand_dims(self.data, axis).shape)
 
     def squeeze(self, axis=None) -> "Tensor":
         """Drop axes of length 1 (all of them, or ``axis``: an int or ints); as in PyTorch,
@@ -419,12 +560,6 @@ class Tensor:
                 raise EveryOError(f"squeeze: axis {axis} is out of range for shape {self.shape}")
             axis = tuple(a % ndim for a in axes if self.ndim and self.shape[a] == 1)
         return dispatch("reshape", self, shape=np.squeeze(self.data, axis).shape)
-
-    def argmax(self, axis=None) -> "Tensor":
-        return Tensor._make(np.argmax(self.data, axis=axis), False, None)
-
-    def argmin(self, axis=None) -> "Tensor":
-        return Tensor._make(np.argmin(self.data, axis=axis), False, None)
 
 
 def _comparable(other) -> bool:
@@ -460,53 +595,112 @@ def tensor(data, dtype=None, requires_grad: bool = False) -> Tensor:
         data = data.data
     dtype = _normalize_dtype(dtype)
     from_ndarray = isinstance(data, (np.ndarray, np.generic))
-    array = np.array(data, dtype=dtype, copy=True)
+    array = _converted(data, dtype, "tensor", copy=True)
     return Tensor(_default_float(array, dtype, from_ndarray), requires_grad=requires_grad)
 
 
-def _shape(shape) -> tuple:
-    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
-        return tuple(shape[0])
-    return tuple(shape)
+def _fill(value, op: str):
+    """A fill value: a number (or a one-element tensor/array), never a string or an object."""
+    array = value.data if isinstance(value, Tensor) else np.asarray(value)
+    _check_numeric(array, op)
+    if array.size != 1:
+        raise EveryOError(f"{op}: the fill value must be one number, got shape {array.shape}")
+    return array.reshape(())
 
 
-def _filled(fill, shape, dtype, requires_grad) -> Tensor:
-    dtype = _normalize_dtype(dtype) or DEFAULT_FLOAT
-    return Tensor(np.full(_shape(shape), fill, dtype=dtype), requires_grad=requires_grad)
+@contextmanager
+def _allocating(op: str, shape: tuple, dtype: np.dtype) -> Iterator[None]:
+    """Name NumPy's failure to allocate a tensor (``MemoryError``, or a ``ValueError`` "array
+    is too big" past what an index can count)."""
+    try:
+        yield
+    except (MemoryError, ValueError) as exc:
+        if isinstance(exc, ValueError) and "too big" not in str(exc):
+            raise
+        needed = math.prod(shape) * dtype.itemsize
+        raise EveryOError(f"{op}: a {dtype.name} tensor of shape {shape} needs {needed:.2g} "
+                          f"bytes, more than can be allocated") from None
+
+
+def _filled(fill, shape: tuple, dtype, requires_grad, op: str) -> Tensor:
+    dtype, shape = _normalize_dtype(dtype) or DEFAULT_FLOAT, sizes(shape, op)
+    if type(fill) not in (int, float):  # (zeros' and ones' own fills need no check)
+        fill = _fill(fill, op)
+    with _allocating(op, shape, dtype):
+        data = np.full(shape, fill, dtype=dtype)
+    return Tensor(data, requires_grad=requires_grad)
 
 
 def zeros(*shape, dtype=None, requires_grad: bool = False) -> Tensor:
     """A tensor of zeros: ``eo.zeros(2, 3)`` or ``eo.zeros((2, 3))``."""
-    return _filled(0, shape, dtype, requires_grad)
+    return _filled(0, shape, dtype, requires_grad, "zeros")
 
 
 def ones(*shape, dtype=None, requires_grad: bool = False) -> Tensor:
     """A tensor of ones: ``eo.ones(2, 3)``."""
-    return _filled(1, shape, dtype, requires_grad)
+    return _filled(1, shape, dtype, requires_grad, "ones")
 
 
-def full(*shape, fill_value, dtype=None, requires_grad: bool = False) -> Tensor:
-    """A tensor filled with ``fill_value``: ``eo.full(2, 3, fill_value=0.5)``."""
-    return _filled(fill_value, shape, dtype, requires_grad)
+_NO_FILL: Any = object()
+
+
+def full(*size, fill_value=_NO_FILL, dtype=None, requires_grad: bool = False) -> Tensor:
+    """A tensor filled with ``fill_value``: PyTorch's ``eo.full((2, 3), 0.5)``, or
+    ``eo.full(2, 3, fill_value=0.5)`` (the sizes as separate arguments).
+
+    Example:
+        >>> import everyo as eo
+        >>> eo.full((2,), 0.5).data
+        array([0.5, 0.5], dtype=float32)
+    """
+    if fill_value is _NO_FILL:
+        if len(size) != 2:
+            raise EveryOError(f"full: expected the size and the fill value, as "
+                              f"eo.full((2, 3), 0.5), got {len(size)} positional arguments "
+                              f"{size}; or give fill_value= by name")
+        shape, fill_value = size[:1], size[1]
+        return _filled(fill_value, shape, dtype, requires_grad, "full")
+    return _filled(fill_value, size, dtype, requires_grad, "full")
+
+
+def _generator(seed) -> np.random.Generator:
+    return resolve_generator(None) if seed is None else np.random.default_rng(seed)
 
 
 def randn(*shape, seed=None, dtype=None, requires_grad: bool = False) -> Tensor:
-    """Standard-normal samples; ``seed`` makes them reproducible."""
-    dtype = _normalize_dtype(dtype) or DEFAULT_FLOAT
-    data = np.random.default_rng(seed).standard_normal(_shape(shape)).astype(dtype)
+    """Standard-normal samples: from a generator of their own with ``seed``, else from the
+    global one :func:`everyo.manual_seed` seeds (as ``torch.randn``)."""
+    dtype, shape = _normalize_dtype(dtype) or DEFAULT_FLOAT, sizes(shape, "randn")
+    with _allocating("randn", shape, dtype):
+        data = _generator(seed).standard_normal(shape).astype(dtype)
     return Tensor(data, requires_grad=requires_grad)
 
 
 def rand(*shape, seed=None, dtype=None, requires_grad: bool = False) -> Tensor:
-    """Uniform samples in [0, 1); ``seed`` makes them reproducible."""
-    dtype = _normalize_dtype(dtype) or DEFAULT_FLOAT
-    data = np.random.default_rng(seed).random(_shape(shape)).astype(dtype)
+    """Uniform samples in [0, 1): from a generator of their own with ``seed``, else from the
+    global one :func:`everyo.manual_seed` seeds (as ``torch.rand``)."""
+    dtype, shape = _normalize_dtype(dtype) or DEFAULT_FLOAT, sizes(shape, "rand")
+    with _allocating("rand", shape, dtype):
+        data = _generator(seed).random(shape).astype(dtype)
     return Tensor(data, requires_grad=requires_grad)
 
 
-def arange(start, stop=None, step=1, dtype=None) -> Tensor:
-    """Evenly spaced values, as ``np.arange`` (float results default to float32)."""
-    data = np.arange(start, stop, step) if stop is not None else np.arange(0, start, step)
+def arange(start=None, stop=None, step=1, dtype=None) -> Tensor:
+    """Evenly spaced values, as ``np.arange`` (float results default to float32):
+    ``eo.arange(end)``, ``eo.arange(start, end)``, ``eo.arange(start, end, step)``."""
+    bounds = {"start": start, "end": stop, "step": step}
+    for name, value in bounds.items():
+        if value is not None and not (isinstance(value, (int, float, np.integer, np.floating))
+                                      and np.isfinite(value)):
+            raise EveryOError(f"arange: {name} must be a finite number, got {value!r}")
+    if step == 0:
+        raise EveryOError("arange: step must be non-zero")
+    if start is None:
+        raise EveryOError("arange: give the end, as eo.arange(5), or start and end")
+    start, stop = (0, start) if stop is None else (start, stop)
+    count = max(math.ceil((stop - start) / step), 0)
+    with _allocating("arange", (count,), np.result_type(start, stop, step)):
+        data = np.arange(start, stop, step)
     return Tensor(_default_float(data.astype(_normalize_dtype(dtype) or data.dtype), dtype, False))
 
 

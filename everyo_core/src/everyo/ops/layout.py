@@ -1,5 +1,5 @@
 """Ops that ported PyTorch code reaches for: ``expand`` (broadcast to a shape), ``tril`` /
-``triu`` (keep a triangle of the last two axes) and ``cumsum``."""
+``triu`` (keep a triangle of the last two axes), ``diag`` and ``cumsum``."""
 
 from __future__ import annotations
 
@@ -75,6 +75,51 @@ class Triu(_Triangle):
     keep = staticmethod(np.triu)
 
 
+class Diag(Op):
+    """PyTorch's ``diag``: a vector becomes a square matrix with it on diagonal ``diagonal``
+    (0 the main one, > 0 above, < 0 below); a matrix gives that diagonal as a vector."""
+
+    __slots__ = ("in_shape", "diagonal")
+    saved_inputs, saves_output = (), False
+
+    def forward(self, x, diagonal=0):
+        if isinstance(diagonal, (bool, np.bool_)) or not isinstance(diagonal, (int, np.integer)):
+            raise EveryOError(f"diag: diagonal must be an int, got {diagonal!r} "
+                              f"({type(diagonal).__name__})")
+        if x.ndim not in (1, 2):
+            raise EveryOError(f"diag: needs a vector or a matrix (1 or 2 axes), got shape "
+                              f"{x.shape}")
+        self.in_shape, self.diagonal = x.shape, int(diagonal)
+        # NOTE: np.diagonal returns a read-only view; the result is a tensor of its own.
+        return np.diag(x, self.diagonal).copy()
+
+    def backward(self, g):
+        if len(self.in_shape) == 1:
+            return (np.diagonal(g, self.diagonal).copy(),)
+        grad = np.zeros(self.in_shape, g.dtype)
+        rows, cols = _diagonal_indices(self.diagonal, len(g))
+        grad[rows, cols] = g
+        return (grad,)
+
+    def backward_graph(self, g, out):
+        if len(self.in_shape) == 1:
+            return (dispatch("diag", g, diagonal=self.diagonal),)
+        if g.shape[0] == 0:  # no element on that diagonal: zeros (the sum of nothing)
+            return (dispatch("expand", dispatch("sum", g), shape=self.in_shape),)
+        # the diagonal back in a square matrix, padded (or cropped: only zero rows/columns
+        # go) to the operand's shape
+        square = dispatch("diag", g, diagonal=self.diagonal)
+        side = square.shape[0]
+        widths = ((0, self.in_shape[0] - side), (0, self.in_shape[1] - side))
+        return (dispatch("pad_mode", square, pad_width=widths, mode="constant", value=0.0),)
+
+
+def _diagonal_indices(diagonal: int, length: int) -> tuple:
+    """Row and column indices of the ``length`` elements of diagonal ``diagonal``."""
+    steps = np.arange(length)
+    return (steps - min(diagonal, 0), steps + max(diagonal, 0))
+
+
 def _reversed(axis: int, ndim: int) -> tuple:
     return (slice(None),) * (axis % ndim) + (slice(None, None, -1),)
 
@@ -103,4 +148,4 @@ class CumSum(Op):
         return (dispatch("getitem", summed, index=flip),)
 
 
-OPS = {"expand": Expand, "tril": Tril, "triu": Triu, "cumsum": CumSum}
+OPS = {"expand": Expand, "tril": Tril, "triu": Triu, "diag": Diag, "cumsum": CumSum}

@@ -21,6 +21,7 @@ VALID = {
     "ELU": (), "Dropout": (), "LayerNorm": (4,), "BatchNorm1D": (4,), "BatchNorm2D": (4,),
     "GroupNorm": (2, 4), "RMSNorm": (4,), "CrossEntropyLoss": (), "NLLLoss": (),
     "SmoothL1Loss": (), "HuberLoss": (), "RNN": (3, 2), "LSTM": (3, 2), "GRU": (3, 2),
+    "RNNCell": (3, 2), "LSTMCell": (3, 2), "GRUCell": (3, 2),
     "Embedding": (10, 4), "MultiHeadAttention": (8, 2), "PositionalEncoding": (8,),
     "TransformerEncoderLayer": (8, 2, 16), "TransformerDecoderLayer": (8, 2, 16),
 }
@@ -51,6 +52,8 @@ NUMERIC_ARGUMENTS = [
     *[(rnn, arg, at) for rnn in ("RNN", "LSTM", "GRU")
       for arg, at in (("input_size", 0), ("hidden_size", 1), ("num_layers", None),
                       ("dropout", None))],
+    *[(cell, arg, at) for cell in ("RNNCell", "LSTMCell", "GRUCell")
+      for arg, at in (("input_size", 0), ("hidden_size", 1))],
     ("Embedding", "num_embeddings", 0), ("Embedding", "embedding_dim", 1),
     ("Embedding", "padding_idx", None),
     ("MultiHeadAttention", "embed_dim", 0), ("MultiHeadAttention", "num_heads", 1),
@@ -64,7 +67,7 @@ NUMERIC_ARGUMENTS = [
 # or array weights), and the one that takes a layer.
 NO_NUMERIC_ARGUMENT = {"ReLU", "Sigmoid", "Tanh", "GELU", "SiLU", "Hardswish", "Mish",
                        "Flatten", "GlobalAvgPool2D", "GlobalMaxPool2D", "MSELoss", "L1Loss",
-                       "BCEWithLogitsLoss", "KLDivLoss"}
+                       "BCEWithLogitsLoss", "KLDivLoss", "BCELoss"}
 WRONG_VALUES = ["3", 2.5, True, None, [1.5]]
 REAL_VALUED = {"negative_slope", "beta", "threshold", "alpha", "eps", "delta", "layer_norm_eps",
                "p", "dropout", "label_smoothing", "momentum"}  # 2.5 is a fine type for them

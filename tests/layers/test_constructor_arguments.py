@@ -22,6 +22,8 @@ VALID = {
     "GroupNorm": (2, 4), "RMSNorm": (4,), "CrossEntropyLoss": (), "NLLLoss": (),
     "SmoothL1Loss": (), "HuberLoss": (), "RNN": (3, 2), "LSTM": (3, 2), "GRU": (3, 2),
     "RNNCell": (3, 2), "LSTMCell": (3, 2), "GRUCell": (3, 2),
+    "InstanceNorm1D": (4,), "InstanceNorm2D": (4,), "PixelShuffle": (2,), "PixelUnshuffle": (2,),
+    "ReflectionPad2D": (1,), "ReplicationPad2D": (1,), "Upsample": (4,),
     "Embedding": (10, 4), "MultiHeadAttention": (8, 2), "PositionalEncoding": (8,),
     "TransformerEncoderLayer": (8, 2, 16), "TransformerDecoderLayer": (8, 2, 16),
 }
@@ -33,6 +35,7 @@ NUMERIC_ARGUMENTS = [
     ("Conv1D", "stride", None), ("Conv1D", "dilation", None), ("Conv1D", "groups", None),
     ("Conv2DTranspose", "in_channels", 0), ("Conv2DTranspose", "out_channels", 1),
     ("Conv2DTranspose", "kernel_size", 2), ("Conv2DTranspose", "stride", None),
+    ("Conv2DTranspose", "padding", None), ("Conv2DTranspose", "output_padding", None),
     ("MaxPool2D", "pool_size", None), ("MaxPool2D", "stride", None),
     ("AvgPool2D", "pool_size", None), ("AvgPool2D", "stride", None),
     ("UpSampling2D", "size", None), ("AdaptiveAvgPool2D", "output_size", 0),
@@ -52,6 +55,11 @@ NUMERIC_ARGUMENTS = [
     *[(rnn, arg, at) for rnn in ("RNN", "LSTM", "GRU")
       for arg, at in (("input_size", 0), ("hidden_size", 1), ("num_layers", None),
                       ("dropout", None))],
+    *[(norm, arg, at) for norm in ("InstanceNorm1D", "InstanceNorm2D")
+      for arg, at in (("num_features", 0), ("eps", None), ("momentum", None))],
+    ("PixelShuffle", "upscale_factor", 0), ("PixelUnshuffle", "downscale_factor", 0),
+    ("ReflectionPad2D", "padding", 0), ("ReplicationPad2D", "padding", 0),
+    ("Upsample", "size", 0),
     *[(cell, arg, at) for cell in ("RNNCell", "LSTMCell", "GRUCell")
       for arg, at in (("input_size", 0), ("hidden_size", 1))],
     ("Embedding", "num_embeddings", 0), ("Embedding", "embedding_dim", 1),

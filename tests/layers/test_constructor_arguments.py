@@ -26,6 +26,7 @@ VALID = {
     "ReflectionPad2D": (1,), "ReplicationPad2D": (1,), "Upsample": (4,),
     "Embedding": (10, 4), "MultiHeadAttention": (8, 2), "PositionalEncoding": (8,),
     "TransformerEncoderLayer": (8, 2, 16), "TransformerDecoderLayer": (8, 2, 16),
+    "Transformer": (8, 2),
 }
 # (class name, argument name, position in VALID's tuple or None for a keyword)
 NUMERIC_ARGUMENTS = [
@@ -68,8 +69,11 @@ NUMERIC_ARGUMENTS = [
     ("MultiHeadAttention", "dropout", None),
     ("PositionalEncoding", "d_model", 0), ("PositionalEncoding", "max_len", None),
     *[(layer, arg, at) for layer in ("TransformerEncoderLayer", "TransformerDecoderLayer")
-      for arg, at in (("d_model", 0), ("num_heads", 1), ("dim_feedforward", 2),
+      for arg, at in (("d_model", 0), ("nhead", 1), ("dim_feedforward", 2),
                       ("dropout", None), ("layer_norm_eps", None))],
+    *[("Transformer", arg, at) for arg, at in (
+        ("d_model", 0), ("nhead", 1), ("num_encoder_layers", None), ("num_decoder_layers", None),
+        ("dim_feedforward", None), ("dropout", None), ("layer_norm_eps", None))],
 ]
 # Layers whose constructors take no numeric argument (only strings/bools checked elsewhere,
 # or array weights), and the one that takes a layer.
@@ -89,7 +93,8 @@ def exported_layer_classes() -> dict:
 
 def test_every_exported_layer_class_is_covered():
     covered = {layer for layer, _, _ in NUMERIC_ARGUMENTS} | NO_NUMERIC_ARGUMENT
-    assert set(exported_layer_classes()) - covered - {"TransformerEncoder"} == set()
+    stacks = {"TransformerEncoder", "TransformerDecoder"}  # they take a layer: tested below
+    assert set(exported_layer_classes()) - covered - stacks == set()
     for layer, argument, _ in NUMERIC_ARGUMENTS:  # the table names real arguments
         assert argument in inspect.signature(exported_layer_classes()[layer]).parameters
 
@@ -127,7 +132,9 @@ def test_the_reported_cases_and_transformer_encoder():
                          (lambda: eo.TransformerEncoder(eo.Linear(2, 2), 2.0),
                           "TransformerEncoder.*num_layers"),
                          (lambda: eo.TransformerEncoder("layer", 2),
-                          "TransformerEncoder.*encoder_layer")]:
+                          "TransformerEncoder.*encoder_layer"),
+                         (lambda: eo.TransformerDecoder(eo.Linear(2, 2), 2.0),
+                          "TransformerDecoder.*num_layers")]:
         with pytest.raises(LayerArgumentError, match=names):
             build()
 

@@ -26,6 +26,9 @@ UNSUPPORTED = {
     "TransformerDecoderLayer": lambda: eo.TransformerDecoderLayer(4, 2, dim_feedforward=8),
     "TransformerEncoder": lambda: eo.TransformerEncoder(
         eo.TransformerEncoderLayer(4, 2, dim_feedforward=8), num_layers=2),
+    "TransformerDecoder": lambda: eo.TransformerDecoder(
+        eo.TransformerDecoderLayer(4, 2, dim_feedforward=8), num_layers=2),
+    "Transformer": lambda: eo.Transformer(4, 2, 1, 1, dim_feedforward=8),
 }
 
 

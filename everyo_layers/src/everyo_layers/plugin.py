@@ -41,6 +41,7 @@ MODULES = (
     "everyo_layers.embedding",
     "everyo_layers.attention",
     "everyo_layers.transformer",
+    "everyo_layers.transformer_stack",
     "everyo_layers.conv_kernels",
     "everyo_layers.pool_kernels",
     "everyo_layers.norm_kernels",

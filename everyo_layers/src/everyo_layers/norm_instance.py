@@ -15,48 +15,28 @@ from __future__ import annotations
 
 import numpy as np
 
-from everyo import EveryOError, Module, Parameter, dispatch
-from everyo_layers.checks import argument, check_float, optional_argument
+from everyo import EveryOError, dispatch
+from everyo_layers.norm import _BatchNorm
 from everyo_layers.norm_stats import moments
 
 
-class _InstanceNorm(Module):
-    """Shared by InstanceNorm1D/2D (``spatial`` axes per sample set by the subclass)."""
+class _InstanceNorm(_BatchNorm):
+    """Shared by InstanceNorm1D/2D: batch norm's arguments, parameters, buffers and input
+    check (``ranks``, ``layout`` set by the subclass), PyTorch's instance-norm defaults and
+    forward."""
 
-    spatial = 1
+    ranks: tuple = ()
     layout = ""
 
     def __init__(self, num_features: int, eps: float = 1e-5, momentum=0.1,
                  affine: bool = False, track_running_stats: bool = False):
-        super().__init__()
-        name = type(self).__name__
-        self.num_features = c = argument(name, "num_features", num_features, "positive int")
-        self.eps = argument(name, "eps", eps, "non-negative float")
-        self.momentum = optional_argument(name, "momentum", momentum, "probability")
-        self.affine, self.track_running_stats = bool(affine), bool(track_running_stats)
-        self.weight = Parameter(np.ones(c, np.float32)) if affine else None
-        self.bias = Parameter(np.zeros(c, np.float32)) if affine else None
-        tracked = self.track_running_stats
-        self.register_buffer("running_mean", np.zeros(c, np.float32) if tracked else None)
-        self.register_buffer("running_var", np.ones(c, np.float32) if tracked else None)
-        # NOTE: PyTorch keeps this buffer (its state dict has the key) but never counts.
-        self.register_buffer("num_batches_tracked", np.array(0, np.int64) if tracked else None)
+        # NOTE: PyTorch keeps num_batches_tracked (its state dict has the key) but, for
+        # instance norm, never counts.
+        super().__init__(num_features, eps, momentum, affine, track_running_stats)
 
     @property
-    def label(self) -> str:
-        return f"{type(self).__name__}({self.num_features})"
-
-    def _check(self, x) -> np.ndarray:
-        data = check_float(self.label, x)
-        ranks = (self.spatial + 1, self.spatial + 2)
-        if data.ndim not in ranks or data.shape[-1] != self.num_features:
-            hint = ""
-            if data.ndim >= 2 and data.shape[-1] != self.num_features in data.shape[:-1]:
-                hint = " — channels go last here, is this channels-first?"
-            raise EveryOError(f"{self.label}: expected {self.layout} input with "
-                              f"{self.num_features} channels on the last axis, got shape "
-                              f"{data.shape}{hint}")
-        return data
+    def spatial(self) -> int:
+        return self.ranks[0] - 1
 
     def forward(self, x):
         data = self._check(x)
@@ -93,9 +73,6 @@ class _InstanceNorm(Module):
             average = batch.reshape(len(data), self.num_features).mean(axis=0)
             buffer += (momentum * average).astype(buffer.dtype, copy=False)
 
-    def extra_repr(self) -> str:
-        return (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, "
-                f"affine={self.affine}, track_running_stats={self.track_running_stats}")
 
 
 class InstanceNorm1D(_InstanceNorm):
@@ -116,7 +93,7 @@ class InstanceNorm1D(_InstanceNorm):
         (2, 5, 3)
     """
 
-    spatial = 1
+    ranks = (2, 3)
     layout = "(N, L, C) or (L, C)"
 
 
@@ -131,7 +108,7 @@ class InstanceNorm2D(_InstanceNorm):
         ((2, 5, 5, 4), (4,))
     """
 
-    spatial = 2
+    ranks = (3, 4)
     layout = "NHWC or HWC"
 
 

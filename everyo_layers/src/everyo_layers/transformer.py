@@ -305,13 +305,7 @@ class TransformerEncoder(Module):
 
     def __init__(self, encoder_layer: Module, num_layers: int, norm: Module | None = None):
         super().__init__()
-        if not isinstance(encoder_layer, Module):
-            raise LayerArgumentError(f"TransformerEncoder: encoder_layer must be a Module, got "
-                                     f"{type(encoder_layer).__name__}")
-        self.num_layers = argument("TransformerEncoder", "num_layers", num_layers, "positive int")
-        self.layers = Sequential(*(_independent_copy(encoder_layer, i)
-                                   for i in range(self.num_layers)))
-        self.norm = norm
+        stack_copies(self, "encoder_layer", encoder_layer, num_layers, norm)
 
     def forward(self, src, mask=None, src_key_padding_mask=None):
         """Run every layer on ``src`` (in the layers' layout) with the same masks."""
@@ -319,6 +313,18 @@ class TransformerEncoder(Module):
         for layer in self.layers:
             x = layer(x, src_mask=mask, src_key_padding_mask=src_key_padding_mask)
         return x if self.norm is None else self.norm(x)
+
+
+def stack_copies(stack: Module, argument_name: str, layer, num_layers, norm) -> None:
+    """Give ``stack`` (an encoder or decoder stack) ``num_layers`` independent copies of
+    ``layer`` in ``.layers`` and the final ``norm``, or an error naming the stack."""
+    name = type(stack).__name__
+    if not isinstance(layer, Module):
+        raise LayerArgumentError(f"{name}: {argument_name} must be a Module, got "
+                                 f"{type(layer).__name__}")
+    stack.num_layers = argument(name, "num_layers", num_layers, "positive int")
+    stack.layers = Sequential(*(_independent_copy(layer, i) for i in range(stack.num_layers)))
+    stack.norm = norm
 
 
 def _independent_copy(layer: Module, index: int) -> Module:

@@ -11,16 +11,16 @@ import math
 
 import numpy as np
 
-from everyo import EveryOError, Module, Sequential, init
+from everyo import EveryOError, Module, init
 from everyo_layers.attention import MultiHeadAttention
-from everyo_layers.checks import LayerArgumentError, argument, array_of
+from everyo_layers.checks import argument, array_of
 from everyo_layers.initializers import layer_generator
 from everyo_layers.norm import LayerNorm
 from everyo_layers.transformer import (
     TransformerDecoderLayer,
     TransformerEncoder,
     TransformerEncoderLayer,
-    _independent_copy,
+    stack_copies,
 )
 
 
@@ -40,13 +40,7 @@ class TransformerDecoder(Module):
 
     def __init__(self, decoder_layer: Module, num_layers: int, norm: Module | None = None):
         super().__init__()
-        if not isinstance(decoder_layer, Module):
-            raise LayerArgumentError(f"TransformerDecoder: decoder_layer must be a Module, got "
-                                     f"{type(decoder_layer).__name__}")
-        self.num_layers = argument("TransformerDecoder", "num_layers", num_layers, "positive int")
-        self.layers = Sequential(*(_independent_copy(decoder_layer, i)
-                                   for i in range(self.num_layers)))
-        self.norm = norm
+        stack_copies(self, "decoder_layer", decoder_layer, num_layers, norm)
 
     def forward(self, tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
                 memory_key_padding_mask=None):

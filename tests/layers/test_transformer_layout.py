@@ -223,3 +223,10 @@ SECOND_ORDER = [
 ]
 test_second_derivatives_pass_gradgradcheck, test_second_derivatives_match_torch = (
     second_order_tests(SECOND_ORDER))
+
+
+def test_a_custom_encoder_is_used_as_given():
+    encoder = eo.TransformerEncoder(eo.TransformerEncoderLayer(8, 2, 16, batch_first=True), 1)
+    model = eo.Transformer(8, 2, 1, 1, 16, custom_encoder=encoder, batch_first=True, seed=0)
+    assert model.encoder is encoder and model.encoder.norm is None
+    assert model(eo.randn(2, 5, 8, seed=0), eo.randn(2, 3, 8, seed=1)).shape == (2, 3, 8)

@@ -93,12 +93,13 @@ class Transformer(Module):
         options = dict(dim_feedforward=dim_feedforward, dropout=dropout, activation=activation,
                        layer_norm_eps=layer_norm_eps, batch_first=batch_first,
                        norm_first=norm_first)
-        self.encoder = custom_encoder or TransformerEncoder(
-            TransformerEncoderLayer(d_model, nhead, seed=next(seeds), **options),
+        encoder_seed, decoder_seed = next(seeds), next(seeds)
+        self.encoder = custom_encoder if custom_encoder is not None else TransformerEncoder(
+            TransformerEncoderLayer(d_model, nhead, seed=encoder_seed, **options),
             argument(name, "num_encoder_layers", num_encoder_layers, "positive int"),
             LayerNorm(d_model, eps=layer_norm_eps))
-        self.decoder = custom_decoder or TransformerDecoder(
-            TransformerDecoderLayer(d_model, nhead, seed=next(seeds), **options),
+        self.decoder = custom_decoder if custom_decoder is not None else TransformerDecoder(
+            TransformerDecoderLayer(d_model, nhead, seed=decoder_seed, **options),
             argument(name, "num_decoder_layers", num_decoder_layers, "positive int"),
             LayerNorm(d_model, eps=layer_norm_eps))
         self._reset_parameters(rng)

@@ -57,7 +57,7 @@ def _lstm_batch(rng):
 
 def _transformer_everyo():
     import everyo as eo
-    return eo.TransformerEncoderLayer(D_MODEL, HEADS, dim_feedforward=FF, seed=0)
+    return eo.TransformerEncoderLayer(D_MODEL, HEADS, dim_feedforward=FF, batch_first=True, seed=0)
 
 
 def _transformer_torch(torch):

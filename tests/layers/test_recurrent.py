@@ -1,6 +1,6 @@
 """RNN, LSTM and GRU: numerical gradients (BPTT) in float64 and PyTorch as the oracle, with
 per-sample lengths (PyTorch's packed sequences), bidirectional stacks and dropout between
-layers; a second derivative through the fused ops is refused by name."""
+layers; second derivatives through the fused ops' composites."""
 
 from __future__ import annotations
 
@@ -320,25 +320,28 @@ def test_an_empty_batch_with_lengths_gives_empty_outputs(kind):
     assert (state[0] if isinstance(state, tuple) else state).shape == (2, 0, 2)
 
 
-def test_fused_recurrent_ops_refuse_a_second_derivative_by_name():
-    lstm = eo.LSTM(3, 4).to("float64")
-    x = eo.tensor(np.random.default_rng(0).standard_normal((2, 5, 3)), requires_grad=True)
-    out = lstm(x)
-    out = out[0] if isinstance(out, tuple) else out
-    (g,) = eo.grad(out.sum(), x, create_graph=True)
-    (plain,) = eo.grad(lstm(x)[0].sum() if isinstance(lstm(x), tuple) else lstm(x).sum(), x)
-    np.testing.assert_allclose(g.data, plain.data)  # first derivative values are right
-    with pytest.raises(eo.EveryOError, match="'lstm'.*neither backward_graph nor composite"):
-        eo.grad(g.sum(), x)
+@pytest.mark.parametrize("kind", KINDS)
+def test_second_derivatives_through_the_layers(kind, rng):
+    """The fused ops differentiate their composite (recurrent_composite) for create_graph."""
+    layer = getattr(eo, kind)(2, 2, num_layers=2, batch_first=False, seed=0).to("float64")
+    assert eo.gradgradcheck(lambda x: layer(x), rng.standard_normal((3, 2, 2)))
 
 
-@pytest.mark.parametrize("kind, op", [(eo.LSTM, "lstm"), (eo.GRU, "gru")])
-def test_recurrent_lengths_and_bidirectional_refuse_a_second_derivative(rng, kind, op):
-    """The fused recurrent ops have no second derivative: asking for one names the op."""
-    layer = kind(2, 2, bidirectional=True, seed=0).to("float64")
-    x = eo.tensor(rng.standard_normal((2, 3, 2)), requires_grad=True)
-    out = layer(x, lengths=np.array([3, 1]))
-    out = out[0] if isinstance(out, tuple) else out
-    (g,) = eo.grad((out ** 2).sum(), x, create_graph=True)
-    with pytest.raises(eo.EveryOError, match=f"'{op}'"):
-        eo.grad(g.sum(), x)
+@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+def test_second_derivatives_with_lengths_and_bidirectional(rng, kind):
+    layer = getattr(eo, kind)(2, 2, bidirectional=True, seed=0).to("float64")
+    assert eo.gradgradcheck(lambda x: layer(x, lengths=np.array([3, 1])),
+                            rng.standard_normal((2, 3, 2)))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_composite_reproduces_the_fused_op(kind, rng):
+    layer = getattr(eo, kind)(2, 3, seed=1).to("float64")
+    out = layer(eo.tensor(rng.standard_normal((2, 4, 2)), requires_grad=True))
+    op = out._ctx
+    while type(op).__name__ not in ("RNNOp", "LSTMOp", "GRUOp"):  # the LSTM slices its output
+        op = op.parents[0]._ctx
+    with eo.no_grad():
+        again = op.composite(*op.parents)
+    np.testing.assert_allclose(again.data, eo.dispatch(kind.lower(), *op.parents).data,
+                               rtol=1e-12, atol=1e-12)

@@ -56,7 +56,7 @@ def test_positional_encoding_errors():
 
 @pytest.mark.parametrize("norm_first", [False, True])
 def test_encoder_layer_gradcheck(rng, norm_first):
-    layer = eo.TransformerEncoderLayer(4, 2, dim_feedforward=6, dropout=0.0,
+    layer = eo.TransformerEncoderLayer(4, 2, batch_first=True, dim_feedforward=6, dropout=0.0,
                                        norm_first=norm_first, seed=0).to("float64")
     _randomise(layer, rng)
     padding = np.array([[False, False, True], [False] * 3])
@@ -66,7 +66,7 @@ def test_encoder_layer_gradcheck(rng, norm_first):
 
 @pytest.mark.parametrize("norm_first", [False, True])
 def test_decoder_layer_gradcheck(rng, norm_first):
-    layer = eo.TransformerDecoderLayer(4, 2, dim_feedforward=5, dropout=0.0,
+    layer = eo.TransformerDecoderLayer(4, 2, batch_first=True, dim_feedforward=5, dropout=0.0,
                                        norm_first=norm_first, seed=0).to("float64")
     _randomise(layer, rng)
     assert eo.gradcheck(lambda t, m: layer(t, m, tgt_mask=causal_mask(3)),
@@ -75,7 +75,7 @@ def test_decoder_layer_gradcheck(rng, norm_first):
 
 
 def test_encoder_stack_gradcheck(rng):
-    layer = eo.TransformerEncoderLayer(4, 1, dim_feedforward=4, dropout=0.0, seed=0)
+    layer = eo.TransformerEncoderLayer(4, 1, batch_first=True, dim_feedforward=4, dropout=0.0, seed=0)
     encoder = eo.TransformerEncoder(layer, 2, norm=eo.LayerNorm(4)).to("float64")
     _randomise(encoder, rng)
     assert eo.gradcheck(encoder, rng.standard_normal((1, 3, 4)),
@@ -101,7 +101,7 @@ def _compare(torch, rng, out, ref_out, mine, theirs):
 @pytest.mark.parametrize("norm_first", [False, True])
 @pytest.mark.parametrize("activation", ["relu", "gelu"])
 def test_encoder_layer_matches_torch(torch, rng, norm_first, activation):
-    layer = eo.TransformerEncoderLayer(8, 2, dim_feedforward=12, dropout=0.0,
+    layer = eo.TransformerEncoderLayer(8, 2, batch_first=True, dim_feedforward=12, dropout=0.0,
                                        norm_first=norm_first, activation=activation,
                                        seed=1).to("float64")
     _randomise(layer, rng)
@@ -121,7 +121,7 @@ def test_encoder_layer_matches_torch(torch, rng, norm_first, activation):
 
 @pytest.mark.parametrize("norm_first", [False, True])
 def test_decoder_layer_matches_torch(torch, rng, norm_first):
-    layer = eo.TransformerDecoderLayer(8, 2, dim_feedforward=12, dropout=0.0,
+    layer = eo.TransformerDecoderLayer(8, 2, batch_first=True, dim_feedforward=12, dropout=0.0,
                                        norm_first=norm_first, seed=2).to("float64")
     _randomise(layer, rng)
     ref = torch.nn.TransformerDecoderLayer(8, 2, dim_feedforward=12, dropout=0.0,
@@ -142,7 +142,7 @@ def test_decoder_layer_matches_torch(torch, rng, norm_first):
 
 
 def test_encoder_stack_matches_torch(torch, rng):
-    layer = eo.TransformerEncoderLayer(8, 2, dim_feedforward=12, dropout=0.0, seed=3)
+    layer = eo.TransformerEncoderLayer(8, 2, batch_first=True, dim_feedforward=12, dropout=0.0, seed=3)
     encoder = eo.TransformerEncoder(layer, 3, norm=eo.LayerNorm(8)).to("float64")
     _randomise(encoder, rng)  # every copy gets its own weights
     ref_layer = torch.nn.TransformerEncoderLayer(8, 2, dim_feedforward=12, dropout=0.0,
@@ -167,7 +167,7 @@ def test_encoder_stack_matches_torch(torch, rng):
 # -- behaviour ----------------------------------------------------------------------------------
 
 def test_encoder_copies_are_independent():
-    layer = eo.TransformerEncoderLayer(8, 2, dim_feedforward=16, dropout=0.5, seed=0)
+    layer = eo.TransformerEncoderLayer(8, 2, batch_first=True, dim_feedforward=16, dropout=0.5, seed=0)
     encoder = eo.TransformerEncoder(layer, 2)
     first, second = encoder.layers
     assert first is not layer and first.linear1.weight is not second.linear1.weight
@@ -180,7 +180,7 @@ def test_encoder_copies_are_independent():
 
 
 def test_dropout_active_in_training_only():
-    layer = eo.TransformerEncoderLayer(8, 2, dim_feedforward=16, seed=0)  # dropout 0.1
+    layer = eo.TransformerEncoderLayer(8, 2, batch_first=True, dim_feedforward=16, seed=0)  # dropout 0.1
     x = eo.randn(2, 5, 8, seed=1)
     assert not np.allclose(layer(x).data, layer(x).data)
     layer.eval()
@@ -189,7 +189,7 @@ def test_dropout_active_in_training_only():
 
 def test_trains_on_a_copy_task():
     rng = np.random.default_rng(0)
-    model = eo.Sequential(eo.TransformerEncoderLayer(8, 2, dim_feedforward=16, dropout=0.0,
+    model = eo.Sequential(eo.TransformerEncoderLayer(8, 2, batch_first=True, dim_feedforward=16, dropout=0.0,
                                                      seed=0), eo.Linear(8, 8, seed=1))
     opt = eo.Adam(model.parameters(), lr=0.01)
     x = eo.tensor(rng.standard_normal((16, 4, 8)).astype(np.float32))
@@ -205,17 +205,17 @@ def test_trains_on_a_copy_task():
 
 
 def test_bad_input_names_the_layer():
-    enc = eo.TransformerEncoderLayer(8, 2, dim_feedforward=16)
+    enc = eo.TransformerEncoderLayer(8, 2, batch_first=True, dim_feedforward=16)
     expected = (r"TransformerEncoderLayer\(d_model=8\): expected input of shape "
                 r"\(batch, seq, 8\), got \(2, 5, 4\)")
     with pytest.raises(eo.EveryOError, match=expected):
         enc(eo.zeros(2, 5, 4))
-    dec = eo.TransformerDecoderLayer(8, 2, dim_feedforward=16)
+    dec = eo.TransformerDecoderLayer(8, 2, batch_first=True, dim_feedforward=16)
     with pytest.raises(eo.EveryOError, match=r"expected memory of shape \(batch, seq, 8\), got \(2, 8\)"):
         dec(eo.zeros(2, 5, 8), eo.zeros(2, 8))
     with pytest.raises(eo.EveryOError, match="batch sizes differ"):
         dec(eo.zeros(2, 5, 8), eo.zeros(3, 4, 8))
     with pytest.raises(eo.EveryOError, match="activation must be"):
-        eo.TransformerEncoderLayer(8, 2, activation="swish")
+        eo.TransformerEncoderLayer(8, 2, batch_first=True, activation="swish")
     with pytest.raises(eo.EveryOError, match="TransformerEncoder: num_layers must be a positive int"):
         eo.TransformerEncoder(enc, 0)

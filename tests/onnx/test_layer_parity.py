@@ -110,6 +110,22 @@ CASES = {
     "elu": lambda: (eo.ELU(alpha=0.7), (2, 7)),
     "hardswish": lambda: (eo.Hardswish(), (2, 7)),
     "mish": lambda: (eo.Mish(), (2, 7)),
+    "instance_norm1d_affine": lambda: (randomized(eo.InstanceNorm1D(4, affine=True)), (2, 5, 4)),
+    "instance_norm2d": lambda: (eo.InstanceNorm2D(3, eps=1e-3), (2, 4, 5, 3)),
+    "instance_norm2d_running_stats": lambda: (randomized(eo.InstanceNorm2D(
+        3, affine=True, track_running_stats=True), 1), (2, 4, 5, 3)),
+    "pixel_shuffle": lambda: (eo.PixelShuffle(2), (2, 3, 4, 8)),
+    "pixel_unshuffle_traced": lambda: (eo.PixelUnshuffle(2), (2, 4, 6, 3)),
+    "reflection_pad_traced": lambda: (eo.ReflectionPad2D((1, 2, 2, 0)), (2, 4, 5, 3)),
+    "replication_pad_traced": lambda: (eo.ReplicationPad2D(2), (2, 4, 5, 3)),
+    "upsample_nearest_traced": lambda: (eo.Upsample(scale_factor=1.5), (2, 4, 5, 3)),
+    "upsample_bilinear_align_corners_traced": lambda: (
+        eo.Upsample(size=(7, 3), mode="bilinear", align_corners=True), (2, 4, 5, 3)),
+    "conv_transpose_torch_padding": lambda: (eo.Conv2DTranspose(
+        2, 3, 3, stride=2, padding=1, output_padding=1, seed=4), (2, 4, 5, 2)),
+    "conv_transpose_torch_padding_pair": lambda: (eo.Conv2DTranspose(
+        2, 3, (4, 3), stride=(2, 3), padding=(1, 0), output_padding=(0, 2), seed=5),
+        (2, 4, 3, 2)),
 }
 
 
@@ -148,3 +164,24 @@ def test_a_linear_tied_to_a_table_exports_its_transposed_use(parity):
     decoder = eo.Linear(6, 10, seed=0)
     decoder.tie_weight(eo.Embedding(10, 6, seed=1).weight)  # (10, 6), used transposed
     parity(eo.Sequential(eo.Linear(4, 6, seed=2), decoder), (2, 4))
+
+
+class CircularPad(eo.Module):
+    def forward(self, x):
+        return eo.pad(x, ((0, 0), (1, 2), (2, 0), (0, 0)), mode="circular")
+
+
+class CroppingReflectPad(eo.Module):
+    def forward(self, x):
+        return eo.pad(x, ((0, 0), (1, -1), (0, 0), (0, 0)), mode="reflect")
+
+
+def test_circular_padding_exports_from_opset_19_and_is_refused_before(parity, tmp_path):
+    parity(CircularPad(), (2, 4, 5, 3), opset=19)
+    with pytest.raises(eo.EveryOSerializationError, match="circular.*opset 19"):
+        eo.export_onnx(CircularPad(), tmp_path / "m.onnx", input_shape=(2, 4, 5, 3), opset=18)
+
+
+def test_a_mode_padding_that_crops_is_refused_by_name(tmp_path):
+    with pytest.raises(eo.EveryOSerializationError, match="pad_mode: negative pad widths"):
+        eo.export_onnx(CroppingReflectPad(), tmp_path / "m.onnx", input_shape=(2, 4, 5, 3))

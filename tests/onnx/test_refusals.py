@@ -16,6 +16,9 @@ UNSUPPORTED = {
     "RNN": lambda: eo.RNN(4, 4),
     "LSTM": lambda: eo.LSTM(4, 4),
     "GRU": lambda: eo.GRU(4, 4),
+    "RNNCell": lambda: eo.RNNCell(4, 4),
+    "LSTMCell": lambda: eo.LSTMCell(4, 4),
+    "GRUCell": lambda: eo.GRUCell(4, 4),
     "Embedding": lambda: eo.Embedding(10, 4),
     "MultiHeadAttention": lambda: eo.MultiHeadAttention(4, 2),
     "PositionalEncoding": lambda: eo.PositionalEncoding(4),
@@ -23,6 +26,9 @@ UNSUPPORTED = {
     "TransformerDecoderLayer": lambda: eo.TransformerDecoderLayer(4, 2, dim_feedforward=8),
     "TransformerEncoder": lambda: eo.TransformerEncoder(
         eo.TransformerEncoderLayer(4, 2, dim_feedforward=8), num_layers=2),
+    "TransformerDecoder": lambda: eo.TransformerDecoder(
+        eo.TransformerDecoderLayer(4, 2, dim_feedforward=8), num_layers=2),
+    "Transformer": lambda: eo.Transformer(4, 2, 1, 1, dim_feedforward=8),
 }
 
 

@@ -50,7 +50,7 @@ def test_every_refusal_is_named_at_once_with_its_module_path(tmp_path):
     message = str(info.value)
     assert "blocks.1.attn (MultiHeadAttention)" in message
     assert "position (PositionalEncoding)" in message  # declared, even if forward skips it
-    assert "head: op 'lstm' has no ONNX converter" in message
+    assert "head: op 'lstm': a recurrent time loop is refused by design" in message
     assert "3 refusals" in message and "Nothing was written" in message
     assert path.read_bytes() == b"old" and sorted(os.listdir(tmp_path)) == ["m.onnx"]
 

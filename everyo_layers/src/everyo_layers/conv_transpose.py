@@ -11,19 +11,23 @@ from __future__ import annotations
 import numpy as np
 
 from everyo import EveryOError, Module, Op, dispatch
-from everyo_layers.checks import argument, check_float
+from everyo_layers.checks import LayerArgumentError, argument, check_float, pair
 from everyo_layers.initializers import fan_in_bound, layer_generator, uniform_parameter
 from everyo_layers.precision import accumulation_dtype
 from everyo_layers.windows import check_geometry, pad_hw, window_view
 
 
-def transpose_output_size(size: int, kernel: int, stride: int, padding: str) -> tuple:
-    """Keras's output length of a transposed convolution and the crop before it.
+def transpose_output_size(size: int, kernel: int, stride: int, padding,
+                          output_padding: int = 0) -> tuple:
+    """The output length of a transposed convolution and the crop before it.
 
-    ``"valid"``: ``size * stride + max(kernel - stride, 0)``; ``"same"``: ``size * stride``.
-    The full scatter spans ``(size - 1) * stride + kernel``; ``"same"`` drops
-    ``max(kernel - stride, 0) // 2`` leading entries (TensorFlow's rule: the gradient of a
-    ``"same"`` convolution), missing trailing entries are zeros.
+    Keras's rules: ``"valid"``: ``size * stride + max(kernel - stride, 0)``; ``"same"``:
+    ``size * stride``. The full scatter spans ``(size - 1) * stride + kernel``; ``"same"``
+    drops ``max(kernel - stride, 0) // 2`` leading entries (TensorFlow's rule: the gradient of
+    a ``"same"`` convolution), missing trailing entries are zeros. An int ``padding`` is
+    PyTorch's: ``(size - 1) * stride - 2 * padding + kernel + output_padding``, cropping
+    ``padding`` leading entries (``output_padding`` extra trailing entries, zeros plus the
+    bias where they pass the scatter).
 
     Returns:
         ``(output length, leading crop)``.
@@ -31,10 +35,14 @@ def transpose_output_size(size: int, kernel: int, stride: int, padding: str) -> 
     Example:
         >>> transpose_output_size(16, 4, 2, "same"), transpose_output_size(3, 3, 2, "valid")
         ((32, 1), (7, 0))
+        >>> transpose_output_size(5, 3, 2, 1, output_padding=1)  # PyTorch's (5-1)*2 - 2 + 3 + 1
+        (10, 1)
     """
     if padding == "same":
         return size * stride, max(kernel - stride, 0) // 2
-    return size * stride + max(kernel - stride, 0), 0
+    if padding == "valid":
+        return size * stride + max(kernel - stride, 0), 0
+    return (size - 1) * stride - 2 * padding + kernel + output_padding, padding
 
 
 def _spread(x, sh: int, sw: int):
@@ -180,14 +188,18 @@ class Conv2DTransposeOp(Op):
 
 
 class Conv2DTranspose(Module):
-    """Transposed 2-D convolution over NHWC input (Keras's ``Conv2DTranspose``).
+    """Transposed 2-D convolution over NHWC input (Keras's ``Conv2DTranspose``, and PyTorch's
+    ``ConvTranspose2d`` with an integer ``padding``).
 
     Args:
         in_channels, out_channels: channels of the input and the output.
         kernel_size: int or (kh, kw).
         stride: int or (sh, sw).
         padding: ``"valid"`` (output ``in * stride + max(kernel - stride, 0)``) or ``"same"``
-            (output ``in * stride``), Keras's rule.
+            (output ``in * stride``), Keras's rule; or an int or ``(ph, pw)``, PyTorch's:
+            output ``(in - 1) * stride - 2 * padding + kernel + output_padding``.
+        output_padding: int or ``(oh, ow)`` extra trailing rows/columns (PyTorch's, each
+            smaller than the stride); only with an integer ``padding``.
         bias: learn an additive bias per output channel.
         seed: seed of the initialisation (PyTorch's: U(+-1/sqrt(out*kh*kw))).
 
@@ -201,20 +213,21 @@ class Conv2DTranspose(Module):
         >>> up = eo.Conv2DTranspose(8, 4, 4, stride=2, padding="same", seed=0)
         >>> up(eo.ones(2, 5, 5, 8)).shape, up.weight.shape
         ((2, 10, 10, 4), (4, 4, 4, 8))
+        >>> eo.Conv2DTranspose(8, 4, 3, stride=2, padding=1, output_padding=1)(
+        ...     eo.ones(2, 5, 5, 8)).shape
+        (2, 10, 10, 4)
     """
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1,
-                 padding: str = "valid", bias: bool = True, seed=None):
+                 padding="valid", bias: bool = True, seed=None, output_padding=0):
         super().__init__()
-        if padding not in ("valid", "same"):
-            raise EveryOError(f"Conv2DTranspose: padding must be 'valid' or 'same', got "
-                              f"{padding!r}")
         self.in_channels = argument("Conv2DTranspose", "in_channels", in_channels,
                                     "positive int")
         self.out_channels = argument("Conv2DTranspose", "out_channels", out_channels,
                                      "positive int")
         self.kernel_size, self.stride, _ = check_geometry("Conv2DTranspose", kernel_size, stride)
-        self.padding = padding
+        self.padding, self.output_padding = _padding_arguments(padding, output_padding,
+                                                               self.stride)
         rng = layer_generator(seed)
         kh, kw = self.kernel_size
         # NOTE: PyTorch's ConvTranspose2d computes its fan-in from weight dim 1, i.e. out*kh*kw.
@@ -226,20 +239,51 @@ class Conv2DTranspose(Module):
     def label(self) -> str:
         return f"Conv2DTranspose({self.in_channels}→{self.out_channels})"
 
+    def output_sizes(self, input_hw) -> list:
+        """``[(output length, leading crop)]`` along H and W for an input of ``input_hw``."""
+        pads = (self.padding,) * 2 if isinstance(self.padding, str) else self.padding
+        return [transpose_output_size(n, k, s, p, o) for n, k, s, p, o in
+                zip(input_hw, self.kernel_size, self.stride, pads, self.output_padding)]
+
     def forward(self, x):
         data = check_float(self.label, x)
         if data.ndim != 4 or data.shape[-1] != self.in_channels or 0 in data.shape[1:3]:
             raise EveryOError(f"{self.label}: expected NHWC input with {self.in_channels} "
                               f"channels and at least one pixel, got shape {data.shape}")
-        sizes = [transpose_output_size(n, k, s, self.padding) for n, k, s in
-                 zip(data.shape[1:3], self.kernel_size, self.stride)]
+        sizes = self.output_sizes(data.shape[1:3])
+        if min(s[0] for s in sizes) <= 0:
+            raise EveryOError(f"{self.label}: padding {self.padding} leaves no output for input "
+                              f"{data.shape[1:3]} (output {tuple(s[0] for s in sizes)})")
         operands = (x, self.weight) if self.bias is None else (x, self.weight, self.bias)
         return dispatch("conv2d_transpose", *operands, stride=self.stride,
                         out_hw=tuple(s[0] for s in sizes), crop=tuple(s[1] for s in sizes))
 
     def extra_repr(self) -> str:
+        extra = f", output_padding={self.output_padding}" if any(self.output_padding) else ""
         return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
-                f"stride={self.stride}, padding={self.padding!r}")
+                f"stride={self.stride}, padding={self.padding!r}{extra}")
+
+
+def _padding_arguments(padding, output_padding, stride) -> tuple:
+    """``(padding, output_padding)``: ``"valid"``/``"same"`` or a non-negative int pair, and an
+    int pair each smaller than the stride (PyTorch's rule), or a :class:`LayerArgumentError`."""
+    if isinstance(padding, str):
+        if padding not in ("valid", "same"):
+            raise LayerArgumentError(f"Conv2DTranspose: padding must be 'valid', 'same', an int "
+                                     f"or a pair of ints, got {padding!r}")
+    else:
+        padding = pair(padding, "Conv2DTranspose padding")
+        if min(padding) < 0:
+            raise LayerArgumentError(f"Conv2DTranspose: padding must not be negative, got "
+                                     f"{padding}")
+    output_padding = pair(output_padding, "Conv2DTranspose output_padding")
+    if any(output_padding) and isinstance(padding, str):
+        raise LayerArgumentError(f"Conv2DTranspose: output_padding={output_padding} needs an "
+                                 f"integer padding (PyTorch's output size), not {padding!r}")
+    if any(o < 0 or o >= s for o, s in zip(output_padding, stride)):
+        raise LayerArgumentError(f"Conv2DTranspose: output_padding {output_padding} must be "
+                                 f"non-negative and smaller than the stride {stride}")
+    return padding, output_padding
 
 
 OPS = {"conv2d_transpose": Conv2DTransposeOp}

@@ -20,6 +20,7 @@ import numpy as np
 
 from everyo import EveryOError, Op
 from everyo.kernels import blas_matmul, kernel
+from everyo_layers.recurrent_composite import gru_composite, lstm_composite, rnn_composite
 
 
 def sigmoid_(a: np.ndarray) -> np.ndarray:
@@ -173,6 +174,9 @@ class RNNOp(_FusedRecurrentOp):
         SCRATCH.give(d_pre)
         return grads
 
+    def composite(self, x, h0, w_ih, w_hh, b_ih, b_hh):
+        return rnn_composite(x, h0, w_ih, w_hh, b_ih, b_hh, self.batch_first, self.relu)
+
 
 def _block_columns(order, hidden: int) -> np.ndarray:
     """Column indices that put the gate blocks of a ``(.., G*H)`` matrix in ``order``."""
@@ -239,6 +243,9 @@ class LSTMOp(_FusedRecurrentOp):
         return tuple(grad if grad is None or k < 3 else grad[..., inverse]
                      for k, grad in enumerate(grads))
 
+    def composite(self, x, h0, c0, w_ih, w_hh, b_ih, b_hh):
+        return lstm_composite(x, h0, c0, w_ih, w_hh, b_ih, b_hh, self.batch_first)
+
 
 class GRUOp(_FusedRecurrentOp):
     """GRU layer with PyTorch's gates ``r, z, n``; the reset gate multiplies the hidden
@@ -303,6 +310,9 @@ class GRUOp(_FusedRecurrentOp):
         grads = self._gradients(xt, hs, w_ih, w_hh, d_pre_x, d_pre_h, dh)
         SCRATCH.give(d_pre_x, d_pre_h)
         return grads
+
+    def composite(self, x, h0, w_ih, w_hh, b_ih, b_hh):
+        return gru_composite(x, h0, w_ih, w_hh, b_ih, b_hh, self.batch_first)
 
 
 OPS = {"rnn": RNNOp, "lstm": LSTMOp, "gru": GRUOp}

@@ -18,18 +18,31 @@ from everyo_layers.checks import check_float, pair
 from everyo_layers.precision import accumulation_dtype
 
 
-def nearest_matrix(size: int, out: int) -> np.ndarray:
-    """``(out, size)`` selection: output i takes input ``floor(i * size / out)`` (PyTorch's
-    ``nearest`` and Keras's integer upsampling)."""
+def nearest_matrix(size: int, out: int, scale=None) -> np.ndarray:
+    """``(out, size)`` selection: output i takes input ``floor(i * scale)``, ``scale`` being
+    ``size / out`` unless given (PyTorch's ``nearest``, which uses ``1 / scale_factor`` when
+    one is given, and Keras's integer upsampling)."""
+    scale = size / out if scale is None else scale
     matrix = np.zeros((out, size))
-    matrix[np.arange(out), np.minimum(np.arange(out) * size // out, size - 1)] = 1.0
+    source = np.floor(np.arange(out) * scale).astype(int)
+    matrix[np.arange(out), np.minimum(source, size - 1)] = 1.0
     return matrix
 
 
-def bilinear_matrix(size: int, out: int) -> np.ndarray:
-    """``(out, size)`` linear interpolation with half-pixel centres (PyTorch's
-    ``align_corners=False``, TensorFlow's ``half_pixel_centers=True``)."""
-    src = np.maximum((np.arange(out) + 0.5) * (size / out) - 0.5, 0.0)
+def bilinear_matrix(size: int, out: int, scale=None, align_corners: bool = False) -> np.ndarray:
+    """``(out, size)`` linear interpolation.
+
+    Half-pixel centres by default (PyTorch's ``align_corners=False``, TensorFlow's
+    ``half_pixel_centers=True``): output i samples input ``(i + 0.5) * scale - 0.5`` (clamped
+    at 0), ``scale`` being ``size / out`` unless given (PyTorch uses ``1 / scale_factor``).
+    ``align_corners=True`` maps the corner pixels onto each other: ``i * (size - 1) / (out -
+    1)``.
+    """
+    if align_corners:
+        src = np.arange(out) * ((size - 1) / (out - 1) if out > 1 else 0.0)
+    else:
+        scale = size / out if scale is None else scale
+        src = np.maximum((np.arange(out) + 0.5) * scale - 0.5, 0.0)
     low = np.minimum(np.floor(src).astype(int), size - 1)
     high = np.minimum(low + 1, size - 1)
     frac = src - low

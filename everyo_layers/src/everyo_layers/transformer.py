@@ -1,5 +1,8 @@
-"""Transformer building blocks on ``(batch, seq, features)``: ``PositionalEncoding``,
-``TransformerEncoderLayer``, ``TransformerDecoderLayer`` and ``TransformerEncoder``.
+"""Transformer building blocks: ``PositionalEncoding`` (on ``(batch, seq, features)``),
+``TransformerEncoderLayer``, ``TransformerDecoderLayer`` and ``TransformerEncoder``, with
+PyTorch's arguments (``nhead``) and layouts: ``batch_first=False`` (PyTorch's default) takes
+``(seq, batch, features)``, ``batch_first=True`` ``(batch, seq, features)``; the masks have
+the same shapes in both.
 
 Sub-module names follow PyTorch's (``self_attn``, ``linear1``, ``norm1``, ``dropout1``...), so
 a PyTorch state maps onto these layers name by name (see docs/layers_sequence.md).
@@ -9,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import math
+import warnings
 
 import numpy as np
 
@@ -36,12 +40,38 @@ def sinusoidal_table(max_len: int, d_model: int) -> np.ndarray:
     return table
 
 
-def _check_sequence(layer: str, x, d_model: int, name: str = "input") -> np.ndarray:
+def _check_sequence(layer: str, x, d_model: int, name: str = "input",
+                    batch_first: bool = True) -> np.ndarray:
     data = check_float(layer, x)
     if data.ndim != 3 or data.shape[-1] != d_model:
-        raise EveryOError(f"{layer}: expected {name} of shape (batch, seq, {d_model}), "
-                          f"got {data.shape}")
+        layout = "batch, seq" if batch_first else "seq, batch"
+        raise EveryOError(f"{layer}: expected {name} of shape ({layout}, {d_model}), "
+                          f"got {data.shape}" + ("" if batch_first else
+                                                 " (batch_first=False, PyTorch's default)"))
     return data
+
+
+def batch_major(x, batch_first: bool):
+    """``x`` as ``(batch, seq, features)``: itself, or the swap of its first two axes (its own
+    inverse, so it also turns a result back into the sequence-first layout)."""
+    return x if batch_first else dispatch("transpose", x, axes=(1, 0, 2))
+
+
+def number_of_heads(layer: str, nhead, num_heads, batch_first: bool) -> int:
+    """PyTorch's ``nhead``, or EveryO's older spelling ``num_heads`` (one of them)."""
+    if (nhead is None) == (num_heads is None):
+        raise LayerArgumentError(f"{layer}: nhead (the number of attention heads) must be "
+                                 f"given once, as nhead or num_heads; got nhead={nhead!r}, "
+                                 f"num_heads={num_heads!r}")
+    if num_heads is not None and not batch_first:
+        # NOTE: EveryO's layers took (batch, seq, features) before batch_first existed;
+        # code written for them would now attend across the batch without an error.
+        warnings.warn(f"{layer}: the input layout is PyTorch's default, (seq, batch, "
+                      f"features) (batch_first=False); pass batch_first=True for (batch, seq, "
+                      f"features), or spell the heads nhead= to silence this", stacklevel=4)
+    if num_heads is not None:
+        return argument(layer, "num_heads", num_heads, "positive int")
+    return argument(layer, "nhead", nhead, "positive int")
 
 
 class PositionalEncoding(Module):
@@ -98,12 +128,14 @@ def _activation(name):
 class _TransformerLayer(Module):
     """What encoder and decoder layers share: arguments, feed-forward block, seeding."""
 
-    def __init__(self, d_model, num_heads, dim_feedforward, dropout, norm_first, activation,
-                 layer_norm_eps, seed, attention_blocks: int):
+    def __init__(self, d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps,
+                 batch_first, norm_first, seed, num_heads, attention_blocks: int):
         super().__init__()
         name = type(self).__name__  # the layer the user built, not the sublayer that would fail
         self.d_model = argument(name, "d_model", d_model, "positive int")
-        self.num_heads = argument(name, "num_heads", num_heads, "positive int")
+        self.batch_first = bool(batch_first)
+        self.nhead = self.num_heads = number_of_heads(name, nhead, num_heads, self.batch_first)
+        num_heads = self.nhead
         self.dim_feedforward = argument(name, "dim_feedforward", dim_feedforward, "positive int")
         argument(name, "dropout", dropout, "probability")
         argument(name, "layer_norm_eps", layer_norm_eps, "non-negative float")
@@ -127,43 +159,55 @@ class _TransformerLayer(Module):
         return self.linear2(self.dropout(self.activation(self.linear1(x))))
 
     def extra_repr(self) -> str:
-        return (f"d_model={self.d_model}, num_heads={self.num_heads}, "
-                f"dim_feedforward={self.dim_feedforward}, norm_first={self.norm_first}, "
-                f"activation={self.activation_name}")
+        return (f"d_model={self.d_model}, nhead={self.nhead}, "
+                f"dim_feedforward={self.dim_feedforward}, batch_first={self.batch_first}, "
+                f"norm_first={self.norm_first}, activation={self.activation_name}")
 
 
 class TransformerEncoderLayer(_TransformerLayer):
     """Self-attention then a feed-forward block, each with a residual connection and
     ``LayerNorm`` (after the residual by default, before the block with ``norm_first``).
 
-    Args:
+    Args (PyTorch's, in PyTorch's order):
         d_model: features of the input.
-        num_heads: attention heads (must divide ``d_model``).
+        nhead: attention heads (must divide ``d_model``); ``num_heads=`` is accepted too.
         dim_feedforward: hidden width of the feed-forward block.
         dropout: dropout after attention, inside and after the feed-forward block.
-        norm_first: pre-norm (``x + block(norm(x))``) instead of post-norm.
         activation: ``"relu"``, ``"gelu"`` or a callable on tensors.
         layer_norm_eps: eps of the LayerNorms.
+        batch_first: input and output ``(batch, seq, d_model)``; False (PyTorch's default)
+            is ``(seq, batch, d_model)``.
+        norm_first: pre-norm (``x + block(norm(x))``) instead of post-norm.
         seed: seed of the initialisation and of the dropout masks.
 
     Example:
         >>> import everyo as eo
         >>> layer = eo.TransformerEncoderLayer(8, 2, dim_feedforward=16, seed=0)
-        >>> layer(eo.randn(2, 5, 8, seed=1)).shape
+        >>> layer(eo.randn(5, 2, 8, seed=1)).shape  # (seq, batch, d_model)
+        (5, 2, 8)
+        >>> eo.TransformerEncoderLayer(8, 2, 16, batch_first=True)(eo.randn(2, 5, 8)).shape
         (2, 5, 8)
     """
 
     onnx_export = "refused"
 
-    def __init__(self, d_model: int, num_heads: int, dim_feedforward: int = 2048,
-                 dropout: float = 0.1, norm_first: bool = False, activation="relu",
-                 layer_norm_eps: float = 1e-5, seed=None):
-        super().__init__(d_model, num_heads, dim_feedforward, dropout, norm_first, activation,
-                         layer_norm_eps, seed, attention_blocks=1)
+    def __init__(self, d_model: int, nhead: int | None = None, dim_feedforward: int = 2048,
+                 dropout: float = 0.1, activation="relu", layer_norm_eps: float = 1e-5,
+                 batch_first: bool = False, norm_first: bool = False, seed=None, *,
+                 num_heads: int | None = None):
+        super().__init__(d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps,
+                         batch_first, norm_first, seed, num_heads, attention_blocks=1)
 
     def forward(self, src, src_mask=None, src_key_padding_mask=None):
-        """``src`` ``(batch, seq, d_model)``; masks as in :class:`MultiHeadAttention`."""
-        _check_sequence(f"TransformerEncoderLayer(d_model={self.d_model})", src, self.d_model)
+        """``src`` ``(seq, batch, d_model)`` (``(batch, seq, d_model)`` with
+        ``batch_first``); masks as in :class:`MultiHeadAttention` in either layout."""
+        _check_sequence(f"TransformerEncoderLayer(d_model={self.d_model})", src, self.d_model,
+                        batch_first=self.batch_first)
+        return batch_major(self._encode(batch_major(src, self.batch_first), src_mask,
+                                        src_key_padding_mask), self.batch_first)
+
+    def _encode(self, src, src_mask, src_key_padding_mask):
+        """The block on batch-first ``src``."""
 
         def attend(x):
             x = self.self_attn(x, x, x, attn_mask=src_mask, key_padding_mask=src_key_padding_mask)
@@ -184,26 +228,33 @@ class TransformerDecoderLayer(_TransformerLayer):
     Example:
         >>> import everyo as eo
         >>> layer = eo.TransformerDecoderLayer(8, 2, dim_feedforward=16, seed=0)
-        >>> layer(eo.randn(2, 4, 8, seed=1), eo.randn(2, 6, 8, seed=2)).shape
-        (2, 4, 8)
+        >>> layer(eo.randn(4, 2, 8, seed=1), eo.randn(6, 2, 8, seed=2)).shape
+        (4, 2, 8)
     """
 
     onnx_export = "refused"
 
-    def __init__(self, d_model: int, num_heads: int, dim_feedforward: int = 2048,
-                 dropout: float = 0.1, norm_first: bool = False, activation="relu",
-                 layer_norm_eps: float = 1e-5, seed=None):
-        super().__init__(d_model, num_heads, dim_feedforward, dropout, norm_first, activation,
-                         layer_norm_eps, seed, attention_blocks=2)
+    def __init__(self, d_model: int, nhead: int | None = None, dim_feedforward: int = 2048,
+                 dropout: float = 0.1, activation="relu", layer_norm_eps: float = 1e-5,
+                 batch_first: bool = False, norm_first: bool = False, seed=None, *,
+                 num_heads: int | None = None):
+        super().__init__(d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps,
+                         batch_first, norm_first, seed, num_heads, attention_blocks=2)
 
     def forward(self, tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
                 memory_key_padding_mask=None):
-        """``tgt`` ``(batch, Tt, d_model)``, ``memory`` ``(batch, Tm, d_model)``."""
+        """``tgt`` ``(Tt, batch, d_model)``, ``memory`` ``(Tm, batch, d_model)`` (batch first
+        with ``batch_first``)."""
         label = f"TransformerDecoderLayer(d_model={self.d_model})"
-        batch = _check_sequence(label, tgt, self.d_model, "tgt").shape[0]
-        if _check_sequence(label, memory, self.d_model, "memory").shape[0] != batch:
-            raise EveryOError(f"{label}: tgt and memory batch sizes differ "
-                              f"({tgt.shape[0]} and {memory.shape[0]})")
+        check_same_batch(label, tgt, memory, self.d_model, self.batch_first)
+        out = self._decode(batch_major(tgt, self.batch_first),
+                           batch_major(memory, self.batch_first), tgt_mask, memory_mask,
+                           tgt_key_padding_mask, memory_key_padding_mask)
+        return batch_major(out, self.batch_first)
+
+    def _decode(self, tgt, memory, tgt_mask, memory_mask, tgt_key_padding_mask,
+                memory_key_padding_mask):
+        """The block on batch-first ``tgt`` and ``memory``."""
 
         def self_block(x):
             x = self.self_attn(x, x, x, attn_mask=tgt_mask, key_padding_mask=tgt_key_padding_mask)
@@ -224,6 +275,16 @@ class TransformerDecoderLayer(_TransformerLayer):
         return self.norm3(x + self.dropout3(self._feed_forward(x)))
 
 
+def check_same_batch(label: str, tgt, memory, d_model: int, batch_first: bool) -> None:
+    """Both sequences ``(.., .., d_model)`` in the layout, with the same batch size."""
+    axis = 0 if batch_first else 1
+    batch = _check_sequence(label, tgt, d_model, "tgt", batch_first).shape[axis]
+    other = _check_sequence(label, memory, d_model, "memory", batch_first).shape[axis]
+    if other != batch:
+        raise EveryOError(f"{label}: tgt and memory batch sizes differ ({batch} and {other}; "
+                          f"batch_first={batch_first})")
+
+
 class TransformerEncoder(Module):
     """``num_layers`` independent deep copies of ``encoder_layer`` applied in turn.
 
@@ -236,28 +297,34 @@ class TransformerEncoder(Module):
         >>> import everyo as eo
         >>> layer = eo.TransformerEncoderLayer(8, 2, dim_feedforward=16, seed=0)
         >>> encoder = eo.TransformerEncoder(layer, num_layers=2)
-        >>> encoder(eo.randn(2, 5, 8, seed=1)).shape, len(encoder.layers)
-        ((2, 5, 8), 2)
+        >>> encoder(eo.randn(5, 2, 8, seed=1)).shape, len(encoder.layers)
+        ((5, 2, 8), 2)
     """
 
     onnx_export = "refused"
 
     def __init__(self, encoder_layer: Module, num_layers: int, norm: Module | None = None):
         super().__init__()
-        if not isinstance(encoder_layer, Module):
-            raise LayerArgumentError(f"TransformerEncoder: encoder_layer must be a Module, got "
-                                     f"{type(encoder_layer).__name__}")
-        self.num_layers = argument("TransformerEncoder", "num_layers", num_layers, "positive int")
-        self.layers = Sequential(*(_independent_copy(encoder_layer, i)
-                                   for i in range(self.num_layers)))
-        self.norm = norm
+        stack_copies(self, "encoder_layer", encoder_layer, num_layers, norm)
 
     def forward(self, src, mask=None, src_key_padding_mask=None):
-        """Run every layer on ``src`` ``(batch, seq, d_model)`` with the same masks."""
+        """Run every layer on ``src`` (in the layers' layout) with the same masks."""
         x = src
         for layer in self.layers:
             x = layer(x, src_mask=mask, src_key_padding_mask=src_key_padding_mask)
         return x if self.norm is None else self.norm(x)
+
+
+def stack_copies(stack: Module, argument_name: str, layer, num_layers, norm) -> None:
+    """Give ``stack`` (an encoder or decoder stack) ``num_layers`` independent copies of
+    ``layer`` in ``.layers`` and the final ``norm``, or an error naming the stack."""
+    name = type(stack).__name__
+    if not isinstance(layer, Module):
+        raise LayerArgumentError(f"{name}: {argument_name} must be a Module, got "
+                                 f"{type(layer).__name__}")
+    stack.num_layers = argument(name, "num_layers", num_layers, "positive int")
+    stack.layers = Sequential(*(_independent_copy(layer, i) for i in range(stack.num_layers)))
+    stack.norm = norm
 
 
 def _independent_copy(layer: Module, index: int) -> Module:

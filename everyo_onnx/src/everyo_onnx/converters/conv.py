@@ -5,14 +5,15 @@ Each node is wrapped in a pair of real Transpose nodes (NHWC -> NCHW -> NHWC) an
 is permuted ``(kh, kw, in, out) -> (out, in, kh, kw)``. Padding is always written as explicit
 ``pads`` from the layers' own resolver, never ``auto_pad``: TensorFlow's "same" puts the odd
 extra pad on the bottom/right, and the exported graph must pad exactly like the layer did.
-Conv2DTranspose writes Keras's output size as explicit pads and ``output_padding``.
+Conv2DTranspose writes its output size (Keras's or PyTorch's) as explicit pads and
+``output_padding``.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from everyo_layers.geometry import resolve_padding, transpose_output_size
+from everyo_layers.geometry import resolve_padding
 from everyo_onnx.converters.by_name import by_layer_name
 
 NHWC_TO_NCHW = [0, 3, 1, 2]
@@ -71,10 +72,13 @@ def convert_conv1d(layer, ctx, x: str) -> str:
 
 def convert_conv2d_transpose(layer, ctx, x: str) -> str:
     """ONNX's output is ``(in - 1) * stride + kernel + output_padding - begin - end``: the
-    leading crop is ``begin``; a longer Keras output (stride > kernel) is ``output_padding``."""
+    leading crop is ``begin``; an output longer than the scatter (Keras's with stride > kernel,
+    PyTorch's ``output_padding``) is ONNX's ``output_padding``. The sizes are the layer's own
+    (``Conv2DTranspose.output_sizes``, from ``transpose_output_size``)."""
     begins, ends, extra = [], [], []
-    for size, k, s in zip(ctx.shape(x)[1:3], layer.kernel_size, layer.stride):
-        out, crop = transpose_output_size(size, k, s, layer.padding)
+    hw = ctx.shape(x)[1:3]
+    for size, k, s, (out, crop) in zip(hw, layer.kernel_size, layer.stride,
+                                       layer.output_sizes(hw)):
         full = (size - 1) * s + k
         begins.append(crop)
         ends.append(max(full - crop - out, 0))

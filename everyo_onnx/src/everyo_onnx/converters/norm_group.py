@@ -1,4 +1,4 @@
-"""GroupNorm and RMSNorm from primitive nodes (ONNX's GroupNormalization changed meaning
+"""GroupNorm, RMSNorm and InstanceNorm from primitive nodes (ONNX's GroupNormalization changed meaning
 between opsets 18 and 21, and RMSNormalization needs opset 23)."""
 
 from __future__ import annotations
@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from everyo_onnx.converters.by_name import by_layer_name
+from everyo_onnx.converters.norm import convert_batch_norm
 from everyo_onnx.converters.reduce import reduce_node
 
 
@@ -40,4 +41,20 @@ def convert_rms_norm(layer, ctx, x: str) -> str:
     return out
 
 
-CONVERTERS = by_layer_name({"GroupNorm": convert_group_norm, "RMSNorm": convert_rms_norm})
+def convert_instance_norm(layer, ctx, x: str) -> str:
+    """Each sample's channels over its positions (the axes between batch and channels); with
+    tracked running statistics, eval mode is batch norm's scale-and-shift."""
+    if layer.track_running_stats:
+        return convert_batch_norm(layer, ctx, x)
+    axes = list(range(1, len(ctx.shape(x)) - 1))
+    centered = ctx.node("Sub", [x, reduce_node(ctx, "ReduceMean", x, axes)])
+    out = _normalize(ctx, centered, centered, axes, layer.eps)
+    if layer.weight is not None:
+        out = ctx.node("Mul", [out, ctx.constant(layer.weight.data, "weight")])
+        out = ctx.node("Add", [out, ctx.constant(layer.bias.data, "bias")])
+    return out
+
+
+CONVERTERS = by_layer_name({"GroupNorm": convert_group_norm, "RMSNorm": convert_rms_norm,
+                            "InstanceNorm1D": convert_instance_norm,
+                            "InstanceNorm2D": convert_instance_norm})

@@ -11,6 +11,7 @@ from everyo_onnx.converters.activation import gelu_nodes
 from everyo_onnx.converters.by_name import by_op_name
 from everyo_onnx.converters.conv import KERNEL_HWIO_TO_OIHW, in_nchw
 from everyo_onnx.converters.norm import layer_norm_nodes
+from everyo_onnx.converters.resample import resample
 
 
 def convert_gelu_op(ctx, x, approximate="none"):
@@ -61,7 +62,24 @@ def pool_converter(onnx_op: str, **extra):
     return convert
 
 
+def refuse_recurrent_op(ctx, *inputs, **attrs):
+    """The fused recurrent ops have a ``composite`` (their second derivatives), which the
+    tracer would unroll into a graph valid for the traced sequence length only: refused, as
+    their layers are by name."""
+    ctx.refuse("a recurrent time loop is refused by design, as RNN/LSTM/GRU and their cells "
+               "are (an unrolled graph would hold for the traced sequence length only)")
+
+
+def convert_resample2d_op(ctx, x, rows=None, cols=None):
+    """``eo.interpolate`` and any other caller of ``resample2d``: its matrices, as the layers'."""
+    return resample(ctx, x, rows, cols)
+
+
 CONVERTERS = by_op_name({
+    "resample2d": convert_resample2d_op,
+    "rnn": refuse_recurrent_op,
+    "lstm": refuse_recurrent_op,
+    "gru": refuse_recurrent_op,
     "gelu": convert_gelu_op,
     "leaky_relu": convert_leaky_relu_op,
     "layer_norm": convert_layer_norm_op,

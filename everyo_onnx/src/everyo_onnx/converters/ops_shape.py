@@ -1,5 +1,5 @@
 """Op converters for the core's shape ops: reshape, transpose, indexing, concatenate, stack,
-pad. Sizes read from a traced tensor's ``.shape`` arrive as ``SymInt`` and become computed
+pad (and its modes). Sizes read from a traced tensor's ``.shape`` arrive as ``SymInt`` and become computed
 values (``ctx.ints``), so the graph follows the input's size."""
 
 from __future__ import annotations
@@ -133,6 +133,25 @@ def convert_pad(ctx, x, pad_width, value=0.0):
     return ctx.node("Pad", [x, ctx.ints(pads, "pads"), fill], mode="constant")
 
 
+#: eo.pad's modes as ONNX Pad's (``wrap`` needs opset 19)
+PAD_MODES = {"constant": "constant", "reflect": "reflect", "replicate": "edge",
+             "circular": "wrap"}
+
+
+def convert_pad_mode(ctx, x, pad_width, mode="constant", value=0.0):
+    """``eo.pad(..., mode=...)``; a negative width (a crop before the padding) is refused: ONNX
+    pads and crops in one step, so a mirrored pad would read different elements."""
+    widths = np.broadcast_to(np.asarray(pad_width, np.int64), (len(ctx.shape(x)), 2))
+    if (widths < 0).any():
+        ctx.refuse(f"pad_mode: negative pad widths {widths.tolist()} (crops) in mode {mode!r}")
+    if mode == "circular" and not ctx.since(19):
+        ctx.refuse("pad_mode: mode 'circular' needs ONNX's Pad mode 'wrap', opset 19 or newer")
+    if mode == "constant":
+        return convert_pad(ctx, x, pad_width, value)
+    pads = [int(w) for w in widths[:, 0]] + [int(w) for w in widths[:, 1]]
+    return ctx.node("Pad", [x, ctx.ints(pads, "pads")], mode=PAD_MODES[mode])
+
+
 CONVERTERS = by_op_name({
     "reshape": convert_reshape,
     "transpose": convert_transpose,
@@ -140,4 +159,5 @@ CONVERTERS = by_op_name({
     "concatenate": convert_concatenate,
     "stack": convert_stack,
     "pad": convert_pad,
+    "pad_mode": convert_pad_mode,
 })

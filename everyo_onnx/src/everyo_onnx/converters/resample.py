@@ -1,4 +1,5 @@
-"""Global pooling as reductions; UpSampling2D and AdaptiveAvgPool2D as the layers compute them:
+"""Global pooling as reductions; PixelShuffle as DepthToSpace (CRD); UpSampling2D and
+AdaptiveAvgPool2D as the layers compute them:
 two MatMuls with the same constant interpolation matrices (exact for every size, where ONNX's
 Resize/AveragePool would need mode-by-mode care)."""
 
@@ -6,6 +7,7 @@ from __future__ import annotations
 
 from everyo_layers.geometry import adaptive_average_matrix, bilinear_matrix, nearest_matrix
 from everyo_onnx.converters.by_name import by_layer_name
+from everyo_onnx.converters.conv import in_nchw
 from everyo_onnx.converters.reduce import reduce_node
 
 
@@ -37,7 +39,15 @@ def convert_adaptive_avg_pool(layer, ctx, x: str) -> str:
     return resample(ctx, x, adaptive_average_matrix(h, ho), adaptive_average_matrix(w, wo))
 
 
+def convert_pixel_shuffle(layer, ctx, x: str) -> str:
+    """ONNX's DepthToSpace in mode CRD is PyTorch's channel order (the layer's, on NCHW)."""
+    if len(ctx.shape(x)) != 4:
+        ctx.refuse(f"PixelShuffle: DepthToSpace takes 4-D input, got shape {ctx.shape(x)}")
+    return in_nchw(ctx, x, "DepthToSpace", blocksize=layer.upscale_factor, mode="CRD")
+
+
 CONVERTERS = by_layer_name({"GlobalAvgPool2D": convert_global_avg_pool,
+                            "PixelShuffle": convert_pixel_shuffle,
                             "GlobalMaxPool2D": convert_global_max_pool,
                             "UpSampling2D": convert_upsampling,
                             "AdaptiveAvgPool2D": convert_adaptive_avg_pool})

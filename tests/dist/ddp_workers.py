@@ -189,3 +189,11 @@ def train_overlapped(group, optimizer_name: str, overlapped: bool, steps: int = 
         scheduler.step()
     ddp.close()
     return [p.data for p in model.parameters()] + input_grads
+
+
+def overlapped_against_reference(group, optimizer_name: str):
+    """Both trajectories in one job (for the mpi harness)."""
+    overlapped = train_overlapped(group, optimizer_name, True)
+    reference = train_overlapped(group, optimizer_name, False)
+    return {**{f"overlapped{i}": w for i, w in enumerate(overlapped)},
+            **{f"reference{i}": w for i, w in enumerate(reference)}}

@@ -1,0 +1,135 @@
+"""``DistributedDataParallel(module, group, optimizer=opt)``: each bucket is stepped inside
+backward as its averages land; the trajectory is bit for bit ``opt.step()`` after an
+un-overlapped DDP backward (SGD, momentum, Nesterov, Adam, AdamW + AMSGrad, parameter groups,
+an LR scheduler, no_sync accumulation, an input that requires grad) on shm, tcp and mpi; and
+the refusals."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import everyo as eo
+from everyo.distributed import DistributedDataParallel, DistributedError, init, spawn
+
+HERE = Path(__file__).resolve().parent
+OPTIMIZERS = ["sgd", "momentum", "nesterov", "adam", "adamw", "groups"]
+
+
+def _same_bits(first, second):
+    assert len(first) == len(second)
+    for a, b in zip(first, second):
+        assert a.dtype == b.dtype and a.tobytes() == b.tobytes()
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_the_overlapped_step_is_the_optimizers_step_bit_for_bit_on_shm(name):
+    from ddp_workers import train_overlapped
+
+    overlapped = spawn(train_overlapped, 2, args=(name, True), timeout=60)
+    reference = spawn(train_overlapped, 2, args=(name, False), timeout=60)
+    for rank in range(2):
+        _same_bits(overlapped[rank], reference[rank])
+    _same_bits(overlapped[0], overlapped[1])
+
+
+@pytest.mark.parametrize("name", ["nesterov", "adamw"])
+def test_the_overlapped_step_is_the_optimizers_step_bit_for_bit_on_tcp(name):
+    from ddp_workers import train_overlapped
+
+    overlapped = spawn(train_overlapped, 2, args=(name, True), backend="tcp", timeout=60)
+    reference = spawn(train_overlapped, 2, args=(name, False), backend="tcp", timeout=60)
+    for rank in range(2):
+        _same_bits(overlapped[rank], reference[rank])
+
+
+def test_an_input_that_requires_grad_gets_its_gradient_from_the_weights_before_the_step():
+    # the first layer's weight is the step's last gradient, and its op still computes the
+    # input's gradient from it: that bucket is stepped only once the op is done
+    from ddp_workers import train_overlapped
+
+    overlapped = spawn(train_overlapped, 2, args=("momentum", True, 3, 1, True), timeout=60)
+    reference = spawn(train_overlapped, 2, args=("momentum", False, 3, 1, True), timeout=60)
+    for rank in range(2):
+        _same_bits(overlapped[rank], reference[rank])
+
+
+MPIEXEC = shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or \
+    shutil.which("mpiexec")
+
+
+@pytest.mark.skipif(MPIEXEC is None, reason="mpiexec not found (pip install "
+                                            "'everyo-dist[mpi]')")
+def test_the_overlapped_step_is_the_optimizers_step_bit_for_bit_on_mpi(tmp_path):
+    pytest.importorskip("mpi4py")
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    done = subprocess.run([MPIEXEC, "-n", "2", sys.executable, str(HERE / "ddp_mpi_harness.py"),
+                           "overlapped_against_reference", str(tmp_path), "adam"],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    for rank in range(2):
+        with np.load(tmp_path / f"rank{rank}.npz") as data:
+            count = len(data.files) // 2
+            for i in range(count):
+                assert data[f"overlapped{i}"].tobytes() == data[f"reference{i}"].tobytes()
+
+
+def _model():
+    return eo.Sequential(eo.Linear(3, 4, seed=0), eo.Tanh(), eo.Linear(4, 2, seed=1))
+
+
+def test_a_later_optimizer_step_is_refused_by_name_and_close_gives_it_back():
+    with init(backend="shm", rank=0, world_size=1) as group:
+        model = _model()
+        optimizer = eo.SGD(model.parameters(), lr=0.1)
+        ddp = DistributedDataParallel(model, group, optimizer=optimizer)
+        before = model[0].weight.data.copy()
+        ddp(eo.ones((2, 3))).sum().backward()
+        assert not np.array_equal(before, model[0].weight.data) and optimizer.step_count == 1
+        with pytest.raises(DistributedError, match=r"SGD\.step\(\).*already stepped"):
+            optimizer.step()
+        ddp.close()
+        optimizer.step()  # a plain optimizer again
+
+
+def test_an_optimizer_of_other_parameters_is_refused_by_name():
+    with init(backend="shm", rank=0, world_size=1) as group:
+        stranger = eo.Parameter(np.zeros((5, 5), np.float32))
+        model = _model()
+        optimizer = eo.SGD([*model.parameters(), stranger], lr=0.1)
+        with pytest.raises(DistributedError, match=r"\[4\] \(shapes \(5, 5\)\) are not "
+                                                   r"parameters of the wrapped module"):
+            DistributedDataParallel(model, group, optimizer=optimizer)
+        with pytest.raises(DistributedError, match="everyo optimizer"):
+            DistributedDataParallel(model, group, optimizer="sgd")
+
+
+def test_an_optimizer_with_its_own_step_is_refused_by_name():
+    class Stepper(eo.SGD):
+        def step(self, closure=None):  # a closure, a global decision: not per bucket
+            return super().step()
+
+    with init(backend="shm", rank=0, world_size=1) as group:
+        model = _model()
+        with pytest.raises(DistributedError, match="Stepper has its own step"):
+            DistributedDataParallel(model, group, optimizer=Stepper(model.parameters(), lr=1))
+
+
+def test_no_sync_micro_batches_do_not_step():
+    with init(backend="shm", rank=0, world_size=1) as group:
+        model = _model()
+        optimizer = eo.SGD(model.parameters(), lr=0.1)
+        ddp = DistributedDataParallel(model, group, optimizer=optimizer)
+        before = model[0].weight.data.copy()
+        with ddp.no_sync():
+            ddp(eo.ones((2, 3))).sum().backward()
+        assert np.array_equal(before, model[0].weight.data) and optimizer.step_count == 0
+        ddp(eo.ones((2, 3))).sum().backward()
+        assert optimizer.step_count == 1
+        ddp.close()

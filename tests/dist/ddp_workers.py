@@ -197,3 +197,92 @@ def overlapped_against_reference(group, optimizer_name: str):
     reference = train_overlapped(group, optimizer_name, False)
     return {**{f"overlapped{i}": w for i, w in enumerate(overlapped)},
             **{f"reference{i}": w for i, w in enumerate(reference)}}
+
+
+# -- ZeroRedundancyOptimizer --------------------------------------------------------------
+def _zero_or_plain(name: str, model, group, sharded: bool):
+    from everyo.distributed import ZeroRedundancyOptimizer
+
+    if name == "groups":
+        first = [model.first.weight, model.first.bias, model.extra.weight, model.extra.bias]
+        rest = [model.second.weight, model.second.bias, model.head.weight, model.head.bias]
+        params, kind, options = [{"params": first, "lr": 3e-3},
+                                 {"params": rest, "weight_decay": 0.1}], eo.Adam, {"lr": 1e-2}
+    elif name == "momentum":
+        params, kind, options = list(model.parameters()), eo.SGD, {"lr": 0.05, "momentum": 0.9}
+    else:
+        params, kind, options = list(model.parameters()), eo.AdamW, {"lr": 1e-2}
+    if sharded:
+        return ZeroRedundancyOptimizer(params, optimizer_class=kind, group=group, **options)
+    return kind(params, **options)
+
+
+def train_zero(group, name: str, sharded: bool, steps: int = 4, checkpoint: str = "",
+               resume: str = "", resume_sharded: bool = True):
+    """Train SmallNet with DDP averaging and a (sharded or plain) optimizer + StepLR; with
+    ``checkpoint``, rank 0 saves the consolidated state after ``steps // 2`` steps; with
+    ``resume``, start from that file (parameters and optimizer) and run the other half."""
+    model = SmallNet()
+    ddp = DistributedDataParallel(model, group, bucket_cap_mb=0.005)
+    optimizer = _zero_or_plain(name, model, group, sharded if not resume else resume_sharded)
+    scheduler = eo.StepLR(optimizer, step_size=2, gamma=0.5)
+    first = 0
+    if resume:
+        saved = eo.load(resume)
+        model.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        scheduler.load_state_dict(saved["scheduler"])
+        first = steps // 2
+    for step in range(first, steps):
+        optimizer.zero_grad()
+        x, y = batch(group.rank, step)
+        residual = ddp(eo.tensor(x), group.rank == 0) - eo.tensor(y)
+        eo.mean(residual * residual).backward()
+        optimizer.step()
+        scheduler.step()
+        if checkpoint and step + 1 == steps // 2:
+            optimizer.consolidate_state_dict(to=0)
+            if group.rank == 0:
+                eo.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                         "scheduler": scheduler.state_dict()}, checkpoint)
+            group.barrier()
+    ddp.close()
+    return [p.data for p in model.parameters()]
+
+
+def zero_state_bytes(group, layers: int = 8):
+    """Adam's state bytes on this rank, sharded and unsharded, after one step of a stack of
+    equal layers."""
+    from everyo.distributed import ZeroRedundancyOptimizer
+    from everyo_dist.zero import state_bytes
+
+    out = []
+    for sharded in (True, False):
+        model = eo.Sequential(*[eo.Linear(64, 64, seed=i) for i in range(layers)])
+        params = list(model.parameters())
+        optimizer = ZeroRedundancyOptimizer(params, optimizer_class=eo.Adam, group=group) \
+            if sharded else eo.Adam(params)
+        for p in params:
+            p.grad = np.ones_like(p.data)
+        optimizer.step()
+        out.append(state_bytes(optimizer))
+    return out
+
+
+def zero_with_different_parameters(group):
+    from everyo.distributed import ZeroRedundancyOptimizer
+
+    params = [eo.Parameter(np.zeros((3, 3 + group.rank), np.float32))]
+    try:
+        ZeroRedundancyOptimizer(params, optimizer_class=eo.Adam, group=group)
+        return "no error"
+    except DistributedError as exc:
+        return str(exc)
+
+
+def zero_against_plain(group, name: str):
+    """Both trajectories in one job (for the mpi harness)."""
+    sharded = train_zero(group, name, True)
+    plain = train_zero(group, name, False)
+    return {**{f"sharded{i}": w for i, w in enumerate(sharded)},
+            **{f"plain{i}": w for i, w in enumerate(plain)}}

@@ -24,10 +24,12 @@ from everyo_dist.initialize import init
 from everyo_dist.reduction import reduce_rows, reduce_rows_f64
 from everyo_dist.sharding import shard_indices
 from everyo_dist.spawn import spawn
+from everyo_dist.zero import ZeroRedundancyOptimizer
 
 __all__ = [
     "spawn", "average_gradients", "shard_indices", "available_workers", "init", "ProcessGroup",
     "DEFAULT_TIMEOUT", "DistributedError", "CollectiveMismatchError", "CollectiveTimeoutError",
     "PeerLostError", "WorkerError", "Backend", "Collective", "Transport", "reduce_rows",
     "reduce_rows_f64", "DistributedDataParallel", "comm_hooks",
+    "ZeroRedundancyOptimizer",
 ]

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from everyo.dtypes import BFLOAT16
 from everyo_dist.errors import DistributedError
 from everyo_dist.powersgd import PowerSGDState, powerSGD_hook
 from everyo_dist.reduction import reduce_rows
+
+BFLOAT16 = np.dtype("bfloat16")  # (registered with NumPy by everyo, through ml_dtypes)
 
 __all__ = ["GradBucket", "allreduce_hook", "fp16_compress_hook", "bf16_compress_hook",
            "PowerSGDState", "powerSGD_hook"]

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import weakref
 
-from everyo.optim import Optimizer
+from everyo import Optimizer
 from everyo_dist.errors import DistributedError
 
 

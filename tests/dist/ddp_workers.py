@@ -163,7 +163,7 @@ def _optimizer(name: str, model):
 
 def train_overlapped(group, optimizer_name: str, overlapped: bool, steps: int = 4,
                      micro_batches: int = 2, input_grad: bool = False,
-                     bucket_cap_mb: float = 0.005):
+                     bucket_cap_mb: float = 0.005, powersgd: bool = False):
     """``steps`` steps of ``micro_batches`` accumulated micro-batches (``no_sync`` but the
     last) with an LR scheduler; the optimizer is stepped by DDP (``overlapped``) or after
     backward. Returns the parameters (and with ``input_grad`` the inputs' gradients)."""
@@ -171,6 +171,9 @@ def train_overlapped(group, optimizer_name: str, overlapped: bool, steps: int = 
     optimizer = _optimizer(optimizer_name, model)
     ddp = DistributedDataParallel(model, group, bucket_cap_mb=bucket_cap_mb,
                                   optimizer=optimizer if overlapped else None)
+    if powersgd:
+        ddp.register_comm_hook(comm_hooks.PowerSGDState(group, start_powerSGD_iter=1),
+                               comm_hooks.powerSGD_hook)
     scheduler = eo.StepLR(optimizer, step_size=2, gamma=0.5)
     input_grads = []
     for step in range(steps):

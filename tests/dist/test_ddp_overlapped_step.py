@@ -1,7 +1,7 @@
 """``DistributedDataParallel(module, group, optimizer=opt)``: each bucket is stepped inside
 backward as its averages land; the trajectory is bit for bit ``opt.step()`` after an
 un-overlapped DDP backward (SGD, momentum, Nesterov, Adam, AdamW + AMSGrad, parameter groups,
-an LR scheduler, no_sync accumulation, an input that requires grad) on shm, tcp and mpi; and
+an LR scheduler, no_sync accumulation, an input that requires grad) on shm, tcp, tcp_hierarchical and mpi, with PowerSGD too; and
 the refusals."""
 
 from __future__ import annotations
@@ -39,12 +39,13 @@ def test_the_overlapped_step_is_the_optimizers_step_bit_for_bit_on_shm(name):
     _same_bits(overlapped[0], overlapped[1])
 
 
-@pytest.mark.parametrize("name", ["nesterov", "adamw"])
-def test_the_overlapped_step_is_the_optimizers_step_bit_for_bit_on_tcp(name):
+@pytest.mark.parametrize("name, backend", [("nesterov", "tcp"), ("adamw", "tcp"),
+                                           ("groups", "tcp_hierarchical")])
+def test_the_overlapped_step_is_the_optimizers_step_bit_for_bit_on_tcp(name, backend):
     from ddp_workers import train_overlapped
 
-    overlapped = spawn(train_overlapped, 2, args=(name, True), backend="tcp", timeout=60)
-    reference = spawn(train_overlapped, 2, args=(name, False), backend="tcp", timeout=60)
+    overlapped = spawn(train_overlapped, 2, args=(name, True), backend=backend, timeout=60)
+    reference = spawn(train_overlapped, 2, args=(name, False), backend=backend, timeout=60)
     for rank in range(2):
         _same_bits(overlapped[rank], reference[rank])
 
@@ -58,6 +59,18 @@ def test_an_input_that_requires_grad_gets_its_gradient_from_the_weights_before_t
     reference = spawn(train_overlapped, 2, args=("momentum", False, 3, 1, True), timeout=60)
     for rank in range(2):
         _same_bits(overlapped[rank], reference[rank])
+
+
+def test_the_overlapped_step_with_powersgd_is_the_optimizers_step_after_it():
+    from ddp_workers import train_overlapped
+
+    overlapped = spawn(train_overlapped, 2, args=("momentum", True, 4, 2, False, 0.005, True),
+                       timeout=60)
+    reference = spawn(train_overlapped, 2, args=("momentum", False, 4, 2, False, 0.005, True),
+                      timeout=60)
+    for rank in range(2):
+        _same_bits(overlapped[rank], reference[rank])
+    _same_bits(overlapped[0], overlapped[1])
 
 
 MPIEXEC = shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or \

@@ -1,5 +1,5 @@
 """``ZeroRedundancyOptimizer`` (ZeRO-1): bit-identical trajectories to the unsharded optimizer
-on shm, tcp and mpi at 2, 3 and 4 ranks; per-rank state ≈ 1/world_size; one consolidated
+on shm, tcp, tcp_hierarchical and mpi at 2, 3 and 4 ranks; per-rank state ≈ 1/world_size; one consolidated
 checkpoint resumes sharded and unsharded runs at another world size; refusals."""
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ def _same_bits(first, second):
 
 
 @pytest.mark.parametrize("name, world, backend", [("groups", 2, "shm"), ("momentum", 3, "shm"),
-                                                  ("adamw", 4, "shm"), ("groups", 2, "tcp")])
+                                                  ("adamw", 4, "shm"), ("groups", 2, "tcp"),
+                                                  ("momentum", 2, "tcp_hierarchical")])
 def test_sharded_training_is_the_unsharded_trajectory_bit_for_bit(name, world, backend):
     from ddp_workers import train_zero
 

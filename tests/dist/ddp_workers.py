@@ -38,8 +38,19 @@ def _loss(model, x, y, rank):
     return eo.mean(residual * residual)
 
 
-def _grad(param):
-    return np.zeros_like(param.data) if param.grad is None else param.grad.copy()
+def _local_gradients(ddp, model, x, y, rank) -> list:
+    """This rank's own gradients (a backward inside ``no_sync``: no averaging), zeros for an
+    unused parameter; ``.grad`` is cleared before and after."""
+    for p in model.parameters():
+        p.grad = None
+    with ddp.no_sync():
+        loss = _loss(ddp, x, y, rank)
+    loss.backward()
+    grads = [np.zeros_like(p.data) if p.grad is None else p.grad.copy()
+             for p in model.parameters()]
+    for p in model.parameters():
+        p.grad = None
+    return grads
 
 
 def local_and_hooked_gradients(group, hook_name: str, steps: int = 1):
@@ -53,14 +64,8 @@ def local_and_hooked_gradients(group, hook_name: str, steps: int = 1):
         ddp.register_comm_hook(group, getattr(comm_hooks, hook_name))
     for step in range(steps):
         x, y = batch(group.rank, step)
-        for p in model.parameters():
-            p.grad = None
-        with ddp.no_sync():  # (this rank's own gradients: no averaging)
-            local_loss = _loss(ddp, x, y, group.rank)
-        local_loss.backward()
-        for i, p in enumerate(model.parameters()):
-            out[f"local{step}-{i}"] = _grad(p)
-            p.grad = None
+        for i, g in enumerate(_local_gradients(ddp, model, x, y, group.rank)):
+            out[f"local{step}-{i}"] = g
         _loss(ddp, x, y, group.rank).backward()
         for i, p in enumerate(model.parameters()):
             out[f"hooked{step}-{i}"] = p.grad.copy()
@@ -116,13 +121,7 @@ def powersgd_run(group, rank_r: int, steps: int, start_iter: int = 0,
     out = {}
     for step in range(steps):
         x, y = batch(group.rank, step)
-        for p in model.parameters():
-            p.grad = None
-        with ddp.no_sync():  # (this rank's own gradients: no averaging)
-            local_loss = _loss(ddp, x, y, group.rank)
-        local_loss.backward()
-        local = [_grad(p) for p in model.parameters()]
-        for i, g in enumerate(local):
+        for i, g in enumerate(_local_gradients(ddp, model, x, y, group.rank)):
             out[f"exact{step}-{i}"] = group.all_reduce_mean(g)
         for p in model.parameters():
             p.grad = None

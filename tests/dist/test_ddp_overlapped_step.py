@@ -1,24 +1,18 @@
 """``DistributedDataParallel(module, group, optimizer=opt)``: each bucket is stepped inside
 backward as its averages land; the trajectory is bit for bit ``opt.step()`` after an
 un-overlapped DDP backward (SGD, momentum, Nesterov, Adam, AdamW + AMSGrad, parameter groups,
-an LR scheduler, no_sync accumulation, an input that requires grad) on shm, tcp, tcp_hierarchical and mpi, with PowerSGD too; and
-the refusals."""
+an LR scheduler, no_sync accumulation, an input that requires grad) on shm, tcp,
+tcp_hierarchical and mpi, with PowerSGD too; and the refusals."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
+from ddp_mpi_harness import MPIEXEC, run_under_mpiexec
 
 import everyo as eo
 from everyo.distributed import DistributedDataParallel, DistributedError, init, spawn
 
-HERE = Path(__file__).resolve().parent
 OPTIMIZERS = ["sgd", "momentum", "nesterov", "adam", "adamw", "groups"]
 
 
@@ -73,24 +67,13 @@ def test_the_overlapped_step_with_powersgd_is_the_optimizers_step_after_it():
     _same_bits(overlapped[0], overlapped[1])
 
 
-MPIEXEC = shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or \
-    shutil.which("mpiexec")
-
-
 @pytest.mark.skipif(MPIEXEC is None, reason="mpiexec not found (pip install "
                                             "'everyo-dist[mpi]')")
 def test_the_overlapped_step_is_the_optimizers_step_bit_for_bit_on_mpi(tmp_path):
     pytest.importorskip("mpi4py")
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    done = subprocess.run([MPIEXEC, "-n", "2", sys.executable, str(HERE / "ddp_mpi_harness.py"),
-                           "overlapped_against_reference", str(tmp_path), "adam"],
-                          env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    for rank in range(2):
-        with np.load(tmp_path / f"rank{rank}.npz") as data:
-            count = len(data.files) // 2
-            for i in range(count):
-                assert data[f"overlapped{i}"].tobytes() == data[f"reference{i}"].tobytes()
+    for result in run_under_mpiexec("overlapped_against_reference", tmp_path, "adam"):
+        for i in range(len(result) // 2):
+            assert result[f"overlapped{i}"].tobytes() == result[f"reference{i}"].tobytes()
 
 
 def _model():

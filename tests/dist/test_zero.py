@@ -4,19 +4,12 @@ checkpoint resumes sharded and unsharded runs at another world size; refusals.""
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
+from ddp_mpi_harness import MPIEXEC, run_under_mpiexec
 
 import everyo as eo
 from everyo.distributed import DistributedError, ZeroRedundancyOptimizer, init, spawn
-
-HERE = Path(__file__).resolve().parent
 
 
 def _same_bits(first, second):
@@ -37,22 +30,13 @@ def test_sharded_training_is_the_unsharded_trajectory_bit_for_bit(name, world, b
         _same_bits(sharded[rank], plain[rank])
 
 
-MPIEXEC = shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or \
-    shutil.which("mpiexec")
-
-
-@pytest.mark.skipif(MPIEXEC is None, reason="mpiexec not found")
+@pytest.mark.skipif(MPIEXEC is None, reason="mpiexec not found (pip install "
+                                            "'everyo-dist[mpi]')")
 def test_sharded_training_is_the_unsharded_trajectory_bit_for_bit_on_mpi(tmp_path):
     pytest.importorskip("mpi4py")
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    done = subprocess.run([MPIEXEC, "-n", "2", sys.executable, str(HERE / "ddp_mpi_harness.py"),
-                           "zero_against_plain", str(tmp_path), "groups"],
-                          env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    for rank in range(2):
-        with np.load(tmp_path / f"rank{rank}.npz") as data:
-            for i in range(len(data.files) // 2):
-                assert data[f"sharded{i}"].tobytes() == data[f"plain{i}"].tobytes()
+    for result in run_under_mpiexec("zero_against_plain", tmp_path, "groups"):
+        for i in range(len(result) // 2):
+            assert result[f"sharded{i}"].tobytes() == result[f"plain{i}"].tobytes()
 
 
 @pytest.mark.parametrize("world, bound", [(2, 0.55), (4, 0.30)])

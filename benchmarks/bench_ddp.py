@@ -103,18 +103,25 @@ def _timed(step, steps: int, sync=None) -> float:
     return (time.perf_counter() - start) / steps
 
 
+def tcp_pair(rank: int, port: int):
+    """(the rendezvous server on rank 0, else None; this rank's tcp group of two)."""
+    from everyo.distributed_tcp import TCPRendezvousServer, init_tcp_process_group
+
+    server = TCPRendezvousServer(ADDRESSES[0], port, world_size=2, token="b" * 32) \
+        if rank == 0 else None
+    group = init_tcp_process_group(ADDRESSES[0], port, rank=rank, world_size=2,
+                                   token="b" * 32, timeout=300)
+    return server, group
+
+
 def worker_everyo(case, rank: int, steps: int, bucket_cap_mb: float | None,
                   rounds: int) -> dict:
     import numpy as np
 
     import everyo as eo
     from everyo.distributed import DistributedDataParallel, average_gradients
-    from everyo.distributed_tcp import TCPRendezvousServer, init_tcp_process_group
 
-    server = TCPRendezvousServer(ADDRESSES[0], 29611, world_size=2, token="b" * 32) \
-        if rank == 0 else None
-    group = init_tcp_process_group(ADDRESSES[0], 29611, rank=rank, world_size=2,
-                                   token="b" * 32, timeout=300)
+    server, group = tcp_pair(rank, 29611)
     x, y = case.make_batch(np.random.default_rng(rank))
     inputs = eo.tensor(x)
     model = case.everyo_model()

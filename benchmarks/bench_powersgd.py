@@ -24,7 +24,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-from bench_ddp import ADDRESSES, TwoHosts, _run_pair, _timed  # noqa: E402
+from bench_ddp import TwoHosts, _run_pair, _timed, tcp_pair  # noqa: E402
 
 
 def worker_link(case_name: str, rank: int, steps: int, rank_r: int) -> dict:
@@ -33,13 +33,9 @@ def worker_link(case_name: str, rank: int, steps: int, rank_r: int) -> dict:
 
     import everyo as eo
     from everyo.distributed import DistributedDataParallel, comm_hooks
-    from everyo.distributed_tcp import TCPRendezvousServer, init_tcp_process_group
 
     case = {c.name: c for c in CASES}[case_name]
-    server = TCPRendezvousServer(ADDRESSES[0], 29621, world_size=2, token="p" * 32) \
-        if rank == 0 else None
-    group = init_tcp_process_group(ADDRESSES[0], 29621, rank=rank, world_size=2,
-                                   token="p" * 32, timeout=300)
+    server, group = tcp_pair(rank, 29621)
     x, y = case.make_batch(np.random.default_rng(rank))
     inputs = eo.tensor(x)
     result = {}

@@ -129,3 +129,20 @@ def test_no_sync_micro_batches_do_not_step():
         ddp(eo.ones((2, 3))).sum().backward()
         assert optimizer.step_count == 1
         ddp.close()
+
+
+def test_a_grad_scaler_step_after_an_overlapped_backward_is_refused_by_name():
+    # (its skip-on-overflow needs every bucket before the step: it takes the un-overlapped
+    # path, without optimizer=)
+    pytest.importorskip("everyo_amp")
+    with init(backend="shm", rank=0, world_size=1) as group:
+        model = _model()
+        optimizer = eo.SGD(model.parameters(), lr=0.1)
+        ddp = DistributedDataParallel(model, group, optimizer=optimizer)
+        scaler = eo.GradScaler(init_scale=4.0)
+        try:
+            scaler.scale(ddp(eo.ones((2, 3))).sum()).backward()
+            with pytest.raises(DistributedError, match=r"SGD\.step\(\).*GradScaler"):
+                scaler.step(optimizer)
+        finally:
+            ddp.close()

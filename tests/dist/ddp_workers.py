@@ -220,13 +220,14 @@ def _zero_or_plain(name: str, model, group, sharded: bool):
 
 
 def train_zero(group, name: str, sharded: bool, steps: int = 4, checkpoint: str = "",
-               resume: str = "", resume_sharded: bool = True):
+               resume: str = "", resume_sharded: bool = True, overlapped: bool = False):
     """Train SmallNet with DDP averaging and a (sharded or plain) optimizer + StepLR; with
     ``checkpoint``, rank 0 saves the consolidated state after ``steps // 2`` steps; with
     ``resume``, start from that file (parameters and optimizer) and run the other half."""
     model = SmallNet()
-    ddp = DistributedDataParallel(model, group, bucket_cap_mb=0.005)
     optimizer = _zero_or_plain(name, model, group, sharded if not resume else resume_sharded)
+    ddp = DistributedDataParallel(model, group, bucket_cap_mb=0.005,
+                                  optimizer=optimizer if overlapped else None)
     scheduler = eo.StepLR(optimizer, step_size=2, gamma=0.5)
     first = 0
     if resume:
@@ -240,7 +241,8 @@ def train_zero(group, name: str, sharded: bool, steps: int = 4, checkpoint: str 
         x, y = batch(group.rank, step)
         residual = ddp(eo.tensor(x), group.rank == 0) - eo.tensor(y)
         eo.mean(residual * residual).backward()
-        optimizer.step()
+        if not overlapped:
+            optimizer.step()
         scheduler.step()
         if checkpoint and step + 1 == steps // 2:
             optimizer.consolidate_state_dict(to=0)

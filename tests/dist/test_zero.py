@@ -30,6 +30,18 @@ def test_sharded_training_is_the_unsharded_trajectory_bit_for_bit(name, world, b
         _same_bits(sharded[rank], plain[rank])
 
 
+@pytest.mark.parametrize("name, world", [("groups", 2), ("momentum", 3)])
+def test_sharded_and_stepped_inside_backward_is_the_unsharded_trajectory(name, world):
+    # DistributedDataParallel(optimizer=zero): each rank steps its partition of each bucket
+    # as the bucket lands, then the parameters are all-gathered
+    from ddp_workers import train_zero
+
+    overlapped = spawn(train_zero, world, args=(name, True, 4, "", "", True, True), timeout=90)
+    plain = spawn(train_zero, world, args=(name, False), timeout=90)
+    for rank in range(world):
+        _same_bits(overlapped[rank], plain[rank])
+
+
 @pytest.mark.skipif(MPIEXEC is None, reason="mpiexec not found (pip install "
                                             "'everyo-dist[mpi]')")
 def test_sharded_training_is_the_unsharded_trajectory_bit_for_bit_on_mpi(tmp_path):

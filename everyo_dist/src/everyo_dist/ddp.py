@@ -446,6 +446,8 @@ class DistributedDataParallel:
             raise self._error
         if stepped_later:
             overlap.defer(stepped_later, uses.tail_operands(last))
+        else:
+            overlap.finish()
 
     def _communicate(self) -> None:
         while True:

@@ -1,6 +1,8 @@
 """The optimizer step of ``DistributedDataParallel(optimizer=)``: each bucket's parameters are
 stepped as soon as that bucket's averages are written back, while later buckets are still on
-the wire, so ``backward()`` returns with the parameters updated.
+the wire, so ``backward()`` returns with the parameters updated. A
+``ZeroRedundancyOptimizer`` steps its own partition of each bucket and all-gathers the
+parameters after the last one.
 
 A parameter may be stepped only once backward no longer reads it. DDP's hooks run early,
 inside the backward of the op that produced the gradient (see ``Op.backward_parts``), and that
@@ -29,7 +31,7 @@ def checked_optimizer(optimizer, by_id: dict, names: dict):
                                f"optimizer (eo.SGD, eo.Adam, ...), got "
                                f"{type(optimizer).__name__}")
     kind = type(optimizer).__name__
-    if type(optimizer).step is not Optimizer.step:
+    if type(optimizer).step is not Optimizer.step and not hasattr(optimizer, "finish_step"):
         raise DistributedError(f"DistributedDataParallel: {kind} has its own step() (a closure "
                                f"or a global decision), so it cannot be stepped bucket by "
                                f"bucket; call {kind}.step() after backward instead of passing "
@@ -79,6 +81,13 @@ class OverlappedStep:
             self.optimizer.step_parameters(params, count=not self.counted)
             self.counted = True
 
+    def finish(self) -> None:
+        """After the step's last bucket: a sharded optimizer's all-gather (ZeRO), the same
+        point of every rank's backward."""
+        finish = getattr(self.optimizer, "finish_step", None)
+        if finish is not None:
+            finish()
+
     def defer(self, bucket_list: list, tails: list) -> None:
         """Step ``bucket_list`` once any of ``tails`` (weak references to the operands the last
         op still differentiates) has its gradient, that is once that op's backward is done."""
@@ -100,6 +109,7 @@ class OverlappedStep:
         self._drop_hooks()
         for bucket in buckets:
             self.step(bucket)
+        self.finish()
 
     def unfinished(self) -> list:
         return [self.names.get(id(p), str(p.shape)) for b in self.deferred for p in b.params]

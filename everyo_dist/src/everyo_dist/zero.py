@@ -67,7 +67,8 @@ class ZeroRedundancyOptimizer(Optimizer):
             raise DistributedError(f"ZeroRedundancyOptimizer: optimizer_class must be an everyo "
                                    f"optimizer class (eo.Adam, eo.SGD, ...), got "
                                    f"{optimizer_class!r}")
-        if optimizer_class.step is not Optimizer.step:
+        if optimizer_class.step is not Optimizer.step or \
+                optimizer_class.step_parameters is not Optimizer.step_parameters:
             raise DistributedError(f"ZeroRedundancyOptimizer: {optimizer_class.__name__} has "
                                    f"its own step() (a closure or a global decision), so its "
                                    f"state cannot be sharded parameter by parameter")
@@ -117,10 +118,21 @@ class ZeroRedundancyOptimizer(Optimizer):
 
     def step(self) -> None:
         """Step this rank's partition, then all-gather every updated parameter."""
-        self.step_count += 1
+        self.step_parameters(self.params)
+        self.finish_step()
+
+    def step_parameters(self, params, count: bool = True) -> None:
+        """Step the parameters of ``params`` this rank owns (``DistributedDataParallel(
+        optimizer=)`` calls it per bucket); the others are updated by :meth:`finish_step`."""
+        if count:
+            self.step_count += 1
         self._sync_options()
         if self.optim is not None:
-            self.optim.step()
+            self.optim.step_parameters(params, count=count)
+
+    def finish_step(self) -> None:
+        """All-gather every parameter from its owner (a collective: every rank calls it once
+        per step, after stepping)."""
         self._gather_parameters()
 
     def _gather_parameters(self) -> None:

@@ -12,7 +12,8 @@ veth pair, each end shaped to 1 Gbit/s by a token-bucket qdisc), one rank each, 
   one intra-op thread (the reference; benchmark-only dependency).
 
 Needs root and iproute2 (``ip netns``, ``tc``); prints why and stops otherwise. Run:
-``python benchmarks/bench_ddp.py [--steps 5] [--only mlp_large] [--bucket-cap-mb default,4]``.
+``python benchmarks/bench_ddp.py [--steps 5] [--only mlp_large] [--bucket-cap-mb default,4]
+[--rate 1gbit]``.
 """
 
 from __future__ import annotations
@@ -225,6 +226,7 @@ def main() -> None:
     parser.add_argument("--case", default="mlp_large")
     parser.add_argument("--only", default="mlp_large,cnn_cifar")
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--rate", default=RATE, help="each direction's link rate (tc tbf)")
     parser.add_argument("--rounds", type=int, default=5,
                         help="alternating rounds per mode; each mode's median is reported")
     parser.add_argument("--bucket-cap-mb", default="default",
@@ -246,12 +248,12 @@ def main() -> None:
         return
     if shutil.which("ip") is None or shutil.which("tc") is None or os.geteuid() != 0:
         raise SystemExit("bench_ddp needs root and iproute2 (ip netns, tc)")
-    print(f"2 ranks, one per network namespace, link shaped to {RATE} each way; one BLAS/"
+    print(f"2 ranks, one per network namespace, link shaped to {args.rate} each way; one BLAS/"
           f"intra-op thread per rank; load average {os.getloadavg()[0]:.1f} at the start")
     print(f"{'case':<10} {'cap MiB':>7} {'MB':>6} {'compute':>9} {'comm':>8} {'DDP':>8} "
           f"{'DDP+opt':>8} {'seq':>8} {'torch':>8}  {'DDP/max':>8} {'+opt/max':>8} "
           f"{'+opt/torch':>10}")
-    with TwoHosts() as hosts:
+    with TwoHosts(args.rate) as hosts:
         for name in args.only.split(","):
             for cap in args.bucket_cap_mb.split(","):
                 common = ["--case", name, "--steps", str(args.steps), "--bucket-cap-mb", cap,

@@ -106,10 +106,11 @@ def _compute_dtype(dtype: np.dtype, index: int) -> np.dtype:
     return np.dtype(np.float64 if dtype == np.float64 else np.float32)
 
 
-def _split(state: PowerSGDState, gradients: list) -> tuple[list, list]:
-    """(matrices to compress, as (view, n, m, r)), (gradients averaged exactly)."""
+def _split(state: PowerSGDState, bucket) -> tuple[list, list]:
+    """(matrices to compress, as (view, n, m, r)), (gradients averaged exactly, as (view,
+    offset in the buffer))."""
     matrices, exact = [], []
-    for grad in gradients:
+    for grad, start in zip(bucket.gradients(), bucket.offsets()):
         if grad.ndim >= 2 and grad.size:
             n = grad.shape[0]
             m = grad.size // n
@@ -117,7 +118,7 @@ def _split(state: PowerSGDState, gradients: list) -> tuple[list, list]:
             if n * m > (n + m) * r * state.min_compression_rate:
                 matrices.append((grad.reshape(n, m), n, m, r))
                 continue
-        exact.append(grad)
+        exact.append((grad, start))
     return matrices, exact
 
 
@@ -194,36 +195,24 @@ def powerSGD_hook(state: PowerSGDState, bucket) -> np.ndarray:
     error = state.error_dict.get(index)
     if state.use_error_feedback and error is not None and error.shape == buffer.shape:
         buffer += error
-    matrices, exact = _split(state, bucket.gradients())
+    matrices, exact = _split(state, bucket)
     state.total_numel_before_compression += buffer.size
-    state.total_numel_after_compression += sum(g.size for g in exact)
+    state.total_numel_after_compression += sum(g.size for g, _ in exact)
     if exact:
-        averaged = group.all_reduce_mean(_flat(exact, buffer.dtype))
-        for grad, values in zip(exact, _unflatten(averaged, [g.shape for g in exact])):
+        grads = [g for g, _ in exact]
+        averaged = group.all_reduce_mean(_flat(grads, buffer.dtype))
+        for grad, values in zip(grads, _unflatten(averaged, [g.shape for g in grads])):
             grad[...] = values
     if matrices:
-        wanted = [matrix.copy() for matrix, _, _, _ in matrices] if state.use_error_feedback \
-            else None
+        wanted = buffer.copy() if state.use_error_feedback else None
         for (matrix, _, _, _), result in zip(matrices, _approximate(state, index, matrices,
                                                                     dtype)):
             matrix[...] = result
         if wanted is not None:
-            error = np.zeros_like(buffer)
-            views = _split(state, GradBucketViews(error, bucket).gradients())[0]
-            for (view, _, _, _), before, (after, _, _, _) in zip(views, wanted, matrices):
-                view[...] = before - after
+            # NOTE: what the approximation left out; the exactly averaged gradients keep none
+            error = wanted - buffer
+            for grad, start in exact:
+                error[start:start + grad.size] = 0
             state.error_dict[index] = error
     state.maybe_increase_iter(bucket)
     return buffer
-
-
-class GradBucketViews:
-    """``bucket.gradients()``'s layout over another vector of the bucket's length."""
-
-    def __init__(self, vector: np.ndarray, bucket):
-        self._vector, self._bucket = vector, bucket
-
-    def gradients(self) -> list:
-        offsets = [*self._bucket.offsets(), self._vector.size]
-        return [self._vector[start:stop].reshape(p.data.shape)
-                for p, start, stop in zip(self._bucket.parameters(), offsets, offsets[1:])]

@@ -146,3 +146,25 @@ def test_a_grad_scaler_step_after_an_overlapped_backward_is_refused_by_name():
                 scaler.step(optimizer)
         finally:
             ddp.close()
+
+
+def test_a_step_left_waiting_by_a_failed_backward_is_named_at_the_next_forward():
+    # the first layer's bucket waits for the input's gradient (its op still needs the weight);
+    # a hook of the user's on the input fails first, so that step never runs
+    with init(backend="shm", rank=0, world_size=1) as group:
+        model = _model()
+        optimizer = eo.SGD(model.parameters(), lr=0.1)
+        ddp = DistributedDataParallel(model, group, optimizer=optimizer)
+        x = eo.tensor(np.ones((2, 3), np.float32), requires_grad=True)
+
+        def failing(grad):
+            raise ValueError("the user's hook fails")
+
+        x.register_hook(failing)
+        try:
+            with pytest.raises(ValueError, match="user's hook"):
+                ddp(x).sum().backward()
+            with pytest.raises(DistributedError, match=r"never finished.*0\.(weight|bias)"):
+                ddp(eo.ones((2, 3)))
+        finally:
+            ddp.close()

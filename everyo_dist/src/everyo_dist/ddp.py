@@ -125,7 +125,7 @@ class DistributedDataParallel:
         self._closed = False
         self._hook, self._hook_state = None, None  # (register_comm_hook)
         self._untracked: str | None = None  # a forward's output type holding no Tensor found
-        checked_optimizer(optimizer, self._by_id, self._names)
+        checked_optimizer(optimizer, self._by_id)
         self._overlap = OverlappedStep(optimizer, self._names) if optimizer is not None \
             else None
         self._uses: GraphUses | None = None
@@ -168,6 +168,8 @@ class DistributedDataParallel:
                 "unaveraged; build a new wrapper")
         if self._armed and self._started and is_grad_enabled():
             raise self._unfinished()
+        if self._overlap is not None and is_grad_enabled():
+            self._overlap.refuse_if_unfinished()
         output = self.module(*args, **kwargs)
         if not is_grad_enabled():  # evaluation: no backward follows, nothing to average
             return output

@@ -22,7 +22,7 @@ from everyo import Optimizer
 from everyo_dist.errors import DistributedError
 
 
-def checked_optimizer(optimizer, by_id: dict, names: dict):
+def checked_optimizer(optimizer, by_id: dict):
     """``optimizer`` if DDP can step it per bucket, else a named refusal."""
     if optimizer is None:
         return None
@@ -111,8 +111,16 @@ class OverlappedStep:
             self.step(bucket)
         self.finish()
 
-    def unfinished(self) -> list:
-        return [self.names.get(id(p), str(p.shape)) for b in self.deferred for p in b.params]
+    def refuse_if_unfinished(self) -> None:
+        """Before the next forward: a step still waiting for the last op's backward (that
+        operand's gradient never came) must not be skipped without a word."""
+        if self.deferred:
+            names = [self.names.get(id(p), str(p.shape)) for b in self.deferred
+                     for p in b.params]
+            raise DistributedError(
+                f"DistributedDataParallel(optimizer=): the last backward never finished, so "
+                f"{', '.join(names[:10])} were not stepped (their step waits for the "
+                f"gradient of an operand of the op that used them last)")
 
     def _drop_hooks(self) -> None:
         for handle in self.handles:

@@ -5,12 +5,15 @@ veth pair, each end shaped to 1 Gbit/s by a token-bucket qdisc), one rank each, 
 * comm: one all-reduce of the whole gradient vector;
 * DDP step: forward + backward with ``DistributedDataParallel`` (buckets all-reduced during
   backward) + SGD step — target <= 1.2 x max(compute, comm);
+* DDP+opt: ``DistributedDataParallel(optimizer=)``, which steps each bucket as its averages
+  land (the loop has no ``optimizer.step()``) — target <= 1.10 x max(compute, comm);
 * sequential: forward + backward, then ``average_gradients``, then the step (no overlap);
 * PyTorch: ``torch.nn.parallel.DistributedDataParallel`` over gloo through the same link,
   one intra-op thread (the reference; benchmark-only dependency).
 
 Needs root and iproute2 (``ip netns``, ``tc``); prints why and stops otherwise. Run:
-``python benchmarks/bench_ddp.py [--steps 5] [--only mlp_large] [--bucket-cap-mb default,4]``.
+``python benchmarks/bench_ddp.py [--steps 5] [--only mlp_large] [--bucket-cap-mb default,4]
+[--rate 1gbit]``.
 """
 
 from __future__ import annotations
@@ -38,7 +41,8 @@ def _ip(*args, check=True):
 class TwoHosts:
     """Two namespaces, a veth pair between them, each direction shaped to ``RATE``."""
 
-    def __init__(self):
+    def __init__(self, rate: str = RATE):
+        self.rate = rate
         tag = f"eob{os.getpid() % 100000}"
         self.names = (f"{tag}a", f"{tag}b")
         self.devices = (f"{tag}va", f"{tag}vb")
@@ -61,7 +65,7 @@ class TwoHosts:
             _ip("-n", name, "link", "set", device, "up")
             _ip("-n", name, "link", "set", "lo", "up")
             subprocess.run(["ip", "netns", "exec", name, "tc", "qdisc", "add", "dev", device,
-                            "root", "tbf", "rate", RATE, "burst", "512kb", "latency", "100ms"],
+                            "root", "tbf", "rate", self.rate, "burst", "512kb", "latency", "100ms"],
                            check=True, capture_output=True, timeout=20)
         return self
 
@@ -71,8 +75,8 @@ class TwoHosts:
             shutil.rmtree(Path("/etc/netns") / name, ignore_errors=True)
 
 
-def _run_pair(hosts: TwoHosts, argv: list[str], attempts: int = 1) -> dict:
-    commands = [["ip", "netns", "exec", hosts.names[rank], sys.executable, __file__, "--worker",
+def _run_pair(hosts: TwoHosts, argv: list[str], attempts: int = 1, script: str = __file__) -> dict:
+    commands = [["ip", "netns", "exec", hosts.names[rank], sys.executable, script, "--worker",
                  *argv, "--rank", str(rank), "--device", hosts.devices[rank]]
                 for rank in (0, 1)]
     for attempt in range(1, attempts + 1):
@@ -100,18 +104,25 @@ def _timed(step, steps: int, sync=None) -> float:
     return (time.perf_counter() - start) / steps
 
 
+def tcp_pair(rank: int, port: int):
+    """(the rendezvous server on rank 0, else None; this rank's tcp group of two)."""
+    from everyo.distributed_tcp import TCPRendezvousServer, init_tcp_process_group
+
+    server = TCPRendezvousServer(ADDRESSES[0], port, world_size=2, token="b" * 32) \
+        if rank == 0 else None
+    group = init_tcp_process_group(ADDRESSES[0], port, rank=rank, world_size=2,
+                                   token="b" * 32, timeout=300)
+    return server, group
+
+
 def worker_everyo(case, rank: int, steps: int, bucket_cap_mb: float | None,
                   rounds: int) -> dict:
     import numpy as np
 
     import everyo as eo
     from everyo.distributed import DistributedDataParallel, average_gradients
-    from everyo.distributed_tcp import TCPRendezvousServer, init_tcp_process_group
 
-    server = TCPRendezvousServer(ADDRESSES[0], 29611, world_size=2, token="b" * 32) \
-        if rank == 0 else None
-    group = init_tcp_process_group(ADDRESSES[0], 29611, rank=rank, world_size=2,
-                                   token="b" * 32, timeout=300)
+    server, group = tcp_pair(rank, 29611)
     x, y = case.make_batch(np.random.default_rng(rank))
     inputs = eo.tensor(x)
     model = case.everyo_model()
@@ -146,10 +157,23 @@ def worker_everyo(case, rank: int, steps: int, bucket_cap_mb: float | None,
         finally:
             ddp.close()
 
+    def stepping_block():
+        ddp = DistributedDataParallel(model, group, bucket_cap_mb=bucket_cap_mb,
+                                      optimizer=optimizer)
+
+        def stepping():
+            optimizer.zero_grad()
+            eo.cross_entropy(ddp(inputs), y).backward()  # (steps the optimizer)
+
+        try:
+            return _timed(stepping, steps, group.barrier)
+        finally:
+            ddp.close()
+
     modes = {"compute": lambda: _timed(compute, steps, group.barrier),
              "comm": lambda: _timed(lambda: group.all_reduce_mean(flat), steps, group.barrier),
              "sequential": lambda: _timed(sequential, steps, group.barrier),
-             "ddp": overlapped_block}
+             "ddp": overlapped_block, "ddp_opt": stepping_block}
     samples = {name: [] for name in modes}
     for _ in range(rounds):  # alternating rounds: every mode sees the same machine load
         for name, measure in modes.items():
@@ -202,6 +226,7 @@ def main() -> None:
     parser.add_argument("--case", default="mlp_large")
     parser.add_argument("--only", default="mlp_large,cnn_cifar")
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--rate", default=RATE, help="each direction's link rate (tc tbf)")
     parser.add_argument("--rounds", type=int, default=5,
                         help="alternating rounds per mode; each mode's median is reported")
     parser.add_argument("--bucket-cap-mb", default="default",
@@ -223,11 +248,12 @@ def main() -> None:
         return
     if shutil.which("ip") is None or shutil.which("tc") is None or os.geteuid() != 0:
         raise SystemExit("bench_ddp needs root and iproute2 (ip netns, tc)")
-    print(f"2 ranks, one per network namespace, link shaped to {RATE} each way; one BLAS/"
+    print(f"2 ranks, one per network namespace, link shaped to {args.rate} each way; one BLAS/"
           f"intra-op thread per rank; load average {os.getloadavg()[0]:.1f} at the start")
     print(f"{'case':<10} {'cap MiB':>7} {'MB':>6} {'compute':>9} {'comm':>8} {'DDP':>8} "
-          f"{'seq':>8} {'torch':>8}  {'DDP/max':>8} {'DDP/torch':>9}")
-    with TwoHosts() as hosts:
+          f"{'DDP+opt':>8} {'seq':>8} {'torch':>8}  {'DDP/max':>8} {'+opt/max':>8} "
+          f"{'+opt/torch':>10}")
+    with TwoHosts(args.rate) as hosts:
         for name in args.only.split(","):
             for cap in args.bucket_cap_mb.split(","):
                 common = ["--case", name, "--steps", str(args.steps), "--bucket-cap-mb", cap,
@@ -240,9 +266,11 @@ def main() -> None:
                 bound = max(ours["compute"], ours["comm"])
                 print(f"{name:<10} {cap:>7} {ours['megabytes']:6.1f} "
                       f"{ours['compute'] * 1e3:7.0f}ms {ours['comm'] * 1e3:6.0f}ms "
-                      f"{ours['ddp'] * 1e3:6.0f}ms {ours['sequential'] * 1e3:6.0f}ms "
+                      f"{ours['ddp'] * 1e3:6.0f}ms {ours['ddp_opt'] * 1e3:6.0f}ms "
+                      f"{ours['sequential'] * 1e3:6.0f}ms "
                       f"{reference['torch_ddp'] * 1e3:6.0f}ms  {ours['ddp'] / bound:7.2f}x "
-                      f"{ours['ddp'] / reference['torch_ddp']:8.2f}x", flush=True)
+                      f"{ours['ddp_opt'] / bound:7.2f}x "
+                      f"{ours['ddp_opt'] / reference['torch_ddp']:9.2f}x", flush=True)
     print(f"load average {os.getloadavg()[0]:.1f} at the end")
 
 

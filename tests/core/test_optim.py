@@ -257,3 +257,27 @@ def test_bad_betas_and_incomplete_states_are_refused_up_front():
             eo.Adam([w], betas=betas)
     with pytest.raises(eo.EveryOError, match=r"the state has no \['state', 'param_groups'\]"):
         eo.SGD([w]).load_state_dict({"type": "SGD"})  # a KeyError before
+
+
+@pytest.mark.parametrize("make", [lambda ps: eo.SGD(ps, lr=0.1, momentum=0.9, nesterov=True),
+                                  lambda ps: eo.Adam([{"params": ps[:1]},
+                                                      {"params": ps[1:], "lr": 0.01}])])
+def test_stepping_parameters_bucket_by_bucket_is_one_step(make):
+    # (what DistributedDataParallel(optimizer=) does as each bucket's averages land)
+    rng = np.random.default_rng(0)
+    arrays = [rng.standard_normal(shape).astype(np.float32) for shape in [(3, 4), (4,), (2,)]]
+    grads = [rng.standard_normal(a.shape).astype(np.float32) for a in arrays]
+    runs = []
+    for split in (False, True):
+        params = [eo.Parameter(a.copy()) for a in arrays]
+        optimizer = make(params)
+        for _ in range(3):
+            for p, g in zip(params, grads):
+                p.grad = g.copy()
+            if split:
+                optimizer.step_parameters([params[2], params[0]])
+                optimizer.step_parameters([params[1]], count=False)
+            else:
+                optimizer.step()
+        runs.append(([p.data.tobytes() for p in params], optimizer.step_count))
+    assert runs[0] == runs[1]

@@ -83,7 +83,7 @@ def run_threads(target, count):
     def run(rank):
         try:
             results[rank] = target(rank)
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=run, args=(rank,)) for rank in range(count)]

@@ -25,8 +25,8 @@ from everyo_dist.backends.tcp.frames import (
     HEADER_SIZE,
     MAX_REASON_CHARS,
     FrameKind,
-    abort_frame,
     ProtocolError,
+    abort_frame,
     control_frame,
     decode_control,
     pack_header,
@@ -137,7 +137,7 @@ def _forged_abort_reaches_rank_1(payload: bytes) -> BaseException:
                 sent.wait(10)
                 try:
                     group.all_reduce_sum(np.ones(4, np.float32))
-                except Exception as exc:  # noqa: BLE001 - the error is what we examine
+                except Exception as exc:
                     return exc
                 finally:
                     examined.set()

@@ -125,12 +125,20 @@ class Optimizer:
 
     def step(self) -> None:
         """Apply one update to every parameter that has a gradient."""
-        self.step_count += 1
+        self.step_parameters(self.params)
+
+    def step_parameters(self, params, count: bool = True) -> None:
+        """Update only those of ``params`` that have a gradient, exactly as :meth:`step`
+        updates them (``DistributedDataParallel(optimizer=)`` steps each bucket as its
+        reduction lands). ``count``: this call begins an optimizer step (``step_count``)."""
+        if count:
+            self.step_count += 1
+        wanted = {id(p) for p in params}
         for group in self.param_groups:
-            params = [p for p in group["params"] if p.grad is not None]
-            if params:
-                self._update_group(params, group)
-            for p in params:
+            chosen = [p for p in group["params"] if id(p) in wanted and p.grad is not None]
+            if chosen:
+                self._update_group(chosen, group)
+            for p in chosen:
                 # NOTE: a graph that saved p before this step must not run backward
                 bump_version(p)
 

@@ -37,15 +37,24 @@ DEFAULT_BUCKET_CAP_MB = 25
 class Bucket:
     """Parameters of one dtype whose averaged gradients live in one vector."""
 
-    __slots__ = ("index", "params", "offsets", "dtype", "result", "_buffers")
+    __slots__ = ("index", "params", "offsets", "dtype", "result", "input", "_buffers",
+                 "_inputs")
 
     def __init__(self, index: int, params: list, dtype):
         self.index, self.params, self.dtype = index, params, np.dtype(dtype)
         self.offsets = np.cumsum([0] + [p.data.size for p in params]).tolist()
         self.result: np.ndarray | None = None
+        self.input: np.ndarray | None = None  # (a communication hook's buffer())
         # NOTE: last step's vector comes back once no .grad views it (zero_grad): faulting in
         # tens of fresh megabytes per step would cost more than the copy-free sends save
         self._buffers = ResultBuffers()
+        self._inputs = ResultBuffers()
+
+    def inputs(self) -> np.ndarray:
+        """This rank's gradients of the bucket in one vector, for a communication hook."""
+        if self.input is None:
+            self.input = self._inputs.empty(self.offsets[-1], self.dtype)
+        return self.input
 
     def destination(self) -> np.ndarray:
         """The vector this step's averages are written into (allocated on first use)."""
@@ -60,7 +69,7 @@ class Bucket:
             target = param.data.dtype if param.grad is None else param.grad.dtype
             param.grad = self.result[start:stop].reshape(param.data.shape).astype(
                 target, copy=False)
-        self.result = None
+        self.result = self.input = None
 
 
 class Segment:

@@ -26,6 +26,8 @@ finishes parameters in a different order still match.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 import queue
 import threading
 
@@ -34,12 +36,16 @@ import numpy as np
 from everyo import is_grad_enabled
 from everyo.kernels import row_block_stops
 from everyo_dist.buckets import DEFAULT_BUCKET_CAP_MB, FIRST_BUCKET_BYTES, buckets, segments
+from everyo_dist.comm_hooks import allreduce_hook, call_hook
 from everyo_dist.errors import DistributedError
+from everyo_dist.overlap import GraphUses, OverlappedStep, checked_optimizer
 
 
-def _reachable_parameters(outputs, candidates: dict[int, object]) -> set[int]:
+def _reachable_parameters(outputs, candidates: dict[int, object],
+                          uses: GraphUses | None = None) -> set[int]:
     """ids of the ``candidates`` (id -> parameter) the autograd graph of ``outputs`` reaches
-    and backward will give a gradient (``requires_grad``)."""
+    and backward will give a gradient (``requires_grad``); ``uses`` records which ops use
+    which parameters (for the overlapped optimizer step)."""
     found: set[int] = set()
     stack = [t for t in outputs]
     seen: set[int] = set()
@@ -53,14 +59,19 @@ def _reachable_parameters(outputs, candidates: dict[int, object]) -> set[int]:
         if id(ctx) in seen:
             continue
         seen.add(id(ctx))
+        if uses is not None:
+            uses.record(ctx, candidates)
         stack.extend(getattr(ctx, "parents", None) or ())
     return found
 
 
 def _tensors_in(value) -> list:
-    """The Tensors in a forward's output (a Tensor, or lists/tuples/dicts of them)."""
+    """The Tensors in a forward's output (a Tensor, or lists/tuples/dicts/dataclasses of them,
+    as PyTorch's DDP searches)."""
     if hasattr(value, "_ctx") and hasattr(value, "data"):
         return [value]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = [getattr(value, field.name) for field in dataclasses.fields(value)]
     if isinstance(value, dict):
         value = list(value.values())
     if isinstance(value, (list, tuple)):
@@ -77,6 +88,9 @@ class DistributedDataParallel:
         bucket_cap_mb: MiB of gradients per all-reduce (PyTorch's name and meaning). None
             (the default, as in PyTorch): 25, with a first bucket of 1 MiB; a value given
             applies to every bucket.
+        optimizer: an optimizer of the module's parameters to step inside ``backward()``,
+            bucket by bucket as each bucket's averages land (then ``optimizer.step()`` is
+            refused); None: step it yourself after backward.
 
     Example:
         >>> import everyo as eo
@@ -89,7 +103,7 @@ class DistributedDataParallel:
         array([3., 3.], dtype=float32)
     """
 
-    def __init__(self, module, group, bucket_cap_mb: float | None = None):
+    def __init__(self, module, group, bucket_cap_mb: float | None = None, optimizer=None):
         if not callable(getattr(module, "parameters", None)):
             raise DistributedError(f"DistributedDataParallel wraps a Module, got "
                                    f"{type(module).__name__}")
@@ -109,6 +123,12 @@ class DistributedDataParallel:
         self._names = {id(p): name for name, p in named}
         self._all = {id(p): p for _, p in named}  # frozen ones too: see _arm
         self._closed = False
+        self._hook, self._hook_state = None, None  # (register_comm_hook)
+        self._untracked: str | None = None  # a forward's output type holding no Tensor found
+        checked_optimizer(optimizer, self._by_id)
+        self._overlap = OverlappedStep(optimizer, self._names) if optimizer is not None \
+            else None
+        self._uses: GraphUses | None = None
         cap = DEFAULT_BUCKET_CAP_MB if bucket_cap_mb is None else bucket_cap_mb
         self._cap = int(cap * 1024 * 1024)
         self._first_cap = FIRST_BUCKET_BYTES if bucket_cap_mb is None else self._cap
@@ -148,13 +168,17 @@ class DistributedDataParallel:
                 "unaveraged; build a new wrapper")
         if self._armed and self._started and is_grad_enabled():
             raise self._unfinished()
+        if self._overlap is not None and is_grad_enabled():
+            self._overlap.refuse_if_unfinished()
         output = self.module(*args, **kwargs)
         if not is_grad_enabled():  # evaluation: no backward follows, nothing to average
             return output
         if not self._sync:
             self._accumulating = True
             return output
-        self._arm(_tensors_in(output))
+        tensors = _tensors_in(output)
+        self._untracked = type(output).__name__ if not tensors and output is not None else None
+        self._arm(tensors)
         return output
 
     def parameters(self):
@@ -181,26 +205,69 @@ class DistributedDataParallel:
         finally:
             self._sync = previous
 
+    def register_comm_hook(self, state, hook) -> None:
+        """Reduce each bucket with ``hook(state, bucket)`` instead of the exact mean (PyTorch's
+        ``register_comm_hook``, synchronous): ``bucket`` offers ``buffer()`` (this rank's flat
+        gradients), ``parameters()``, ``gradients()``, ``index()`` and ``is_last()``; the hook
+        returns the reduced vector, of the buffer's length and dtype. Built-ins are in
+        ``everyo.distributed.comm_hooks``. Register once, before the first forward, the same
+        hook on every rank."""
+        if not callable(hook):
+            raise DistributedError(f"register_comm_hook: the hook must be callable, got "
+                                   f"{type(hook).__name__}")
+        if self._hook is not None:
+            raise DistributedError("register_comm_hook: a communication hook is already "
+                                   "registered (PyTorch allows one, too)")
+        if self._buckets is not None:
+            raise DistributedError("register_comm_hook: register the hook before the first "
+                                   "forward, so every step of every rank uses it")
+        self._hook, self._hook_state = hook, state
+
     def close(self) -> None:
-        """Remove the hooks and stop the communication thread."""
+        """Remove the hooks and stop the communication thread (an ``optimizer=`` steps
+        normally again)."""
         self._closed = True
         for handle in self._handles:
             handle.remove()
         self._handles = []
+        if self._overlap is not None:
+            self._overlap.close()
         self._work.put(None)
         self._thread.join(timeout=5)
 
     # -- one step ------------------------------------------------------------------------------
+    def _build_buckets(self) -> None:
+        self._buckets = buckets(self._params, self._cap, self._first_cap)
+        self._segments = segments(self._buckets)
+        self._segments_of = {}
+        for segment in self._segments:
+            for p in segment.params:
+                self._segments_of.setdefault(id(p), []).append(segment)
+
+    def _check_layout(self) -> None:
+        """Buckets are built at the first step, from the gradients' dtypes; a later
+        ``model.to("float64")`` (same parameters, new dtype) rebuilds them rather than
+        rounding float64 gradients through float32 vectors."""
+        changed = [self._names.get(id(p), str(p.shape)) for bucket in self._buckets
+                   for p, start, stop in zip(bucket.params, bucket.offsets, bucket.offsets[1:])
+                   if _gradient_dtype(p) != bucket.dtype or p.data.size != stop - start]
+        if not changed:
+            return
+        if self._hook is not None and self._hook is not allreduce_hook:
+            raise DistributedError(
+                f"DistributedDataParallel: {', '.join(changed[:5])} changed dtype or size "
+                f"since the buckets were built, and a communication hook keeps state per "
+                f"bucket; build a new wrapper (and hook state) after model.to(...)")
+        self._build_buckets()
+
     def _arm(self, outputs: list) -> None:
         """After a forward: which parameters backward will reach; the others are ready now."""
         if self._buckets is None:  # first step: dtypes of the gradients are known now or never
-            self._buckets = buckets(self._params, self._cap, self._first_cap)
-            self._segments = segments(self._buckets)
-            self._segments_of = {}
-            for segment in self._segments:
-                for p in segment.params:
-                    self._segments_of.setdefault(id(p), []).append(segment)
-        reached = _reachable_parameters(outputs, self._all)
+            self._build_buckets()
+        elif not self._armed:
+            self._check_layout()
+        uses = GraphUses() if self._overlap is not None else None
+        reached = _reachable_parameters(outputs, self._all, uses)
         unwrapped = reached - self._by_id.keys()
         if unwrapped:
             # NOTE: a parameter frozen when the wrapper was built has no hook and no bucket:
@@ -215,10 +282,15 @@ class DistributedDataParallel:
         if not self._armed:
             self._armed, self._next_launch, self._error = True, 0, None
             self._expected, self._in_rows = set(), set()
+            self._uses = uses
             for bucket in self._buckets:
                 bucket.result = None
             for segment in self._segments:
                 segment.done.clear()
+        elif uses is not None and self._uses is not None:
+            for key, ops in uses.consumers.items():
+                self._uses.consumers.setdefault(key, set()).update(ops)
+            self._uses.tails.update(uses.tails)
         # NOTE: the union over every forward since the last reduction. Only parameter ids are
         # kept, never the outputs: a forward whose backward never comes must not keep its
         # graph (activations included) alive.
@@ -228,17 +300,14 @@ class DistributedDataParallel:
         # NOTE: no segment is launched before backward starts: another forward through the
         # wrapper may still use a parameter that this one does not reach.
         if not self._expected:  # backward will run no hook: finish here
-            self._finish()
+            self._finish(None)
 
     def _on_grad_ready(self, param) -> None:
         if not self._armed:
             # NOTE: also before the wrapper's first forward: calling the module itself instead
             # of the wrapper must not train unaveraged
             if not self._accumulating:
-                raise DistributedError(
-                    "DistributedDataParallel: a backward reached the wrapped module's "
-                    "parameters without a forward through the wrapper (or a second backward "
-                    "through the same forward); call the wrapper, once per backward")
+                raise DistributedError(self._not_armed_message())
             return  # a forward inside no_sync: plain accumulation
         self._started = True
         key = id(param)
@@ -252,8 +321,17 @@ class DistributedDataParallel:
         if self._expected:
             self._launch_ready()  # its segments, or segments of unused parameters before them
         else:
-            self._finish()
+            self._finish(param)
 
+    def _not_armed_message(self) -> str:
+        if self._untracked is not None:
+            return (f"DistributedDataParallel: the wrapper's last forward returned a "
+                    f"{self._untracked}, in which it found no Tensor (it looks inside Tensors, "
+                    f"lists, tuples, dicts and dataclasses), so it could not tell which "
+                    f"parameters this backward reaches; return the outputs in one of those")
+        return ("DistributedDataParallel: a backward reached the wrapped module's "
+                "parameters without a forward through the wrapper (or a second backward "
+                "through the same forward); call the wrapper, once per backward")
     def _on_rows_ready(self, param, start: int, stop: int) -> None:
         """Rows ``start:stop`` of ``param.grad`` are final: launch the segments they complete.
         (The last rows are left to the post-accumulate hook that follows at once: it may be
@@ -297,16 +375,31 @@ class DistributedDataParallel:
         """Hand the communication thread every ready segment, strictly in order."""
         while self._next_launch < len(self._segments) and \
                 not self._segments[self._next_launch].pending:
-            # NOTE: copied here, on the training thread (as PyTorch's autograd thread copies
-            # into its buckets): with every core computing, a copy on the communication thread
-            # waits for a time slice, and the segment leaves later
             segment = self._segments[self._next_launch]
-            self._work.put((segment, segment.contribution(), segment.destination()))
+            self._work.put((segment, self._job(segment)))
             self._next_launch += 1
 
-    def _finish(self) -> None:
+    def _job(self, segment):
+        """What reduces ``segment`` (None: nothing yet, a hook waits for its whole bucket).
+
+        NOTE: the values are copied here, on the training thread (as PyTorch's autograd thread
+        copies into its buckets): with every core computing, a copy on the communication
+        thread waits for a time slice, and the segment leaves later."""
+        if self._hook is None or (self._hook is allreduce_hook and self._hook_state is
+                                  self.group):
+            return functools.partial(self.group.all_reduce_mean, segment.contribution(),
+                                     out=segment.destination())
+        bucket = segment.bucket
+        bucket.inputs()[segment.start:segment.stop] = segment.contribution()
+        if segment.stop != bucket.offsets[-1]:
+            return None
+        last = bucket.index == len(self._buckets) - 1
+        return functools.partial(call_hook, self._hook, self._hook_state, bucket, last)
+
+    def _finish(self, last) -> None:
         """Reduce the segments not handed over yet, wait for the others and write the averages
-        back into ``.grad``."""
+        back into ``.grad``; with ``optimizer=``, step each bucket as its averages land.
+        ``last``: the parameter whose gradient arrived last (None: no backward runs)."""
         self._armed, self._started = False, False
         self._in_rows = set()
         handed = self._next_launch
@@ -314,30 +407,68 @@ class DistributedDataParallel:
         # NOTE: the last segments are reduced here, on the training thread: nothing is left to
         # overlap with, and a hand-over would add a thread wake-up to every step. They are
         # copied out while the earlier ones are still on the wire, so the link never waits.
-        remaining = [(segment, segment.contribution(), segment.destination())
-                     for segment in self._segments[handed:]]
+        # With an optimizer to step they go to the communication thread instead, which keeps
+        # the link busy while this thread steps the buckets already averaged.
+        remaining = [(segment, self._job(segment)) for segment in self._segments[handed:]]
+        if self._overlap is not None:
+            for item in remaining:
+                self._work.put(item)
+            self._write_back_and_step(last)
+            return
         for segment in self._segments[:handed]:
             segment.done.wait()
         if self._error is not None:
             raise self._error
-        for _, flat, out in remaining:
-            self.group.all_reduce_mean(flat, out=out)
+        for _, job in remaining:
+            if job is not None:
+                job()
         for bucket in self._buckets:
             bucket.write_back()
+
+    def _write_back_and_step(self, last) -> None:
+        overlap, uses = self._overlap, self._uses
+        overlap.begin()
+        stepped_later = []
+        for bucket in self._buckets:
+            for segment in self._segments:
+                if segment.bucket is bucket:
+                    segment.done.wait()
+            if self._error is not None:
+                break
+            bucket.write_back()
+            now, later = uses.split(last, [bucket]) if uses is not None and last is not None \
+                else ([bucket], [])
+            for ready in now:
+                overlap.step(ready)
+            stepped_later += later
+        for segment in self._segments:  # (after an error: let the thread drain)
+            segment.done.wait()
+        self._uses = None
+        if self._error is not None:
+            raise self._error
+        if stepped_later:
+            overlap.defer(stepped_later, uses.tail_operands(last))
+        else:
+            overlap.finish()
 
     def _communicate(self) -> None:
         while True:
             item = self._work.get()
             if item is None:
                 return
-            segment, flat, out = item
+            segment, job = item
             try:
-                if self._error is None:
-                    self.group.all_reduce_mean(flat, out=out)
+                if self._error is None and job is not None:
+                    job()
             except BaseException as exc:  # re-raised on the training thread
                 self._error = exc
             finally:
                 # NOTE: no reference into the bucket's vector may outlive the step here, or
                 # the vector is never recycled (see Bucket)
-                del item, flat, out
+                del item, job
                 segment.done.set()
+
+
+def _gradient_dtype(param) -> np.dtype:
+    """The dtype a parameter's bucket holds (the rule of :func:`~everyo_dist.buckets.buckets`)."""
+    return (param.grad if param.grad is not None else param.data).dtype

@@ -1,0 +1,75 @@
+"""Differential fuzzer of the exporter's promise: a random model either exports and agrees with
+both ONNX consumers, or is refused by name, and a refused export writes no file. The pieces
+mix convertible ones (from tests/onnx/test_random_compositions.py) with the layers the
+specification refuses by name (recurrent layers, attention, positional encoding)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import everyo as eo
+from support.fuzz_settings import FUZZ
+
+pytest.importorskip("onnx")
+pytest.importorskip("onnxruntime")
+
+from support.random_pieces import FEATURES, PIECES, assert_as_accurate_as_the_model
+
+
+def _as_sequence(x, layers):
+    """A layer on (batch, 1, features) used on (batch, features)."""
+    return layers[0](x.reshape(x.shape[0], 1, FEATURES)).reshape(x.shape[0], FEATURES)
+
+
+# kind -> (class name the refusal must name, layers it owns, forward(x, layers))
+REFUSED = {
+    "lstm": ("LSTM", lambda s: [eo.LSTM(FEATURES, FEATURES)], _as_sequence),
+    "gru": ("GRU", lambda s: [eo.GRU(FEATURES, FEATURES)], _as_sequence),
+    "rnn": ("RNN", lambda s: [eo.RNN(FEATURES, FEATURES)], _as_sequence),
+    "attention": ("MultiHeadAttention", lambda s: [eo.MultiHeadAttention(FEATURES, 2)],
+                  _as_sequence),
+    "positional": ("PositionalEncoding", lambda s: [eo.PositionalEncoding(FEATURES)],
+                   _as_sequence),
+}
+
+
+class Piece(eo.Module):
+    def __init__(self, kind: str, seed: int):
+        super().__init__()
+        self.kind = kind
+        build, self.run = ((REFUSED[kind][1], REFUSED[kind][2]) if kind in REFUSED
+                           else PIECES[kind])
+        self.layers = eo.Sequential(*build(seed))
+
+    def forward(self, x):
+        return self.run(x, list(self.layers))
+
+
+class Composition(eo.Module):
+    def __init__(self, kinds):
+        super().__init__()
+        self.pieces = eo.Sequential(*[Piece(kind, seed) for seed, kind in enumerate(kinds)])
+
+    def forward(self, x):
+        return self.pieces(x)
+
+
+@given(kinds=st.lists(st.sampled_from(sorted(PIECES) + sorted(REFUSED)), min_size=1,
+                      max_size=5))
+@FUZZ
+def test_a_random_model_exports_correctly_or_is_refused_by_name(kinds, tmp_path_factory):
+    model = Composition(kinds)
+    path = tmp_path_factory.mktemp("fuzz") / "m.onnx"
+    refused = [REFUSED[kind][0] for kind in kinds if kind in REFUSED]
+    if refused:
+        with pytest.raises(eo.EveryOError) as caught:
+            eo.export_onnx(model, path, input_shape=(2, FEATURES))
+        # The first refused layer in forward order is the one the exporter meets.
+        assert refused[0] in str(caught.value), str(caught.value)
+        assert not path.exists()
+        assert list(path.parent.iterdir()) == [], "a refused export left a file behind"
+    else:
+        eo.export_onnx(model, path, input_shape=(2, FEATURES))
+        assert_as_accurate_as_the_model(model, path)

@@ -258,7 +258,7 @@ class Optimizer:
 def _declared_default(cls: type, key: str, value):
     """The default ``cls``'s constructor declares for option ``key`` (what decides the
     option's kind), or ``value`` for an option the constructor does not declare."""
-    parameter = inspect.signature(cls.__init__).parameters.get(key)
+    parameter = inspect.signature(cls).parameters.get(key)
     if parameter is None or parameter.default is inspect.Parameter.empty:
         return value
     return parameter.default

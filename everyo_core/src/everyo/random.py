@@ -130,7 +130,7 @@ def checked_generator_state(owner: str, name: str, state, like: np.random.Genera
     except (TypeError, ValueError, KeyError, AttributeError, OverflowError) as exc:
         raise EveryOError(f"{owner}: {name} is not a {type(like.bit_generator).__name__} "
                           f"generator state ({type(exc).__name__}: {exc})") from None
-    return scratch.state
+    return dict(scratch.state)
 
 
 def plain_generator_state(state):

@@ -51,6 +51,8 @@ ARGUMENT_KINDS = {
     "positive float": (is_real, lambda v: v > 0, "a positive number"),
     "non-negative float": (is_real, lambda v: v >= 0, "a non-negative number"),
     "probability": (is_real, lambda v: 0 <= v <= 1, "a number in [0, 1]"),
+    "positive fraction": (is_real, lambda v: 0 < v <= 1, "a number in (0, 1]"),
+    "fraction below one": (is_real, lambda v: 0 <= v < 1, "a number in [0, 1)"),
     "bool": (lambda v: isinstance(v, (bool, np.bool_)), lambda v: True, "True or False"),
 }
 

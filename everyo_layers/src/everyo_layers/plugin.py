@@ -29,8 +29,6 @@ MODULES = (
     "everyo_layers.loss",
     "everyo_layers.loss_robust",
     "everyo_layers.training",
-    "everyo_layers.schedulers",
-    "everyo_layers.schedulers_composite",
     "everyo_layers.recurrent",
     "everyo_layers.embedding",
     "everyo_layers.attention",

@@ -1,4 +1,6 @@
-"""``eo.save`` / ``eo.load``: nested dicts/lists of arrays in a plain ``.npz``, never pickle.
+"""``eo.save`` / ``eo.load``: nested dicts/lists of arrays in a plain ``.npz``, never pickle
+(a path ending in ``.safetensors`` is a flat state dict in that format instead: see
+:mod:`everyo.safetensors_format`).
 
 The tree's structure (keys, lists, scalars, strings) is stored as a JSON document inside the
 archive; every array is its own ``.npy`` member. Loading uses ``allow_pickle=False``, so a
@@ -24,6 +26,7 @@ import numpy as np
 from everyo.atomic_files import STALE_AFTER_SECONDS, remove_stale_temporaries, write_atomically
 from everyo.dtypes import BFLOAT16
 from everyo.errors import EveryOSerializationError
+from everyo.safetensors_format import is_safetensors_path, load_safetensors, save_safetensors
 from everyo.tensor import Tensor
 
 FORMAT = "everyo-npz"
@@ -167,6 +170,9 @@ def save(obj, path) -> None:
         7
     """
     path = os.fspath(path)
+    if is_safetensors_path(path):
+        save_safetensors(obj, path)
+        return
     arrays: dict = {}
     tree = _encode(obj, arrays, "the object")
     # NOTE: version 1 unless a raw payload needs version 2, so such files stay readable by
@@ -181,6 +187,8 @@ def load(path):
     """Read what :func:`save` wrote; raises ``EveryOSerializationError`` on a damaged,
     crafted or foreign file (its size, nesting and every node are checked)."""
     path = os.fspath(path)
+    if is_safetensors_path(path):
+        return load_safetensors(path)
     if not os.path.exists(path):
         raise FileNotFoundError(f"load: no such file: {path}")
     try:

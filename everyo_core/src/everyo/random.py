@@ -127,7 +127,7 @@ def checked_generator_state(owner: str, name: str, state, like: np.random.Genera
     scratch = type(like.bit_generator)()
     try:
         scratch.state = plain
-    except (TypeError, ValueError, KeyError, AttributeError, OverflowError) as exc:
+    except (TypeError, ValueError, KeyError, IndexError, AttributeError, OverflowError) as exc:
         raise EveryOError(f"{owner}: {name} is not a {type(like.bit_generator).__name__} "
                           f"generator state ({type(exc).__name__}: {exc})") from None
     return dict(scratch.state)

@@ -19,6 +19,7 @@ import json
 import os
 import re
 import zipfile
+import zlib
 from collections import OrderedDict
 
 import numpy as np
@@ -196,8 +197,10 @@ def load(path):
             raw = f.read()
         archive = _read_archive(raw)
         return _decode(_read_structure(archive.pop(_STRUCTURE_KEY)), archive)
+    # NOTE: zipfile raises NotImplementedError (an unknown compression method) and
+    # RuntimeError (an encrypted member) for flags a damaged header may carry
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, UnicodeDecodeError,
-            json.JSONDecodeError) as exc:
+            json.JSONDecodeError, NotImplementedError, RuntimeError, zlib.error) as exc:
         raise EveryOSerializationError(
             f"load: {path} is truncated, corrupt or not an EveryO checkpoint ({exc})"
         ) from exc

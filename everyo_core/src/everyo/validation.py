@@ -111,8 +111,9 @@ def expect_state(owner: str, state, type_name: str, required=(), optional=()) ->
                           f"a {type(state).__name__}")
     state = dict(state)
     saved_type = state.pop("type", None)
-    if saved_type is not None and saved_type != type_name:
-        raise EveryOError(f"{owner}: the state belongs to {saved_type!r}, not {type_name!r}")
+    if saved_type is not None and not (isinstance(saved_type, str) and saved_type == type_name):
+        raise EveryOError(f"{owner}: the state belongs to {str(saved_type)[:60]!r}, not "
+                          f"{type_name!r}")
     keys = set(state)
     missing = sorted(map(str, set(required) - keys))
     unexpected = sorted(map(str, keys - set(required) - set(optional)))

@@ -12,6 +12,7 @@ import numpy as np
 from everyo.dtypes import is_floating, resolve_dtype
 from everyo.errors import EveryOError
 from everyo.tensor import DEFAULT_FLOAT, Tensor
+from everyo.validation import converted_array
 from everyo.versioning import bump_version
 
 
@@ -213,7 +214,7 @@ class Module:
         converted = {}
         for key in current:
             if key in state:
-                value, problem = _converted_value(key, state[key], current[key])
+                value, problem = converted_array(repr(key), state[key], current[key], "model")
                 if problem:
                     problems.append(problem)
                 converted[key] = value
@@ -250,33 +251,6 @@ class IncompatibleKeys(NamedTuple):
 
     missing_keys: list
     unexpected_keys: list
-
-
-def _converted_value(key: str, value, target: np.ndarray):
-    """``(value as target's dtype, None)``, or ``(None, why it cannot be loaded)``."""
-    if isinstance(value, Tensor):
-        value = value.data
-    try:
-        array = np.asarray(value)
-    except (TypeError, ValueError) as exc:
-        return None, f"{key!r} is not an array ({exc})"
-    numeric = array.dtype.kind in "biu" or is_floating(array.dtype)
-    if not numeric or (array.dtype.kind == "c" and target.dtype.kind != "c"):
-        return None, (f"{key!r} has dtype {array.dtype} in the state; the model's is "
-                      f"{target.dtype} (a real number cannot hold a complex or non-numeric "
-                      f"value)")
-    if array.shape != target.shape:
-        return None, (f"{key!r} has shape {array.shape} in the state but {target.shape} in "
-                      f"the model")
-    if target.dtype.kind in "iub":
-        with np.errstate(invalid="ignore"):
-            cast = array.astype(target.dtype)
-        if not np.array_equal(cast, array):
-            return None, (f"{key!r} holds values that the model's {target.dtype} cannot "
-                          f"represent exactly")
-        return cast, None
-    with np.errstate(over="ignore"):
-        return array.astype(target.dtype, copy=True), None
 
 
 def name_failing_layer(exc: EveryOError, module: Module) -> None:

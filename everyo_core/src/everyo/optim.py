@@ -12,11 +12,16 @@ import inspect
 
 import numpy as np
 
-from everyo.dtypes import is_floating
 from everyo.errors import EveryOError
 from everyo.kernel_registry import kernel
 from everyo.tensor import Tensor
-from everyo.validation import checked_argument, checked_list, expect_state, is_real
+from everyo.validation import (
+    checked_argument,
+    checked_list,
+    converted_array,
+    expect_state,
+    is_real,
+)
 from everyo.versioning import bump_version
 
 
@@ -245,14 +250,11 @@ class Optimizer:
                                     EveryOError)
         if key not in self.state_names:
             return _plain(value)
-        array = np.asarray(value)
-        if array.dtype.kind == "c" or not (array.dtype.kind in "biu" or is_floating(array.dtype)):
-            raise EveryOError(f"{owner}: buffer {key!r} of parameter {i} has dtype "
-                              f"{array.dtype}, not a real number")
-        if array.shape != p.shape:
-            raise EveryOError(f"{owner}: buffer {key!r} of parameter {i} has shape "
-                              f"{array.shape}, the parameter {p.shape}")
-        return np.array(array, dtype=p.data.dtype)
+        array, problem = converted_array(f"buffer {key!r} of parameter {i}", value, p.data,
+                                         "parameter")
+        if problem:
+            raise EveryOError(f"{owner}: {problem}")
+        return array
 
 
 def _declared_default(cls: type, key: str, value):

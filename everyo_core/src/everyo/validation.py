@@ -16,7 +16,9 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from everyo.dtypes import is_floating
 from everyo.errors import EveryOError
+from everyo.tensor import Tensor
 
 
 class ArgumentError(EveryOError, TypeError):
@@ -137,3 +139,33 @@ def checked_list(owner: str, name: str, value, length: int | None = None) -> lis
         raise EveryOError(f"{owner}: {name} has {len(value)} entries, expected {length} (one "
                           f"per parameter group)")
     return list(value)
+
+
+def converted_array(name: str, value, target: np.ndarray, holder: str):
+    """``(value as an array of target's dtype, None)``, or ``(None, why it cannot be)``.
+
+    ``value`` (an array, a Tensor or a nested list) must be numeric, real unless ``target``
+    is complex (a complex value is never cast with its imaginary part dropped), of
+    ``target``'s shape, and, for an integer or bool ``target``, exactly representable.
+    ``holder`` names what ``target`` belongs to in the message (``"model"``, ...).
+    """
+    if isinstance(value, Tensor):
+        value = value.data
+    try:
+        array = np.asarray(value)
+    except (TypeError, ValueError) as exc:
+        return None, f"{name} is not an array ({exc})"
+    numeric = array.dtype.kind in "biu" or is_floating(array.dtype)
+    if not numeric or (array.dtype.kind == "c" and target.dtype.kind != "c"):
+        return None, (f"{name} has dtype {array.dtype} in the state; the {holder}'s is "
+                      f"{target.dtype} (a real number cannot hold a complex or non-numeric "
+                      f"value)")
+    if array.shape != target.shape:
+        return None, (f"{name} has shape {array.shape} in the state but {target.shape} in "
+                      f"the {holder}")
+    with np.errstate(invalid="ignore", over="ignore"):
+        cast = array.astype(target.dtype, copy=True)
+    if target.dtype.kind in "iub" and not np.array_equal(cast, array):
+        return None, (f"{name} holds values that the {holder}'s {target.dtype} cannot "
+                      f"represent exactly")
+    return cast, None

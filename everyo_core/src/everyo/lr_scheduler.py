@@ -55,7 +55,7 @@ def per_group(name: str, optimizer, value, kind: str | None = None,
         for fn in values:
             if not callable(fn):
                 raise ArgumentError(f"{scheduler}: {name} must be a function of the "
-                                         f"epoch, got {fn!r} ({type(fn).__name__})")
+                                    f"epoch, got {fn!r} ({type(fn).__name__})")
     elif kind is not None:
         values = [checked_argument(scheduler, name, v, kind) for v in values]
     return values
@@ -78,7 +78,7 @@ def epoch_list(scheduler: str, milestones) -> list:
     if isinstance(milestones, (str, bytes, dict)) or not hasattr(milestones, "__iter__") \
             or getattr(milestones, "ndim", 1) != 1:
         raise ArgumentError(f"{scheduler}: milestones must be a list of epochs, got "
-                                 f"{milestones!r}")
+                            f"{milestones!r}")
     return [checked_argument(scheduler, "milestones", m, "positive int") for m in milestones]
 
 
@@ -111,8 +111,8 @@ class LRScheduler:
         last_epoch = checked_argument(type(self).__name__, "last_epoch", last_epoch, "int")
         if last_epoch < -1:
             raise ArgumentError(f"{type(self).__name__}: last_epoch must be -1 (a new "
-                                     f"schedule) or the index of the last epoch run, got "
-                                     f"{last_epoch}")
+                                f"schedule) or the index of the last epoch run, got "
+                                f"{last_epoch}")
         if last_epoch == -1:
             for group in optimizer.param_groups:
                 group.setdefault("initial_lr", group["lr"])

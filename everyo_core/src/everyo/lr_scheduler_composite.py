@@ -146,7 +146,7 @@ class SequentialLR(LRScheduler):
         milestones = epoch_list("SequentialLR", milestones)
         if milestones != sorted(milestones):
             raise ArgumentError(f"SequentialLR: milestones must increase, got "
-                                     f"{milestones}")
+                                f"{milestones}")
         if len(milestones) != len(schedulers) - 1:
             raise EveryOError(f"SequentialLR: {len(schedulers)} schedulers need "
                               f"{len(schedulers) - 1} milestones, got {len(milestones)}")
@@ -259,7 +259,7 @@ class ReduceLROnPlateau(LRScheduler):
             current = float(metrics.item() if hasattr(metrics, "item") else metrics)
         except (TypeError, ValueError):
             raise ArgumentError(f"ReduceLROnPlateau.step: metrics must be one number "
-                                     f"(e.g. the validation loss), got {metrics!r}") from None
+                                f"(e.g. the validation loss), got {metrics!r}") from None
         self.last_epoch += 1
         if self._is_better(current, self.best):
             self.best, self.num_bad_epochs = current, 0

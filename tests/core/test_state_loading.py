@@ -40,6 +40,23 @@ def test_module_load_returns_missing_and_unexpected_keys():
     assert type(result).__name__ == "IncompatibleKeys"
 
 
+def test_module_load_reports_the_keys_pytorch_reports():
+    torch = pytest.importorskip("torch")
+    ours = eo.Sequential(eo.Linear(3, 2, seed=0), eo.ReLU(), eo.Linear(2, 1, seed=1))
+    theirs = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.ReLU(), torch.nn.Linear(2, 1))
+    state = dict(ours.state_dict())
+    del state["0.bias"], state["2.weight"]
+    state["z.extra"] = np.zeros(1, np.float32)
+    state["a.extra"] = np.zeros(1, np.float32)
+    their_state = {k: torch.from_numpy(np.asarray(v)) for k, v in state.items()}
+    for name in ("0.weight",):
+        their_state[name] = their_state[name].T.contiguous()  # (in, out) vs (out, in)
+    expected = theirs.load_state_dict(their_state, strict=False)
+    result = ours.load_state_dict(state, strict=False)
+    assert (result.missing_keys, result.unexpected_keys) == (
+        list(expected.missing_keys), list(expected.unexpected_keys))
+
+
 def test_module_load_non_strict_loads_the_intersection():
     net = Net()
     result = net.load_state_dict({"a": np.full((2, 3), 5.0), "extra": np.zeros(1)}, strict=False)

@@ -205,12 +205,12 @@ class Module:
                               f"(what state_dict() returns), got a {type(state).__name__}")
         current = self.state_dict()
         missing = [key for key in current if key not in state]
-        unexpected = sorted((key for key in state if key not in current), key=str)
+        unexpected = [key for key in state if key not in current]  # in the state's order
         problems = []
         if strict and missing:
             problems.append(f"missing keys {missing}")
         if strict and unexpected:
-            problems.append(f"unexpected keys {unexpected}")
+            problems.append(f"unexpected keys {sorted(unexpected, key=str)}")
         converted = {}
         for key in current:
             if key in state:

@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-PACKAGES := -e ./everyo_core -e ./everyo_layers -e ./everyo_amp -e "./everyo_onnx[runtime]" -e "./everyo_dist[mpich]" \
+PACKAGES := -e "./everyo_core[safetensors]" -e ./everyo_layers -e ./everyo_amp -e "./everyo_onnx[runtime]" -e "./everyo_dist[mpich]" \
   -e ./everyo_numba
 # Tests that prove an install on any supported Python: packaging, imports, plugins, the docs' plugin.
 SMOKE_TESTS := tests/packaging tests/plugins tests/core/test_tensor.py

@@ -150,22 +150,41 @@ def test_clip_grad_norm_with_nan_norm_follows_pytorch(torch):
     np.testing.assert_array_equal(np.isnan(q.grad), np.isnan(qt.grad.numpy()))
 
 
-def test_a_killed_save_leaves_a_temporary_that_the_next_save_removes(tmp_path):
-    target = tmp_path / "model.npz"
-    # A child process starts a save and is killed before it can finish or clean up.
-    code = ("import os, everyo as eo, numpy as np, everyo.serialization as s\n"
-            "s.np.savez = lambda *a, **k: os._exit(9)\n"
-            f"eo.save({{'w': np.ones(3)}}, {str(target)!r})\n")
+def kill_a_write(tmp_path, target, kill: str, write: str) -> None:
+    """A child process starts a write (``write``, code naming ``target``) and is killed by
+    ``kill`` (code replacing a step of the write) before it can finish or clean up."""
+    code = ("import os, everyo as eo, numpy as np, everyo.serialization as s, "
+            f"everyo.atomic_files as a\n{kill}\n{write}\n")
     subprocess.run([sys.executable, "-c", code], check=False,
                    env={**os.environ, "OMP_NUM_THREADS": "1"})
     leftovers = [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]
     assert len(leftovers) == 1 and not target.exists()
+
+
+def test_a_killed_save_leaves_a_temporary_that_the_next_save_removes(tmp_path):
+    target = tmp_path / "model.npz"
+    kill_a_write(tmp_path, target, "s.np.savez = lambda *a, **k: os._exit(9)",
+                 f"eo.save({{'w': np.ones(3)}}, {str(target)!r})")
     old = tmp_path / ".everyo-abandoned.tmp"  # an old-style name: removed once it is old
     old.write_bytes(b"x")
     os.utime(old, (0, 0))
     eo.save({"w": np.zeros(2)}, target)
     assert sorted(os.listdir(tmp_path)) == ["model.npz"]
     np.testing.assert_array_equal(eo.load(target)["w"], np.zeros(2))
+
+
+def test_a_killed_export_leaves_a_temporary_that_the_next_export_removes(tmp_path):
+    pytest.importorskip("onnx")
+    target = tmp_path / "model.onnx"
+    kill_a_write(tmp_path, target, "a.os.replace = lambda *args: os._exit(9)",
+                 f"eo.export_onnx(eo.Linear(3, 2), {str(target)!r}, (1, 3))")
+    old = os.umask(0o022)
+    try:
+        eo.export_onnx(eo.Linear(3, 2), target, (1, 3))
+    finally:
+        os.umask(old)
+    assert sorted(os.listdir(tmp_path)) == ["model.onnx"]
+    assert os.stat(target).st_mode & 0o777 == 0o644  # 0o666 & ~umask
 
 
 def test_a_running_save_keeps_its_temporary(tmp_path):

@@ -77,7 +77,7 @@ def test_load_state_dict_refuses_a_foreign_state():
 def test_bad_arguments():
     with pytest.raises(eo.EveryOError, match="empty parameter list"):
         eo.SGD([])
-    with pytest.raises(eo.EveryOError, match="lr must be >= 0"):
+    with pytest.raises(eo.EveryOError, match="lr must be a non-negative number"):
         eo.SGD([eo.Parameter([1.0])], lr=-1)
     with pytest.raises(eo.EveryOError, match="nesterov"):
         eo.SGD([eo.Parameter([1.0])], nesterov=True)
@@ -255,7 +255,7 @@ def test_bad_betas_and_incomplete_states_are_refused_up_front():
     for betas in ((0.9,), 0.9, (0.9, 0.99, 0.5)):
         with pytest.raises(eo.EveryOError, match="betas must be two numbers"):
             eo.Adam([w], betas=betas)
-    with pytest.raises(eo.EveryOError, match=r"the state has no \['state', 'param_groups'\]"):
+    with pytest.raises(eo.EveryOError, match=r"missing keys \['param_groups', 'state'\]"):
         eo.SGD([w]).load_state_dict({"type": "SGD"})  # a KeyError before
 
 

@@ -13,9 +13,8 @@ LAYER_NAMES = ["Linear", "Conv2D", "MaxPool2D", "AvgPool2D", "Flatten", "Dropout
                "BatchNorm2D", "LayerNorm", "ReLU", "Sigmoid", "Tanh", "Softmax", "LogSoftmax",
                "GELU", "LeakyReLU", "MSELoss", "L1Loss", "CrossEntropyLoss", "NLLLoss",
                "BCEWithLogitsLoss", "cross_entropy", "mse_loss", "l1_loss", "nll_loss",
-               "binary_cross_entropy_with_logits", "clip_grad_norm_", "StepLR",
-               "CosineAnnealingLR", "RNNCell", "LSTMCell", "GRUCell", "BCELoss",
-               "binary_cross_entropy", "InstanceNorm1D", "InstanceNorm2D", "ReflectionPad2D",
+               "binary_cross_entropy_with_logits", "clip_grad_norm_", "RNNCell", "LSTMCell",
+               "GRUCell", "BCELoss", "binary_cross_entropy", "InstanceNorm1D", "InstanceNorm2D", "ReflectionPad2D",
                "ReplicationPad2D", "PixelShuffle", "PixelUnshuffle", "interpolate", "Upsample",
                "TransformerDecoder", "Transformer"]
 OP_NAMES = ["conv2d", "max_pool2d", "avg_pool2d", "dropout", "layer_norm", "batch_norm", "gelu",

@@ -226,6 +226,9 @@ assert np.allclose(eo.run_onnx(path, x), model(eo.tensor(x)).data, atol=1e-6)
 with eo.autocast():
     assert model(eo.tensor(x)).dtype == "float16"
 import mpi4py  # the [mpi] extra of everyo-dist
+st_path = os.path.join(tempfile.mkdtemp(), "m.safetensors")  # everyo-core[safetensors]
+eo.save(model, st_path)
+assert sorted(eo.load(st_path)) == sorted(model.state_dict())
 assert eo.kernels.provider_name() == "numba"  # everyo-numba's kernels, the default provider
 pooled = eo.MaxPool2D(2)(eo.tensor(np.arange(16.0, dtype=np.float32).reshape(1, 4, 4, 1)))
 assert pooled.data.ravel().tolist() == [5.0, 7.0, 13.0, 15.0]

@@ -15,7 +15,8 @@ import everyo.kernels
 ROOT = Path(__file__).resolve().parents[2]
 PLUGIN_PACKAGES = ("everyo_layers", "everyo_amp", "everyo_onnx", "everyo_dist")
 # The core's public modules: the package itself, the kernels and the interceptor API.
-PUBLIC_CORE = {"everyo", "everyo.kernels", "everyo.dispatch", "everyo.errors",
+PUBLIC_CORE = {"everyo", "everyo.kernels", "everyo.dispatch", "everyo.errors", "everyo.validation",
+               "everyo.atomic_files",
                "everyo.distributed", "everyo.distributed_tcp"}
 
 

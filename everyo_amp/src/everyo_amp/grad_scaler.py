@@ -13,12 +13,36 @@ import numpy as np
 
 from everyo import EveryOError, Tensor
 from everyo.kernels import kernel
+from everyo.validation import checked_argument, expect_state
 
 _READY, _UNSCALED, _STEPPED = "ready", "unscaled", "stepped"
 
 
 def _optimizer_grads(optimizer) -> list[np.ndarray]:
     return [p.grad for p in optimizer.params if p.grad is not None]
+
+
+#: setting -> (kind, extra range test, what the range test asks); a loaded "scale" is
+#: checked as the constructor checks "init_scale"
+_SETTING_RULES = {
+    "init_scale": ("positive float", None, ""),
+    "scale": ("positive float", None, ""),
+    "growth_factor": ("positive float", lambda v: v > 1.0, "> 1"),
+    "backoff_factor": ("positive float", lambda v: v < 1.0, "in (0, 1)"),
+    "growth_interval": ("positive int", None, ""),
+}
+
+
+def _checked_settings(owner: str, values: dict) -> dict:
+    """The scale, factors and interval in ``values``, checked and converted: the one rule
+    of the constructor and of :meth:`GradScaler.load_state_dict`."""
+    checked = {}
+    for name, value in values.items():
+        kind, in_range, expected = _SETTING_RULES[name]
+        checked[name] = checked_argument(owner, name, value, kind)
+        if in_range is not None and not in_range(checked[name]):
+            raise EveryOError(f"{owner}: {name} must be {expected}, got {value!r}")
+    return checked
 
 
 class GradScaler:
@@ -51,23 +75,17 @@ class GradScaler:
     def __init__(self, init_scale: float = 2.0**16, growth_factor: float = 2.0,
                  backoff_factor: float = 0.5, growth_interval: int = 2000, enabled: bool = True,
                  group=None):
-        if not init_scale > 0:
-            raise EveryOError(f"GradScaler: init_scale must be > 0, got {init_scale}")
-        if not growth_factor > 1.0:
-            raise EveryOError(f"GradScaler: growth_factor must be > 1, got {growth_factor}")
-        if not 0.0 < backoff_factor < 1.0:
-            raise EveryOError(f"GradScaler: backoff_factor must be in (0, 1), got {backoff_factor}")
-        if int(growth_interval) != growth_interval or growth_interval < 1:
-            raise EveryOError(f"GradScaler: growth_interval must be a positive integer, got "
-                              f"{growth_interval}")
+        settings = _checked_settings("GradScaler", {
+            "init_scale": init_scale, "growth_factor": growth_factor,
+            "backoff_factor": backoff_factor, "growth_interval": growth_interval})
         if group is not None and not callable(getattr(group, "all_reduce_sum", None)):
             raise EveryOError(f"GradScaler: group must provide all_reduce_sum(ndarray), got "
                               f"{type(group).__name__}")
         self._enabled = bool(enabled)
-        self._scale = float(init_scale)
-        self._growth_factor = float(growth_factor)
-        self._backoff_factor = float(backoff_factor)
-        self._growth_interval = int(growth_interval)
+        self._scale = settings["init_scale"]
+        self._growth_factor = settings["growth_factor"]
+        self._backoff_factor = settings["backoff_factor"]
+        self._growth_interval = settings["growth_interval"]
         self._growth_tracker = 0
         self.group = group
         # id(optimizer) -> {"stage": ..., "found_inf": bool}, cleared by update()
@@ -189,25 +207,39 @@ class GradScaler:
         """The scale, the factors and the growth tracker (PyTorch's keys); empty when disabled."""
         if not self._enabled:
             return {}
-        return {"scale": self._scale, "growth_factor": self._growth_factor,
+        return {"type": "GradScaler", "scale": self._scale, "growth_factor": self._growth_factor,
                 "backoff_factor": self._backoff_factor, "growth_interval": self._growth_interval,
                 "_growth_tracker": self._growth_tracker}
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore :meth:`state_dict`'s output, growth tracker included."""
+        """Restore :meth:`state_dict`'s output, growth tracker included.
+
+        The saved scale and factors are checked by the constructor's rules and the tracker
+        against the interval before anything changes; another class's state is refused.
+        """
         if not self._enabled:
             return
-        if not state:
-            raise EveryOError("GradScaler.load_state_dict: the state is empty (it was saved "
-                              "by a disabled GradScaler)")
-        missing = {"scale", "_growth_tracker"} - set(state)
-        if missing:
-            raise EveryOError(f"GradScaler.load_state_dict: missing keys {sorted(missing)}")
-        self._scale = float(state["scale"])
-        self._growth_factor = float(state.get("growth_factor", self._growth_factor))
-        self._backoff_factor = float(state.get("backoff_factor", self._backoff_factor))
-        self._growth_interval = int(state.get("growth_interval", self._growth_interval))
-        self._growth_tracker = int(state["_growth_tracker"])
+        owner = "GradScaler.load_state_dict"
+        if isinstance(state, dict) and not state:
+            raise EveryOError(f"{owner}: the state is empty (it was saved by a disabled "
+                              f"GradScaler)")
+        state = expect_state(owner, state, "GradScaler", ("scale", "_growth_tracker"),
+                             ("growth_factor", "backoff_factor", "growth_interval"))
+        settings = _checked_settings(owner, {
+            "scale": state["scale"],
+            "growth_factor": state.get("growth_factor", self._growth_factor),
+            "backoff_factor": state.get("backoff_factor", self._backoff_factor),
+            "growth_interval": state.get("growth_interval", self._growth_interval)})
+        tracker = checked_argument(owner, "_growth_tracker", state["_growth_tracker"],
+                                   "non-negative int")
+        if tracker >= settings["growth_interval"]:
+            raise EveryOError(f"{owner}: _growth_tracker {tracker} must be below "
+                              f"growth_interval {settings['growth_interval']}")
+        self._scale = settings["scale"]
+        self._growth_factor = settings["growth_factor"]
+        self._backoff_factor = settings["backoff_factor"]
+        self._growth_interval = settings["growth_interval"]
+        self._growth_tracker = tracker
 
     def __repr__(self) -> str:
         return (f"GradScaler(scale={self.get_scale()}, growth_tracker={self._growth_tracker}, "

@@ -75,6 +75,18 @@ from everyo.functional import (
 from everyo.grad_mode import enable_grad, is_grad_enabled, no_grad
 from everyo.gradcheck import GradcheckError, gradcheck, gradgradcheck
 from everyo.hookspecs import hookimpl
+from everyo.lr_scheduler import (
+    CosineAnnealingLR,
+    CosineAnnealingWarmRestarts,
+    ExponentialLR,
+    LambdaLR,
+    LinearLR,
+    LRScheduler,
+    MultiplicativeLR,
+    MultiStepLR,
+    StepLR,
+)
+from everyo.lr_scheduler_composite import OneCycleLR, ReduceLROnPlateau, SequentialLR
 from everyo.module import Module, Parameter, Sequential
 from everyo.optim import SGD, Adam, AdamW, Optimizer
 from everyo.optim_adaptive import Adadelta, Adagrad, RMSprop

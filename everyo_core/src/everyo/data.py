@@ -11,8 +11,9 @@ import copy
 import numpy as np
 
 from everyo.errors import EveryOError
-from everyo.random import default_generator, plain_generator_state
+from everyo.random import checked_generator_state, default_generator
 from everyo.tensor import Tensor
+from everyo.validation import checked_argument, expect_state
 
 
 class TensorDataset:
@@ -67,10 +68,12 @@ class DataLoader:
             dataset = TensorDataset(*dataset)
         elif not isinstance(dataset, TensorDataset):
             dataset = TensorDataset(dataset)
-        if batch_size < 1:
-            raise EveryOError(f"DataLoader: batch_size must be >= 1, got {batch_size}")
-        self.dataset, self.batch_size = dataset, int(batch_size)
-        self.shuffle, self.drop_last = shuffle, drop_last
+        self.dataset = dataset
+        self.batch_size = checked_argument("DataLoader", "batch_size", batch_size,
+                                           "positive int", EveryOError)
+        self.shuffle = checked_argument("DataLoader", "shuffle", shuffle, "bool", EveryOError)
+        self.drop_last = checked_argument("DataLoader", "drop_last", drop_last, "bool",
+                                          EveryOError)
         self._rng = None if seed is None else np.random.default_rng(seed)
         self._order: np.ndarray | None = None  # the order of the epoch in progress
         self._position = 0      # batches of it handed out
@@ -96,25 +99,60 @@ class DataLoader:
             yield parts if len(parts) > 1 else parts[0]
 
     def state_dict(self) -> dict:
-        """Where iteration stands: the epoch in progress and the loader's own generator."""
+        """Where iteration stands: the epoch in progress and the loader's own generator,
+        with the batch size and dataset length the position counts in."""
         in_progress = self._order is not None and self._position < len(self)
-        return {"order": np.array(self._order) if in_progress else None,
+        return {"type": "DataLoader", "batch_size": self.batch_size,
+                "dataset_length": len(self.dataset),
+                "order": np.array(self._order) if in_progress else None,
                 "position": self._position if in_progress else 0,
                 "generator": None if self._rng is None else copy.deepcopy(
                     self._rng.bit_generator.state)}
 
     def load_state_dict(self, state: dict) -> None:
-        """Continue from :meth:`state_dict`: the next ``iter()`` finishes the saved epoch."""
-        order = state.get("order")
-        if order is not None and len(order) != len(self.dataset):
-            raise EveryOError(f"DataLoader.load_state_dict: the state's epoch has {len(order)} "
-                              f"rows, the dataset {len(self.dataset)}")
-        if (state.get("generator") is None) != (self._rng is None):
-            raise EveryOError("DataLoader.load_state_dict: the state was saved by a loader "
-                              + ("without" if state.get("generator") is None else "with")
+        """Continue from :meth:`state_dict`: the next ``iter()`` finishes the saved epoch.
+
+        Everything is checked before anything changes: the state must be a DataLoader's,
+        saved with this batch size over a dataset of this length, its order a permutation
+        of the rows and its generator state one this loader's generator takes.
+        """
+        owner = "DataLoader.load_state_dict"
+        state = expect_state(owner, state, "DataLoader",
+                             ("order", "position", "generator", "batch_size", "dataset_length"))
+        batch_size = checked_argument(owner, "batch_size", state["batch_size"], "positive int",
+                                      EveryOError)
+        if batch_size != self.batch_size:
+            raise EveryOError(f"{owner}: the state was saved with batch_size {batch_size}, this "
+                              f"loader has {self.batch_size}; resuming would repeat or skip rows")
+        n = checked_argument(owner, "dataset_length", state["dataset_length"],
+                             "non-negative int", EveryOError)
+        if n != len(self.dataset):
+            raise EveryOError(f"{owner}: the state's dataset has {n} rows, this one "
+                              f"{len(self.dataset)}")
+        order = self._checked_order(owner, state["order"])
+        position = checked_argument(owner, "position", state["position"], "non-negative int",
+                                    EveryOError)
+        if position > len(self):
+            raise EveryOError(f"{owner}: position {position} is past the epoch's {len(self)} "
+                              f"batches")
+        if (state["generator"] is None) != (self._rng is None):
+            raise EveryOError(f"{owner}: the state was saved by a loader "
+                              + ("without" if state["generator"] is None else "with")
                               + " its own seed; create this one the same way")
         if self._rng is not None:
-            self._rng.bit_generator.state = plain_generator_state(state["generator"])
-        self._order = None if order is None else np.asarray(order)
-        self._position = int(state.get("position", 0))
-        self._resume = order is not None
+            generator = checked_generator_state(owner, "generator", state["generator"],
+                                                self._rng)
+            self._rng.bit_generator.state = generator
+        self._order, self._position, self._resume = order, position, order is not None
+
+    def _checked_order(self, owner: str, order):
+        if order is None:
+            return None
+        order = np.asarray(order)
+        n = len(self.dataset)
+        if (order.shape != (n,) or order.dtype.kind not in "iu"
+                or not np.array_equal(np.sort(order), np.arange(n))):
+            raise EveryOError(f"{owner}: order must be a permutation of the dataset's {n} row "
+                              f"indices, got an array of dtype {order.dtype} and shape "
+                              f"{order.shape}")
+        return order

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import warnings
 from collections import OrderedDict
-from typing import Iterable, Iterator
+from collections.abc import Mapping
+from typing import Iterable, Iterator, NamedTuple
 
 import numpy as np
 
@@ -12,6 +13,7 @@ from everyo.devices import check_device, is_device
 from everyo.dtypes import is_floating, resolve_dtype
 from everyo.errors import EveryOError
 from everyo.tensor import DEFAULT_FLOAT, Tensor
+from everyo.validation import converted_array
 from everyo.versioning import bump_version
 
 
@@ -235,39 +237,57 @@ class Module:
             state[name] = np.array(buffer, copy=True)
         return state
 
-    def load_state_dict(self, state, strict: bool = True) -> None:
+    def load_state_dict(self, state, strict: bool = True) -> "IncompatibleKeys":
         """Copy ``state`` into this module's parameters and buffers, in place.
 
-        Raises ``EveryOError`` naming every missing or unexpected key (when ``strict``) and any
-        key whose shape differs, before changing anything.
+        Every value is converted to its target's dtype and checked (shape, a real number
+        for a real target, an integral value for an integer buffer) before anything changes;
+        a refusal is an ``EveryOError`` naming every key at fault.
+
+        Args:
+            state: a mapping of dotted names to arrays (or tensors), as :meth:`state_dict`
+                returns.
+            strict: when True, a missing or unexpected key is refused; when False, the keys
+                both have are loaded and the others reported.
+
+        Returns:
+            ``IncompatibleKeys(missing_keys, unexpected_keys)``, as PyTorch's.
         """
-        targets = dict(self.named_parameters())
-        buffers = {name: None for name, _ in self.named_buffers()}
-        expected = set(targets) | set(buffers)
-        given = set(state)
-        problems = []
-        if strict and expected - given:
-            problems.append(f"missing keys {sorted(expected - given)}")
-        if strict and given - expected:
-            problems.append(f"unexpected keys {sorted(given - expected)}")
+        name = type(self).__name__
+        if not isinstance(state, Mapping):
+            raise EveryOError(f"{name}.load_state_dict: expected a mapping of names to arrays "
+                              f"(what state_dict() returns), got a {type(state).__name__}")
         current = self.state_dict()
-        for key in sorted(given & expected):
-            value = np.asarray(state[key].data if isinstance(state[key], Tensor) else state[key])
-            if value.shape != current[key].shape:
-                problems.append(f"{key!r} has shape {value.shape} in the state but "
-                                f"{current[key].shape} in the model")
+        missing = [key for key in current if key not in state]
+        unexpected = [key for key in state if key not in current]  # in the state's order
+        problems = []
+        if strict and missing:
+            problems.append(f"missing keys {missing}")
+        if strict and unexpected:
+            problems.append(f"unexpected keys {sorted(unexpected, key=str)}")
+        converted = {}
+        for key in current:
+            if key in state:
+                value, problem = converted_array(repr(key), state[key], current[key], "model")
+                if problem:
+                    problems.append(problem)
+                converted[key] = value
         if problems:
-            raise EveryOError(f"{type(self).__name__}.load_state_dict: " + "; ".join(problems))
-        for key in given & expected:
-            value = np.asarray(state[key].data if isinstance(state[key], Tensor) else state[key])
-            if key in targets:
-                targets[key].data[...] = value
-                bump_version(targets[key])
+            raise EveryOError(f"{name}.load_state_dict: " + "; ".join(problems))
+        self._assign_state(converted)
+        return IncompatibleKeys(missing, unexpected)
+
+    def _assign_state(self, converted: dict) -> None:
+        """Write already-converted values into the parameters and buffers they name."""
+        parameters = dict(self.named_parameters())
+        modules = dict(self.named_modules())
+        for key, value in converted.items():
+            if key in parameters:
+                parameters[key].data[...] = value
+                bump_version(parameters[key])
             else:
-                owner_path, _, name = key.rpartition(".")
-                owner = dict(self.named_modules())[owner_path]
-                buffer = owner.__dict__[name]
-                object.__setattr__(owner, name, value.astype(buffer.dtype, copy=True))
+                owner_path, _, buffer_name = key.rpartition(".")
+                object.__setattr__(modules[owner_path], buffer_name, value)
 
     def extra_repr(self) -> str:
         return ""
@@ -278,6 +298,13 @@ class Module:
             return f"{type(self).__name__}({self.extra_repr()})"
         lines = [f"  ({name}): " + repr(child).replace("\n", "\n  ") for name, child in children]
         return f"{type(self).__name__}(\n" + "\n".join(lines) + "\n)"
+
+
+class IncompatibleKeys(NamedTuple):
+    """What :meth:`Module.load_state_dict` did not load (PyTorch's named tuple)."""
+
+    missing_keys: list
+    unexpected_keys: list
 
 
 def name_failing_layer(exc: EveryOError, module: Module) -> None:

@@ -8,11 +8,20 @@ constructor's keyword arguments. Schedulers change ``group["lr"]``.
 
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 
 from everyo.errors import EveryOError
 from everyo.kernel_registry import kernel
 from everyo.tensor import Tensor
+from everyo.validation import (
+    checked_argument,
+    checked_list,
+    converted_array,
+    expect_state,
+    is_real,
+)
 from everyo.versioning import bump_version
 
 
@@ -91,9 +100,19 @@ class Optimizer:
         self.param_groups.append(group)
 
     def _check_options(self, group: dict) -> None:
+        """Check (and convert) every option of ``group``: the constructor's rule, which
+        :meth:`load_state_dict` applies to a saved group too. An option whose default is a
+        bool must be a bool; any other number must be finite and >= 0."""
+        name = type(self).__name__
         for key, value in group.items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
-                raise EveryOError(f"{type(self).__name__}: {key} must be >= 0, got {value}")
+            if key == "params":
+                continue
+            default = _declared_default(type(self), key, value)
+            if isinstance(default, (bool, np.bool_)):
+                group[key] = checked_argument(name, key, value, "bool", EveryOError)
+            elif isinstance(default, (int, float, np.integer, np.floating)):
+                group[key] = checked_argument(name, key, value, "non-negative float",
+                                              EveryOError)
 
     @property
     def params(self) -> list:
@@ -172,56 +191,87 @@ class Optimizer:
                 "state": state, "param_groups": groups}
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore what :meth:`state_dict` returned; refuses another optimizer's state or a
-        state whose groups or buffer shapes do not fit, before changing anything."""
+        """Restore what :meth:`state_dict` returned. Every option is checked by the
+        constructor's rules and every buffer converted before anything changes; another
+        optimizer's state, or one whose groups or buffer shapes do not fit, is refused."""
         name = type(self).__name__
-        if state.get("type") != name:
-            raise EveryOError(f"{name}.load_state_dict: the state belongs to "
-                              f"{state.get('type')!r}")
-        if "hyperparameters" in state:
+        owner = f"{name}.load_state_dict"
+        if isinstance(state, dict) and "hyperparameters" in state and state.get("type") == name:
             state = _from_single_group_layout(state)
-        missing = [key for key in ("state", "param_groups") if key not in state]
-        if missing:
-            raise EveryOError(f"{name}.load_state_dict: the state has no {missing}; pass what "
-                              f"{name}.state_dict() returned")
-        saved_groups = list(state["param_groups"])
+        state = expect_state(owner, state, name, ("state", "param_groups"), ("step_count",))
+        saved_groups = checked_list(owner, "param_groups", state["param_groups"])
         if len(saved_groups) != len(self.param_groups):
-            raise EveryOError(f"{name}.load_state_dict: the state has {len(saved_groups)} "
+            raise EveryOError(f"{owner}: the state has {len(saved_groups)} "
                               f"parameter groups, the optimizer {len(self.param_groups)}")
-        for i, (saved, group) in enumerate(zip(saved_groups, self.param_groups)):
-            if len(saved["params"]) != len(group["params"]):
-                raise EveryOError(f"{name}.load_state_dict: group {i} has "
-                                  f"{len(saved['params'])} parameters in the state, "
-                                  f"{len(group['params'])} in the optimizer")
-        by_index = {}
-        for saved, group in zip(saved_groups, self.param_groups):
-            for i, p in zip(saved["params"], group["params"]):
-                by_index[int(i)] = p
-        buffers = {int(k): v for k, v in state["state"].items()}
-        for i, s in buffers.items():
-            if i not in by_index:
-                raise EveryOError(f"{name}.load_state_dict: the state has buffers for "
-                                  f"parameter {i}, which no group lists")
-            p = by_index[i]
-            for key, value in s.items():
-                if key in self.state_names and np.shape(value) != p.shape:
-                    raise EveryOError(f"{name}.load_state_dict: buffer {key!r} of parameter "
-                                      f"{i} has shape {np.shape(value)}, the parameter "
-                                      f"{p.shape}")
+        by_index = self._parameters_by_saved_index(owner, saved_groups)
         updated = []
         for saved, group in zip(saved_groups, self.param_groups):
             new = dict(group)
             new.update({key: _plain(value) for key, value in saved.items() if key != "params"})
             self._check_options(new)
             updated.append(new)
+        buffers = self._checked_buffers(owner, state["state"], by_index)
+        step_count = checked_argument(owner, "step_count", state.get("step_count", 0),
+                                      "non-negative int", EveryOError)
         for group, new in zip(self.param_groups, updated):
             group.update(new)
-        self.step_count = int(state.get("step_count", 0))
-        self.state = {}
-        for i, s in buffers.items():
+        self.step_count = step_count
+        self.state = buffers
+
+    def _parameters_by_saved_index(self, owner: str, saved_groups: list) -> dict:
+        """``{index in the state: parameter}``, after checking each group's size."""
+        by_index = {}
+        for i, (saved, group) in enumerate(zip(saved_groups, self.param_groups)):
+            if not isinstance(saved, dict) or "params" not in saved:
+                raise EveryOError(f"{owner}: group {i} of the state is not a dict with 'params'")
+            indices = checked_list(owner, f"group {i}'s params", saved["params"])
+            if len(indices) != len(group["params"]):
+                raise EveryOError(f"{owner}: group {i} has {len(indices)} parameters in the "
+                                  f"state, {len(group['params'])} in the optimizer")
+            for index, p in zip(indices, group["params"]):
+                by_index[checked_argument(owner, f"group {i}'s params", index,
+                                          "non-negative int", EveryOError)] = p
+        return by_index
+
+    def _checked_buffers(self, owner: str, saved, by_index: dict) -> dict:
+        """The saved per-parameter buffers, converted to each parameter's dtype and checked."""
+        if not isinstance(saved, dict):
+            raise EveryOError(f"{owner}: 'state' must be a dict of per-parameter buffers, got "
+                              f"a {type(saved).__name__}")
+        buffers = {}
+        for index, entries in saved.items():
+            i = checked_argument(owner, "a parameter index", index, "non-negative int",
+                                 EveryOError)
+            if i not in by_index:
+                raise EveryOError(f"{owner}: the state has buffers for parameter {i}, which no "
+                                  f"group lists")
+            if not isinstance(entries, dict):
+                raise EveryOError(f"{owner}: the buffers of parameter {i} are not a dict")
             p = by_index[i]
-            self.state[p] = {k: np.array(v, dtype=p.data.dtype) if k in self.state_names
-                             else _plain(v) for k, v in s.items()}
+            buffers[p] = {key: self._checked_buffer(owner, i, key, value, p)
+                          for key, value in entries.items()}
+        return buffers
+
+    def _checked_buffer(self, owner: str, i: int, key: str, value, p: Tensor):
+        if key == "step":
+            return checked_argument(owner, f"step of parameter {i}", value, "non-negative int",
+                                    EveryOError)
+        if key not in self.state_names:
+            return _plain(value)
+        array, problem = converted_array(f"buffer {key!r} of parameter {i}", value, p.data,
+                                         "parameter")
+        if problem:
+            raise EveryOError(f"{owner}: {problem}")
+        return array
+
+
+def _declared_default(cls: type, key: str, value):
+    """The default ``cls``'s constructor declares for option ``key`` (what decides the
+    option's kind), or ``value`` for an option the constructor does not declare."""
+    parameter = inspect.signature(cls).parameters.get(key)
+    if parameter is None or parameter.default is inspect.Parameter.empty:
+        return value
+    return parameter.default
 
 
 def _plain(value):
@@ -310,10 +360,10 @@ class Adam(Optimizer):
             # NOTE: checked here, not at the first step() (which failed unpacking them)
             raise EveryOError(f"{type(self).__name__}: betas must be two numbers "
                               f"(beta1, beta2), got {betas!r}")
-        group["betas"] = tuple(betas)
-        if not all(0.0 <= b < 1.0 for b in group["betas"]):
-            raise EveryOError(f"{type(self).__name__}: betas must be in [0, 1), got "
-                              f"{group['betas']}")
+        if not all(is_real(b) and 0.0 <= b < 1.0 for b in betas):
+            raise EveryOError(f"{type(self).__name__}: betas must be two finite numbers "
+                              f"in [0, 1), got {tuple(betas)}")
+        group["betas"] = tuple(float(b) for b in betas)
 
     def _update_group(self, params, group):
         beta1, beta2 = group["betas"]

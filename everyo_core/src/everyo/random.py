@@ -15,6 +15,7 @@ import copy
 import numpy as np
 
 from everyo.errors import EveryOError
+from everyo.validation import expect_state
 
 # NOTE: seeded from the OS's entropy, as NumPy's default_rng(): runs differ unless seeded.
 _default = np.random.default_rng()
@@ -89,25 +90,47 @@ def get_rng_state(module=None) -> dict:
     """
     modules = {} if module is None else {
         path: copy.deepcopy(g.bit_generator.state) for path, g in owned_generators(module).items()}
-    return {"default": copy.deepcopy(_default.bit_generator.state), "modules": modules}
+    return {"type": "RNGState", "default": copy.deepcopy(_default.bit_generator.state),
+            "modules": modules}
 
 
 def set_rng_state(state: dict, module=None) -> None:
-    """Restore what :func:`get_rng_state` returned (pass the same ``module``)."""
-    if not isinstance(state, dict) or "default" not in state:
-        raise EveryOError("set_rng_state: expected the dict eo.get_rng_state() returns")
-    saved = dict(state.get("modules", {}))
-    if module is not None:
-        owned = owned_generators(module)
-        if set(saved) != set(owned):
-            raise EveryOError(f"set_rng_state: the state holds generators for "
-                              f"{sorted(saved)}, the model has {sorted(owned)}")
-        for path, generator in owned.items():
-            generator.bit_generator.state = plain_generator_state(saved[path])
-    elif saved:
-        raise EveryOError(f"set_rng_state: the state holds the generators of a model "
-                          f"({sorted(saved)}); pass that model as module=")
-    _default.bit_generator.state = plain_generator_state(state["default"])
+    """Restore what :func:`get_rng_state` returned (pass the same ``module``).
+
+    Every generator state is checked (by a scratch generator of the same kind) before any
+    generator changes.
+    """
+    owner = "set_rng_state"
+    state = expect_state(owner, state, "RNGState", ("default",), ("modules",))
+    saved = state.get("modules", {})
+    if not isinstance(saved, dict):
+        raise EveryOError(f"{owner}: 'modules' must be a dict of generator states")
+    owned = {} if module is None else owned_generators(module)
+    if module is not None and set(saved) != set(owned):
+        raise EveryOError(f"{owner}: the state holds generators for {sorted(map(str, saved))}, "
+                          f"the model has {sorted(owned)}")
+    if module is None and saved:
+        raise EveryOError(f"{owner}: the state holds the generators of a model "
+                          f"({sorted(map(str, saved))}); pass that model as module=")
+    checked = {path: checked_generator_state(owner, f"modules[{path!r}]", saved[path], g)
+               for path, g in owned.items()}
+    default = checked_generator_state(owner, "default", state["default"], _default)
+    for path, generator in owned.items():
+        generator.bit_generator.state = checked[path]
+    _default.bit_generator.state = default
+
+
+def checked_generator_state(owner: str, name: str, state, like: np.random.Generator) -> dict:
+    """``state`` (read back from a checkpoint) as a state ``like``'s bit generator takes,
+    checked on a scratch generator of the same kind so that ``like`` is left as it is."""
+    plain = plain_generator_state(state)
+    scratch = type(like.bit_generator)()
+    try:
+        scratch.state = plain
+    except (TypeError, ValueError, KeyError, IndexError, AttributeError, OverflowError) as exc:
+        raise EveryOError(f"{owner}: {name} is not a {type(like.bit_generator).__name__} "
+                          f"generator state ({type(exc).__name__}: {exc})") from None
+    return dict(scratch.state)
 
 
 def plain_generator_state(state):

@@ -1,4 +1,6 @@
-"""``eo.save`` / ``eo.load``: nested dicts/lists of arrays in a plain ``.npz``, never pickle.
+"""``eo.save`` / ``eo.load``: nested dicts/lists of arrays in a plain ``.npz``, never pickle
+(a path ending in ``.safetensors`` is a flat state dict in that format instead: see
+:mod:`everyo.safetensors_format`).
 
 The tree's structure (keys, lists, scalars, strings) is stored as a JSON document inside the
 archive; every array is its own ``.npy`` member. Loading uses ``allow_pickle=False``, so a
@@ -15,16 +17,17 @@ from __future__ import annotations
 import io
 import json
 import os
-import socket
-import tempfile
-import time
+import re
 import zipfile
+import zlib
 from collections import OrderedDict
 
 import numpy as np
 
+from everyo.atomic_files import STALE_AFTER_SECONDS, remove_stale_temporaries, write_atomically
 from everyo.dtypes import BFLOAT16
 from everyo.errors import EveryOSerializationError
+from everyo.safetensors_format import is_safetensors_path, load_safetensors, save_safetensors
 from everyo.tensor import Tensor
 
 FORMAT = "everyo-npz"
@@ -34,103 +37,124 @@ _STRUCTURE_KEY = "__everyo_structure__"
 _RAW_PAYLOAD = {BFLOAT16: np.dtype(np.uint16)}
 _RAW_PREFIX = "r"  # archive members holding a raw payload are named r0, r1, ...
 _RAW_BY_NAME = {dtype.name: (dtype, payload) for dtype, payload in _RAW_PAYLOAD.items()}
+__all__ = ["MAX_NESTING", "STALE_AFTER_SECONDS", "load", "remove_stale_temporaries", "save"]
 
 
-def _encode(value, arrays: dict, where: str):
+#: How deep a saved object may nest (dicts and lists inside each other); a file whose
+#: structure nests deeper is refused before its JSON is parsed.
+MAX_NESTING = 100
+#: Each nesting level is at most this many JSON levels ({"dict": [[key, node]]}).
+_JSON_LEVELS_PER_NESTING = 3
+#: The structure document's largest size, and how far the archive's members may expand
+#: beyond the file's own size (eo.save stores them uncompressed).
+MAX_STRUCTURE_BYTES = 64 << 20
+MAX_EXPANSION_BYTES = 256 << 20
+_NODE_KINDS = ("array", "value", "dict", "list", "tuple")
+
+
+class _Corrupt(ValueError):
+    """A file's structure is not what :func:`save` writes."""
+
+
+def _encode(value, arrays: dict, where: str, open_containers: tuple = ()):
     if hasattr(value, "state_dict") and callable(value.state_dict):
         value = value.state_dict()
     if isinstance(value, Tensor):
         value = value.data
     if isinstance(value, np.ndarray):
-        payload = _RAW_PAYLOAD.get(value.dtype)
-        if payload is not None:
-            ref = f"{_RAW_PREFIX}{len(arrays)}"
-            # NOTE: not np.ascontiguousarray, which turns a 0-d array into shape (1,)
-            arrays[ref] = np.array(value, order="C", copy=not value.flags.c_contiguous).view(payload)
-            return {"array": ref, "dtype": value.dtype.name}
-        if value.dtype.kind not in "biufc":
-            raise EveryOSerializationError(f"save: {where} has dtype {value.dtype}, which cannot "
-                                           f"be stored without pickle")
-        ref = f"a{len(arrays)}"
-        arrays[ref] = value
-        return {"array": ref}
+        return _encode_array(value, arrays, where)
     if isinstance(value, np.generic):
         value = value.item()
     if value is None or isinstance(value, (bool, int, float, str)):
         return {"value": value}
+    if not isinstance(value, (dict, list, tuple)):
+        raise EveryOSerializationError(f"save: {where} is a {type(value).__name__}; only "
+                                       f"arrays, tensors, numbers, strings, None, dicts and "
+                                       f"lists are stored")
+    if any(value is c for c in open_containers):
+        raise EveryOSerializationError(f"save: {where} contains itself (a cycle); a "
+                                       f"checkpoint is a tree")
+    if len(open_containers) >= MAX_NESTING:
+        raise EveryOSerializationError(f"save: {where} is nested deeper than {MAX_NESTING} "
+                                       f"levels")
+    inner = (*open_containers, value)
     if isinstance(value, dict):
         items = []
         for k, v in value.items():
-            if not isinstance(k, (str, int)):
+            if isinstance(k, bool) or not isinstance(k, (str, int)):
                 raise EveryOSerializationError(f"save: key {k!r} in {where} is not a str or int")
-            items.append([k, _encode(v, arrays, f"{where}[{k!r}]")])
+            items.append([k, _encode(v, arrays, f"{where}[{k!r}]", inner)])
         return {"dict": items}
-    if isinstance(value, (list, tuple)):
-        kind = "list" if isinstance(value, list) else "tuple"
-        return {kind: [_encode(v, arrays, f"{where}[{i}]") for i, v in enumerate(value)]}
-    raise EveryOSerializationError(f"save: {where} is a {type(value).__name__}; only arrays, "
-                                   f"tensors, numbers, strings, None, dicts and lists are stored")
+    kind = "list" if isinstance(value, list) else "tuple"
+    return {kind: [_encode(v, arrays, f"{where}[{i}]", inner) for i, v in enumerate(value)]}
+
+
+def _encode_array(value: np.ndarray, arrays: dict, where: str) -> dict:
+    payload = _RAW_PAYLOAD.get(value.dtype)
+    if payload is not None:
+        ref = f"{_RAW_PREFIX}{len(arrays)}"
+        # NOTE: not np.ascontiguousarray, which turns a 0-d array into shape (1,)
+        arrays[ref] = np.array(value, order="C", copy=not value.flags.c_contiguous).view(payload)
+        return {"array": ref, "dtype": value.dtype.name}
+    if value.dtype.kind not in "biufc":
+        raise EveryOSerializationError(f"save: {where} has dtype {value.dtype}, which cannot "
+                                       f"be stored without pickle")
+    ref = f"a{len(arrays)}"
+    arrays[ref] = value
+    return {"array": ref}
 
 
 def _decode(node, archive):
-    if "array" in node:
-        array = archive[node["array"]]
-        if "dtype" not in node:
-            return array
-        dtype, payload = _RAW_BY_NAME.get(node["dtype"], (None, None))
-        if dtype is None or array.dtype != payload:
-            raise ValueError(f"array {node['array']} claims dtype {node['dtype']!r} with a "
-                             f"{array.dtype} payload")
-        return array.view(dtype)
-    if "value" in node:
-        return node["value"]
-    if "dict" in node:
-        return OrderedDict((k, _decode(v, archive)) for k, v in node["dict"])
-    if "list" in node:
-        return [_decode(v, archive) for v in node["list"]]
-    if "tuple" in node:
-        return tuple(_decode(v, archive) for v in node["tuple"])
-    raise ValueError(f"unknown node {sorted(node)}")
+    """The object ``node`` describes; every node is checked to be one :func:`_encode`
+    writes (depth was bounded before parsing)."""
+    if not isinstance(node, dict):
+        raise _Corrupt(f"a node is a {type(node).__name__}, not an object")
+    kinds = [kind for kind in _NODE_KINDS if kind in node]
+    if len(kinds) != 1 or set(node) - {kinds[0], "dtype"} or ("dtype" in node
+                                                              and kinds[0] != "array"):
+        raise _Corrupt(f"a node has the keys {sorted(node)}")
+    kind, body = kinds[0], node[kinds[0]]
+    if kind == "array":
+        return _decode_array(node, archive)
+    if kind == "value":
+        if body is not None and not isinstance(body, (bool, int, float, str)):
+            raise _Corrupt(f"a value is a {type(body).__name__}")
+        return body
+    if not isinstance(body, list):
+        raise _Corrupt(f"a {kind} node holds a {type(body).__name__}, not a list")
+    if kind != "dict":
+        items = [_decode(v, archive) for v in body]
+        return items if kind == "list" else tuple(items)
+    decoded = OrderedDict()
+    for item in body:
+        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], (str, int))
+                and not isinstance(item[0], bool)):
+            raise _Corrupt(f"a dict item is {str(item)[:40]}, not a [key, node] pair")
+        decoded[item[0]] = _decode(item[1], archive)
+    return decoded
 
 
-_HOST = socket.gethostname().replace("-", "_")
-#: A temporary file this old is abandoned whoever wrote it (another host, an older EveryO).
-STALE_AFTER_SECONDS = 3600.0
+def _decode_array(node: dict, archive: dict) -> np.ndarray:
+    ref = node["array"]
+    if not isinstance(ref, str) or ref not in archive:
+        raise _Corrupt(f"an array node names {str(ref)[:40]!r}, which the archive lacks")
+    array = archive[ref]
+    if "dtype" not in node:
+        return array
+    dtype, payload = _RAW_BY_NAME.get(node["dtype"], (None, None)) if isinstance(
+        node["dtype"], str) else (None, None)
+    if dtype is None or array.dtype != payload:
+        raise _Corrupt(f"array {ref} claims dtype {str(node['dtype'])[:40]!r} with a "
+                       f"{array.dtype} payload")
+    return array.view(dtype)
 
 
-def remove_stale_temporaries(directory: str) -> list:
-    """Delete the ``.everyo-*.tmp`` files that killed saves left in ``directory``.
-
-    A temporary file is stale when it names a process of this host that no longer runs, or
-    when it is older than :data:`STALE_AFTER_SECONDS`; a save still running (here or on
-    another host sharing the directory) keeps its file. Returns the removed paths.
-    """
-    removed = []
-    now = time.time()
-    for name in os.listdir(directory):
-        if not (name.startswith(".everyo-") and name.endswith(".tmp")):
-            continue
-        full = os.path.join(directory, name)
-        owner = name[len(".everyo-"):].split("-", 1)[0]
-        pid, _, host = owner.partition("@")
-        try:
-            dead = host == _HOST and pid.isdigit() and not _process_alive(int(pid))
-            if dead or now - os.path.getmtime(full) > STALE_AFTER_SECONDS:
-                os.unlink(full)
-                removed.append(full)
-        except OSError:  # gone already (another save cleaned it), or not ours to remove
-            continue
-    return removed
-
-
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else
-        return True
-    return True
+def _json_depth(text: str) -> int:
+    """How deep the JSON ``text`` nests, found without parsing it (strings removed)."""
+    code = np.frombuffer(re.sub(r'"(?:[^"\\]|\\.)*"', '""', text).encode(), dtype=np.uint8)
+    steps = (np.isin(code, (ord("{"), ord("["))).astype(np.int64)
+             - np.isin(code, (ord("}"), ord("]"))))
+    return int(np.cumsum(steps).max(initial=0))
 
 
 def save(obj, path) -> None:
@@ -147,6 +171,9 @@ def save(obj, path) -> None:
         7
     """
     path = os.fspath(path)
+    if is_safetensors_path(path):
+        save_safetensors(obj, path)
+        return
     arrays: dict = {}
     tree = _encode(obj, arrays, "the object")
     # NOTE: version 1 unless a raw payload needs version 2, so such files stay readable by
@@ -154,40 +181,59 @@ def save(obj, path) -> None:
     version = VERSION if any(ref.startswith(_RAW_PREFIX) for ref in arrays) else 1
     structure = {"format": FORMAT, "version": version, "tree": tree}
     arrays[_STRUCTURE_KEY] = np.frombuffer(json.dumps(structure).encode(), dtype=np.uint8)
-    directory = os.path.dirname(os.path.abspath(path))
-    remove_stale_temporaries(directory)
-    fd, tmp = tempfile.mkstemp(prefix=f".everyo-{os.getpid()}@{_HOST}-", suffix=".tmp",
-                               dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    write_atomically(path, lambda handle: np.savez(handle, **arrays))
 
 
 def load(path):
-    """Read what :func:`save` wrote; raises ``EveryOSerializationError`` on a damaged file."""
+    """Read what :func:`save` wrote; raises ``EveryOSerializationError`` on a damaged,
+    crafted or foreign file (its size, nesting and every node are checked)."""
     path = os.fspath(path)
+    if is_safetensors_path(path):
+        return load_safetensors(path)
     if not os.path.exists(path):
         raise FileNotFoundError(f"load: no such file: {path}")
     try:
         with open(path, "rb") as f:
             raw = f.read()
-        with np.load(io.BytesIO(raw), allow_pickle=False) as npz:
-            archive = {name: npz[name] for name in npz.files}
-        structure = json.loads(archive.pop(_STRUCTURE_KEY).tobytes().decode())
-        if structure.get("format") != FORMAT:
-            raise ValueError(f"format {structure.get('format')!r} is not {FORMAT!r}")
-        if structure.get("version", 0) > VERSION:
-            raise ValueError(f"written by a newer EveryO (format version {structure['version']})")
-        return _decode(structure["tree"], archive)
+        archive = _read_archive(raw)
+        return _decode(_read_structure(archive.pop(_STRUCTURE_KEY)), archive)
+    # NOTE: zipfile raises NotImplementedError (an unknown compression method) and
+    # RuntimeError (an encrypted member) for flags a damaged header may carry
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, UnicodeDecodeError,
-            json.JSONDecodeError) as exc:
+            json.JSONDecodeError, NotImplementedError, RuntimeError, zlib.error) as exc:
         raise EveryOSerializationError(
             f"load: {path} is truncated, corrupt or not an EveryO checkpoint ({exc})"
         ) from exc
+
+
+def _read_archive(raw: bytes) -> dict:
+    """Every member of the archive ``raw``, after bounding what they expand to."""
+    with zipfile.ZipFile(io.BytesIO(raw)) as listing:
+        expanded = sum(info.file_size for info in listing.infolist())
+    if expanded > len(raw) + MAX_EXPANSION_BYTES:
+        raise _Corrupt(f"its members would expand to {expanded} bytes from a file of "
+                       f"{len(raw)}")
+    with np.load(io.BytesIO(raw), allow_pickle=False) as npz:
+        if _STRUCTURE_KEY not in npz.files:
+            raise _Corrupt("it has no EveryO structure")
+        return {name: npz[name] for name in npz.files}
+
+
+def _read_structure(member: np.ndarray) -> dict:
+    if member.dtype != np.uint8 or member.ndim != 1 or member.size > MAX_STRUCTURE_BYTES:
+        raise _Corrupt(f"its structure is a {member.dtype} array of shape {member.shape}, not "
+                       f"a JSON document of at most {MAX_STRUCTURE_BYTES} bytes")
+    text = member.tobytes().decode()
+    limit = _JSON_LEVELS_PER_NESTING * MAX_NESTING + 4
+    if _json_depth(text) > limit:
+        raise _Corrupt(f"its structure nests deeper than {MAX_NESTING} levels")
+    structure = json.loads(text)
+    if not isinstance(structure, dict) or structure.get("format") != FORMAT:
+        found = structure.get("format") if isinstance(structure, dict) else structure
+        raise _Corrupt(f"format {str(found)[:40]!r} is not {FORMAT!r}")
+    version = structure.get("version", 0)
+    if isinstance(version, bool) or not isinstance(version, int) or "tree" not in structure:
+        raise _Corrupt(f"its structure has version {version!r} and keys {sorted(structure)}")
+    if version > VERSION:
+        raise _Corrupt(f"written by a newer EveryO (format version {version})")
+    return structure["tree"]

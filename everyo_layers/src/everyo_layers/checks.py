@@ -3,12 +3,11 @@ with clear errors naming the layer, the argument and, for inputs, both shapes.""
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from everyo import EveryOError, Tensor
 from everyo.kernels import is_floating
+from everyo.validation import ARGUMENT_KINDS, ArgumentError, checked_argument, is_int
 
 
 def array_of(x) -> np.ndarray:
@@ -35,7 +34,7 @@ def check_last_axis(layer: str, x, size: int, what: str = "features",
     return data
 
 
-class LayerArgumentError(EveryOError, TypeError):
+class LayerArgumentError(ArgumentError):
     """A layer was constructed with an argument of the wrong type or outside its range.
 
     Also a ``TypeError``, the exception PyTorch raises for such arguments, so code written
@@ -43,30 +42,7 @@ class LayerArgumentError(EveryOError, TypeError):
     """
 
 
-def _is_int(value) -> bool:
-    # NOTE: bool is an int subclass, but True as a channel count is a mistake, not a 1
-    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
-
-
-def _is_real(value) -> bool:
-    if not (_is_int(value) or isinstance(value, (float, np.floating))):
-        return False
-    try:  # NOTE: np.isfinite has no loop for Python ints beyond int64 (raw TypeError)
-        return math.isfinite(float(value))
-    except OverflowError:  # an int too large for a float is no finite float either
-        return False
-
-
-#: kind -> (type test, range test, what the error says is expected)
-_ARGUMENT_KINDS = {
-    "int": (_is_int, lambda v: True, "an int"),
-    "positive int": (_is_int, lambda v: v > 0, "a positive int"),
-    "non-negative int": (_is_int, lambda v: v >= 0, "a non-negative int"),
-    "float": (_is_real, lambda v: True, "a finite number"),
-    "positive float": (_is_real, lambda v: v > 0, "a positive number"),
-    "non-negative float": (_is_real, lambda v: v >= 0, "a non-negative number"),
-    "probability": (_is_real, lambda v: 0 <= v <= 1, "a number in [0, 1]"),
-}
+_is_int = is_int
 
 
 def argument(layer: str, name: str, value, kind: str):
@@ -90,11 +66,10 @@ def argument(layer: str, name: str, value, kind: str):
         >>> argument("Dropout", "p", 1, "probability")
         1.0
     """
-    is_type, in_range, expected = _ARGUMENT_KINDS[kind]
-    if not (is_type(value) and in_range(value)):
-        raise LayerArgumentError(f"{layer}: {name} must be {expected}, got {value!r} "
-                                 f"({type(value).__name__})")
-    return int(value) if kind.endswith("int") else float(value)
+    if isinstance(value, np.ndarray):  # NOTE: the core also takes 0-d arrays (loaded states)
+        raise LayerArgumentError(f"{layer}: {name} must be {ARGUMENT_KINDS[kind][2]}, got "
+                                 f"{value!r} (ndarray)")
+    return checked_argument(layer, name, value, kind, LayerArgumentError)
 
 
 def optional_argument(layer: str, name: str, value, kind: str):

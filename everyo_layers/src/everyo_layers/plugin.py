@@ -35,8 +35,6 @@ MODULES = (
     "everyo_layers.loss_robust",
     "everyo_layers.loss_binary",
     "everyo_layers.training",
-    "everyo_layers.schedulers",
-    "everyo_layers.schedulers_composite",
     "everyo_layers.recurrent",
     "everyo_layers.recurrent_cell",
     "everyo_layers.embedding",

@@ -1,5 +1,5 @@
-"""Training utilities: ``clip_grad_norm_`` (the learning-rate schedulers are in
-``schedulers.py`` and ``schedulers_composite.py``)."""
+"""Training utilities: ``clip_grad_norm_`` (the learning-rate schedulers are in the core,
+beside the optimizers: ``everyo/lr_scheduler.py``)."""
 
 from __future__ import annotations
 

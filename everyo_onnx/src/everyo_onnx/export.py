@@ -8,7 +8,7 @@ the input's size or values comes from Python control flow or constants the trace
 follow, and is refused. Every refusal is collected before anything is written. The graph is
 checked (``onnx.checker`` with ``full_check``, strict shape inference) and, on request,
 verified in ONNX Runtime and ``onnx.reference`` entirely in memory; only then is the file
-written, through a temporary file in the same directory and one ``os.replace``. A failed
+written, through the core's atomic writer (``everyo.atomic_files``, as ``eo.save``). A failed
 export therefore never leaves a file behind nor touches an existing one.
 """
 
@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
 import threading
 from importlib import metadata
 
 from everyo import EveryOSerializationError, Module, no_grad, registry
+from everyo.atomic_files import write_atomically as write_file_atomically
 from everyo_onnx.arguments import (
     check_inputs_fit,
     check_opset,
@@ -162,23 +162,12 @@ def write_atomically(path, data: bytes) -> None:
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
         raise EveryOSerializationError(f"export_onnx: directory {directory!r} does not exist")
-    temporary = None
     try:
-        fd, temporary = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.",
-                                         suffix=".tmp")
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(temporary, 0o644)  # mkstemp creates 0600; an exported model is meant to be read
-        os.replace(temporary, path)
-    except BaseException as exc:
-        if temporary is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(temporary)
-        if isinstance(exc, OSError):  # unwritable directory, full disk, ...: name the file
-            raise EveryOSerializationError(f"export_onnx: cannot write {path!r}: {exc}") from exc
-        raise
+        # NOTE: the core's writer, as eo.save's: 0o666 & ~umask, and the next write sweeps
+        # what a killed export left behind
+        write_file_atomically(path, lambda handle: handle.write(data))
+    except OSError as exc:  # unwritable directory, full disk, ...: name the file
+        raise EveryOSerializationError(f"export_onnx: cannot write {path!r}: {exc}") from exc
 
 
 def _version() -> str:

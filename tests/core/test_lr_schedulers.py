@@ -184,7 +184,7 @@ class _NoMomentum:
     (lambda o: eo.MultiStepLR(o, milestones=5), "MultiStepLR: milestones must be a list"),
     (lambda o: eo.MultiStepLR(o, milestones=[2, 2.5]), "MultiStepLR: milestones must be"),
     (lambda o: eo.LinearLR(o, start_factor="a"), "LinearLR: start_factor"),
-    (lambda o: eo.LinearLR(o, start_factor=0), r"LinearLR: start_factor must be in \(0, 1\]"),
+    (lambda o: eo.LinearLR(o, start_factor=0), r"LinearLR: start_factor must be a number in \(0, 1\]"),
     (lambda o: eo.LinearLR(o, total_iters=0), "LinearLR: total_iters must be a positive int"),
     (lambda o: eo.ExponentialLR(o, gamma=None), "ExponentialLR: gamma"),
     (lambda o: eo.CosineAnnealingLR(o, T_max="3"), "CosineAnnealingLR: T_max"),

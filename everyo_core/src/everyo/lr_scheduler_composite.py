@@ -7,9 +7,9 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 
-from everyo import EveryOError
-from everyo_layers.checks import LayerArgumentError, argument
-from everyo_layers.schedulers import LRScheduler, current_lrs, epoch_list, per_group
+from everyo.errors import EveryOError
+from everyo.lr_scheduler import LRScheduler, current_lrs, epoch_list, per_group
+from everyo.validation import ArgumentError, checked_argument, checked_list
 
 
 class OneCycleLR(LRScheduler):
@@ -25,6 +25,9 @@ class OneCycleLR(LRScheduler):
         (0.04, 0.95)
     """
 
+    state_kinds = {**LRScheduler.state_kinds, "total_steps": "positive int"}
+    state_choices = {"anneal_strategy": ("cos", "linear")}
+
     def __init__(self, optimizer, max_lr, total_steps: int | None = None,
                  epochs: int | None = None, steps_per_epoch: int | None = None,
                  pct_start: float = 0.3, anneal_strategy: str = "cos",
@@ -34,17 +37,16 @@ class OneCycleLR(LRScheduler):
         if total_steps is None:
             if epochs is None or steps_per_epoch is None:
                 raise EveryOError("OneCycleLR: give total_steps, or epochs and steps_per_epoch")
-            total_steps = (argument("OneCycleLR", "epochs", epochs, "positive int")
-                           * argument("OneCycleLR", "steps_per_epoch", steps_per_epoch,
+            total_steps = (checked_argument("OneCycleLR", "epochs", epochs, "positive int")
+                           * checked_argument("OneCycleLR", "steps_per_epoch", steps_per_epoch,
                                       "positive int"))
-        total_steps = argument("OneCycleLR", "total_steps", total_steps, "positive int")
-        pct_start = argument("OneCycleLR", "pct_start", pct_start, "probability")
-        div_factor = argument("OneCycleLR", "div_factor", div_factor, "positive float")
-        final_div_factor = argument("OneCycleLR", "final_div_factor", final_div_factor,
+        total_steps = self._argument("total_steps", total_steps)
+        pct_start = checked_argument("OneCycleLR", "pct_start", pct_start, "probability")
+        div_factor = checked_argument("OneCycleLR", "div_factor", div_factor, "positive float")
+        final_div_factor = checked_argument("OneCycleLR", "final_div_factor", final_div_factor,
                                     "positive float")
-        if anneal_strategy not in ("cos", "linear"):
-            raise EveryOError(f"OneCycleLR: anneal_strategy must be 'cos' or 'linear', got "
-                              f"{anneal_strategy!r}")
+        anneal_strategy = self._checked_entry("OneCycleLR", "anneal_strategy", anneal_strategy,
+                                              None)
         self.total_steps, self.anneal_strategy = total_steps, anneal_strategy
         warm_end = float(pct_start * total_steps) - 1
         if three_phase:
@@ -129,6 +131,8 @@ class SequentialLR(LRScheduler):
         [0.5, 0.75, 1.0, 0.5, 0.25]
     """
 
+    state_kinds = {"last_epoch": "int"}
+
     def __init__(self, optimizer, schedulers: list, milestones: list, last_epoch: int = -1):
         if not schedulers:
             raise EveryOError("SequentialLR needs at least one scheduler")
@@ -141,8 +145,8 @@ class SequentialLR(LRScheduler):
                                   f"({type(scheduler).__name__}) belongs to another optimizer")
         milestones = epoch_list("SequentialLR", milestones)
         if milestones != sorted(milestones):
-            raise LayerArgumentError(f"SequentialLR: milestones must increase, got "
-                                     f"{milestones}")
+            raise ArgumentError(f"SequentialLR: milestones must increase, got "
+                                f"{milestones}")
         if len(milestones) != len(schedulers) - 1:
             raise EveryOError(f"SequentialLR: {len(schedulers)} schedulers need "
                               f"{len(schedulers) - 1} milestones, got {len(milestones)}")
@@ -174,14 +178,20 @@ class SequentialLR(LRScheduler):
         state = {k: v for k, v in self.__dict__.items()
                  if k not in ("optimizer", "_schedulers")}
         state["_schedulers"] = [s.state_dict() for s in self._schedulers]
-        return state
+        return {"type": type(self).__name__, **state}
 
-    def load_state_dict(self, state: dict) -> None:
-        state = dict(state)
-        for scheduler, saved in zip(self._schedulers, state.pop("_schedulers")):
-            scheduler.load_state_dict(saved)
-        state["_milestones"] = list(state["_milestones"])
-        super().load_state_dict(state)
+    def _checked_entry(self, owner: str, key: str, value, current):
+        if key != "_schedulers":
+            return super()._checked_entry(owner, key, value, current)
+        saved = checked_list(owner, key, value, len(self._schedulers))
+        return [scheduler._checked_state(state)
+                for scheduler, state in zip(self._schedulers, saved)]
+
+    def _apply_state(self, checked: dict) -> None:
+        checked = dict(checked)
+        for scheduler, state in zip(self._schedulers, checked.pop("_schedulers")):
+            scheduler._apply_state(state)
+        super()._apply_state(checked)
 
 
 def _rewind(scheduler) -> None:
@@ -207,21 +217,24 @@ class ReduceLROnPlateau(LRScheduler):
         [0.5]
     """
 
+    state_kinds = {"last_epoch": "non-negative int", "factor": "fraction below one",
+                   "patience": "non-negative int", "threshold": "non-negative float",
+                   "cooldown": "non-negative int", "eps": "non-negative float",
+                   "cooldown_counter": "non-negative int", "num_bad_epochs": "non-negative int"}
+    per_group_state = ("min_lrs", "_last_lr")
+    state_choices = {"mode": ("min", "max"), "threshold_mode": ("rel", "abs")}
+
     def __init__(self, optimizer, mode: str = "min", factor: float = 0.1, patience: int = 10,
                  threshold: float = 1e-4, threshold_mode: str = "rel", cooldown: int = 0,
                  min_lr=0, eps: float = 1e-8):
         name = "ReduceLROnPlateau"
-        if argument(name, "factor", factor, "non-negative float") >= 1.0:
-            raise LayerArgumentError(f"ReduceLROnPlateau: factor must be < 1, got {factor}")
-        patience = argument(name, "patience", patience, "non-negative int")
-        threshold = argument(name, "threshold", threshold, "non-negative float")
-        cooldown = argument(name, "cooldown", cooldown, "non-negative int")
-        eps = argument(name, "eps", eps, "non-negative float")
-        if mode not in ("min", "max"):
-            raise EveryOError(f"ReduceLROnPlateau: mode must be 'min' or 'max', got {mode!r}")
-        if threshold_mode not in ("rel", "abs"):
-            raise EveryOError(f"ReduceLROnPlateau: threshold_mode must be 'rel' or 'abs', "
-                              f"got {threshold_mode!r}")
+        factor = self._argument("factor", factor)
+        patience = self._argument("patience", patience)
+        threshold = self._argument("threshold", threshold)
+        cooldown = self._argument("cooldown", cooldown)
+        eps = self._argument("eps", eps)
+        mode = self._checked_entry(name, "mode", mode, None)
+        threshold_mode = self._checked_entry(name, "threshold_mode", threshold_mode, None)
         self.min_lrs = per_group("min_lr", optimizer, min_lr, "non-negative float", name)
         self.optimizer, self.factor = optimizer, factor
         self.patience, self.cooldown, self.eps = patience, cooldown, eps
@@ -240,13 +253,13 @@ class ReduceLROnPlateau(LRScheduler):
             return value < best - self.threshold
         return value > best + self.threshold
 
-    def step(self, metrics) -> None:  # one argument, named as in PyTorch
+    def step(self, metrics) -> None:  # type: ignore[override]  # PyTorch: step(metrics)
         """Record this epoch's metric; reduce the learning rate after a plateau."""
         try:
             current = float(metrics.item() if hasattr(metrics, "item") else metrics)
         except (TypeError, ValueError):
-            raise LayerArgumentError(f"ReduceLROnPlateau.step: metrics must be one number "
-                                     f"(e.g. the validation loss), got {metrics!r}") from None
+            raise ArgumentError(f"ReduceLROnPlateau.step: metrics must be one number "
+                                f"(e.g. the validation loss), got {metrics!r}") from None
         self.last_epoch += 1
         if self._is_better(current, self.best):
             self.best, self.num_bad_epochs = current, 0
@@ -266,6 +279,3 @@ class ReduceLROnPlateau(LRScheduler):
         self._last_lr = current_lrs(self.optimizer)
 
 
-OPS: dict = {}
-LAYERS = {"OneCycleLR": OneCycleLR, "SequentialLR": SequentialLR,
-          "ReduceLROnPlateau": ReduceLROnPlateau}

@@ -16,8 +16,10 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 
-from everyo import EveryOError
-from everyo_layers.checks import LayerArgumentError, argument
+import numpy as np
+
+from everyo.errors import EveryOError
+from everyo.validation import ArgumentError, checked_argument, checked_list, expect_state, is_int
 
 
 def per_group(name: str, optimizer, value, kind: str | None = None,
@@ -28,7 +30,7 @@ def per_group(name: str, optimizer, value, kind: str | None = None,
         name: the argument's name, for errors.
         optimizer: the scheduler's optimizer.
         value: one value, or a list/tuple of one per parameter group.
-        kind: when given, every value is checked as :func:`~everyo_layers.checks.argument`
+        kind: when given, every value is checked as :func:`~everyo.validation.checked_argument`
             checks it (``"function"`` asks for a callable).
         scheduler: the scheduler's class name, for errors.
     Returns:
@@ -52,10 +54,10 @@ def per_group(name: str, optimizer, value, kind: str | None = None,
     if kind == "function":
         for fn in values:
             if not callable(fn):
-                raise LayerArgumentError(f"{scheduler}: {name} must be a function of the "
-                                         f"epoch, got {fn!r} ({type(fn).__name__})")
+                raise ArgumentError(f"{scheduler}: {name} must be a function of the "
+                                    f"epoch, got {fn!r} ({type(fn).__name__})")
     elif kind is not None:
-        values = [argument(scheduler, name, v, kind) for v in values]
+        values = [checked_argument(scheduler, name, v, kind) for v in values]
     return values
 
 
@@ -75,9 +77,9 @@ def epoch_list(scheduler: str, milestones) -> list:
     """
     if isinstance(milestones, (str, bytes, dict)) or not hasattr(milestones, "__iter__") \
             or getattr(milestones, "ndim", 1) != 1:
-        raise LayerArgumentError(f"{scheduler}: milestones must be a list of epochs, got "
-                                 f"{milestones!r}")
-    return [argument(scheduler, "milestones", m, "positive int") for m in milestones]
+        raise ArgumentError(f"{scheduler}: milestones must be a list of epochs, got "
+                            f"{milestones!r}")
+    return [checked_argument(scheduler, "milestones", m, "positive int") for m in milestones]
 
 
 def current_lrs(optimizer) -> list:
@@ -93,17 +95,24 @@ class LRScheduler:
     """
 
     _is_initial = False
+    #: attribute -> the kind its constructor checks it as (:func:`checked_argument`);
+    #: :meth:`load_state_dict` checks a saved value with the same call. Subclasses add theirs.
+    state_kinds: dict = {"last_epoch": "int", "_step_count": "non-negative int"}
+    #: attributes holding one learning rate per parameter group
+    per_group_state: tuple = ("base_lrs", "_last_lr")
+    #: string attributes -> the values the constructor accepts
+    state_choices: dict = {}
 
     def __init__(self, optimizer, last_epoch: int = -1):
         if not hasattr(optimizer, "param_groups"):
             raise EveryOError(f"{type(self).__name__}: {type(optimizer).__name__} is not an "
                               f"optimizer (it has no param_groups)")
         self.optimizer = optimizer
-        last_epoch = argument(type(self).__name__, "last_epoch", last_epoch, "int")
+        last_epoch = checked_argument(type(self).__name__, "last_epoch", last_epoch, "int")
         if last_epoch < -1:
-            raise LayerArgumentError(f"{type(self).__name__}: last_epoch must be -1 (a new "
-                                     f"schedule) or the index of the last epoch run, got "
-                                     f"{last_epoch}")
+            raise ArgumentError(f"{type(self).__name__}: last_epoch must be -1 (a new "
+                                f"schedule) or the index of the last epoch run, got "
+                                f"{last_epoch}")
         if last_epoch == -1:
             for group in optimizer.param_groups:
                 group.setdefault("initial_lr", group["lr"])
@@ -150,19 +159,81 @@ class LRScheduler:
         """The learning rate of every group, as the last :meth:`step` left it."""
         return list(self._last_lr)
 
+    def _argument(self, name: str, value):
+        """Constructor argument ``name``, checked as :attr:`state_kinds` says."""
+        return checked_argument(type(self).__name__, name, value, self.state_kinds[name])
+
     def state_dict(self) -> dict:
-        """Everything but the optimizer (and functions, which are not data)."""
-        return {k: v for k, v in self.__dict__.items()
-                if k not in ("optimizer", "lr_lambdas", "_is_initial")}
+        """Everything but the optimizer (and functions, which are not data), with the
+        scheduler's class under ``"type"``."""
+        state = {k: v for k, v in self.__dict__.items()
+                 if k not in ("optimizer", "lr_lambdas", "_is_initial")}
+        return {"type": type(self).__name__, **state}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore what :meth:`state_dict` returned (restore the optimizer's state too: the
-        groups' current learning rates live there)."""
-        state = dict(state)
-        for key in ("base_lrs", "_last_lr"):
-            if key in state:
-                state[key] = list(state[key])
-        self.__dict__.update(state)
+        groups' current learning rates live there).
+
+        The state must be this class's, with this scheduler's keys and one learning rate per
+        parameter group; every value is checked by the constructor's rules before anything
+        changes.
+        """
+        self._apply_state(self._checked_state(state))
+
+    def _checked_state(self, state) -> dict:
+        name = type(self).__name__
+        owner = f"{name}.load_state_dict"
+        own = self.state_dict()
+        del own["type"]
+        state = expect_state(owner, state, name, tuple(own))
+        return {key: self._checked_entry(owner, key, value, own[key])
+                for key, value in state.items()}
+
+    def _checked_entry(self, owner: str, key: str, value, current):
+        if key in self.state_kinds:
+            return checked_argument(type(self).__name__, key, value, self.state_kinds[key])
+        if key in self.per_group_state:
+            values = checked_list(owner, key, value, len(self.optimizer.param_groups))
+            return [checked_argument(owner, f"{key}[{i}]", v, "non-negative float")
+                    for i, v in enumerate(values)]
+        if key in self.state_choices:
+            if not isinstance(value, str) or value not in self.state_choices[key]:
+                raise ArgumentError(f"{type(self).__name__}: {key} must be one of "
+                                    f"{list(self.state_choices[key])}, got {value!r}")
+            return value
+        return checked_like(owner, key, value, current)
+
+    def _apply_state(self, checked: dict) -> None:
+        self.__dict__.update(checked)
+
+
+def checked_like(owner: str, key: str, value, current):
+    """A saved value with no declared kind, checked to be of ``current``'s kind: a bool, a
+    number (not NaN; ``inf`` is a valid "best so far"), a string, or a list/tuple whose
+    entries are checked alike."""
+    if isinstance(value, np.ndarray) and value.ndim == 0:
+        value = value[()]
+    if isinstance(current, (bool, np.bool_)):
+        return checked_argument(owner, key, value, "bool")
+    if is_int(current) or isinstance(current, (float, np.floating)):
+        if not (is_int(value) or isinstance(value, (float, np.floating))) or value != value:
+            raise ArgumentError(f"{owner}: {key} must be a number, got {value!r}")
+        return value.item() if isinstance(value, np.generic) else value
+    if isinstance(current, str):
+        if not isinstance(value, str):
+            raise ArgumentError(f"{owner}: {key} must be a string, got {value!r}")
+        return value
+    if isinstance(current, (list, tuple)):
+        items = checked_list(owner, key, value, len(current) if isinstance(current, tuple)
+                             else None)
+        like = list(current) if isinstance(current, tuple) else [current[0]] * len(items) \
+            if current else items
+        checked = [checked_like(owner, f"{key}[{i}]", v, c)
+                   for i, (v, c) in enumerate(zip(items, like))]
+        return tuple(checked) if isinstance(current, tuple) else checked
+    if current is None:
+        return value if value is None else checked_like(owner, key, value, 0.0)
+    raise ArgumentError(f"{owner}: {key} cannot be restored from a {type(value).__name__}")
 
 
 class LambdaLR(LRScheduler):
@@ -222,9 +293,11 @@ class StepLR(LRScheduler):
         [1.0, 1.0, 0.5, 0.5, 0.25]
     """
 
+    state_kinds = {**LRScheduler.state_kinds, "step_size": "positive int", "gamma": "non-negative float"}
+
     def __init__(self, optimizer, step_size: int, gamma: float = 0.1, last_epoch: int = -1):
-        self.step_size = argument("StepLR", "step_size", step_size, "positive int")
-        self.gamma = argument("StepLR", "gamma", gamma, "non-negative float")
+        self.step_size = self._argument("step_size", step_size)
+        self.gamma = self._argument("gamma", gamma)
         super().__init__(optimizer, last_epoch)
 
     def get_lr(self):
@@ -252,9 +325,11 @@ class MultiStepLR(LRScheduler):
         [1.0, 1.0, 0.5, 0.25]
     """
 
+    state_kinds = {**LRScheduler.state_kinds, "gamma": "non-negative float"}
+
     def __init__(self, optimizer, milestones, gamma: float = 0.1, last_epoch: int = -1):
         self.milestones = sorted(epoch_list("MultiStepLR", milestones))
-        self.gamma = argument("MultiStepLR", "gamma", gamma, "non-negative float")
+        self.gamma = self._argument("gamma", gamma)
         super().__init__(optimizer, last_epoch)
 
     def get_lr(self):
@@ -283,14 +358,14 @@ class LinearLR(LRScheduler):
         [0.5, 0.75, 1.0, 1.0]
     """
 
+    state_kinds = {**LRScheduler.state_kinds, "start_factor": "positive fraction",
+                   "end_factor": "probability", "total_iters": "positive int"}
+
     def __init__(self, optimizer, start_factor: float = 1.0 / 3, end_factor: float = 1.0,
                  total_iters: int = 5, last_epoch: int = -1):
-        start_factor = argument("LinearLR", "start_factor", start_factor, "probability")
-        if start_factor == 0:
-            raise LayerArgumentError("LinearLR: start_factor must be in (0, 1], got 0")
-        self.start_factor = start_factor
-        self.end_factor = argument("LinearLR", "end_factor", end_factor, "probability")
-        self.total_iters = argument("LinearLR", "total_iters", total_iters, "positive int")
+        self.start_factor = self._argument("start_factor", start_factor)
+        self.end_factor = self._argument("end_factor", end_factor)
+        self.total_iters = self._argument("total_iters", total_iters)
         super().__init__(optimizer, last_epoch)
 
     def get_lr(self):
@@ -320,8 +395,10 @@ class ExponentialLR(LRScheduler):
         [0.5]
     """
 
+    state_kinds = {**LRScheduler.state_kinds, "gamma": "non-negative float"}
+
     def __init__(self, optimizer, gamma: float, last_epoch: int = -1):
-        self.gamma = argument("ExponentialLR", "gamma", gamma, "non-negative float")
+        self.gamma = self._argument("gamma", gamma)
         super().__init__(optimizer, last_epoch)
 
     def get_lr(self):
@@ -345,11 +422,14 @@ class CosineAnnealingLR(LRScheduler):
         0.5
     """
 
+    state_kinds = {**LRScheduler.state_kinds, "T_max": "positive float",
+                   "eta_min": "non-negative float"}
+
     def __init__(self, optimizer, T_max: int, eta_min: float = 0.0,  # T_max: PyTorch's name
                  last_epoch: int = -1):
-        argument("CosineAnnealingLR", "T_max", T_max, "positive float")  # PyTorch takes floats
+        self._argument("T_max", T_max)  # PyTorch takes floats
         self.T_max = T_max
-        self.eta_min = argument("CosineAnnealingLR", "eta_min", eta_min, "non-negative float")
+        self.eta_min = self._argument("eta_min", eta_min)
         super().__init__(optimizer, last_epoch)
 
     def get_lr(self):
@@ -385,12 +465,14 @@ class CosineAnnealingWarmRestarts(LRScheduler):
         [0.5, 1.0, 0.5, 1.0]
     """
 
+    state_kinds = {**LRScheduler.state_kinds, "T_0": "positive int", "T_mult": "positive int",
+                   "eta_min": "non-negative float"}
+
     def __init__(self, optimizer, T_0: int, T_mult: int = 1,  # T_0, T_mult: PyTorch's names
                  eta_min: float = 0.0, last_epoch: int = -1):
-        name = "CosineAnnealingWarmRestarts"
-        T_0 = argument(name, "T_0", T_0, "positive int")
-        T_mult = argument(name, "T_mult", T_mult, "positive int")
-        eta_min = argument(name, "eta_min", eta_min, "non-negative float")
+        T_0 = self._argument("T_0", T_0)
+        T_mult = self._argument("T_mult", T_mult)
+        eta_min = self._argument("eta_min", eta_min)
         self.T_0, self.T_i, self.T_mult, self.eta_min = T_0, T_0, T_mult, eta_min
         self.T_cur = last_epoch
         super().__init__(optimizer, last_epoch)
@@ -411,8 +493,8 @@ class CosineAnnealingWarmRestarts(LRScheduler):
             if self.T_cur >= self.T_i:
                 self.T_cur %= self.T_i
                 self.T_i *= self.T_mult
-        elif argument("CosineAnnealingWarmRestarts.step", "epoch", epoch, "float") < 0:
-            raise LayerArgumentError(f"CosineAnnealingWarmRestarts.step: epoch must be >= 0, got "
+        elif checked_argument("CosineAnnealingWarmRestarts.step", "epoch", epoch, "float") < 0:
+            raise ArgumentError(f"CosineAnnealingWarmRestarts.step: epoch must be >= 0, got "
                               f"{epoch}")
         elif epoch >= self.T_0:
             if self.T_mult == 1:
@@ -429,8 +511,3 @@ class CosineAnnealingWarmRestarts(LRScheduler):
         self._last_lr = current_lrs(self.optimizer)
 
 
-OPS: dict = {}
-LAYERS = {"LRScheduler": LRScheduler, "LambdaLR": LambdaLR, "MultiplicativeLR": MultiplicativeLR,
-          "StepLR": StepLR, "MultiStepLR": MultiStepLR, "LinearLR": LinearLR, "ExponentialLR": ExponentialLR,
-          "CosineAnnealingLR": CosineAnnealingLR,
-          "CosineAnnealingWarmRestarts": CosineAnnealingWarmRestarts}

@@ -1,0 +1,171 @@
+"""Checked values: one rule for constructor arguments and for the states loaders restore.
+
+A constructor checks each argument with :func:`checked_argument`; its ``load_state_dict``
+checks each saved value with the same call (so a loaded state meets the constructor's rules,
+with the constructor's messages), after :func:`expect_state` has checked the state is a dict
+of the loader's own class. Loaders convert and check every value first and change the object
+only when everything passed (all or nothing). docs/checkpoints.md states the rules.
+
+A public module: plugins (GradScaler, the schedulers, third-party stateful objects) use it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import numpy as np
+
+from everyo.dtypes import is_floating
+from everyo.errors import EveryOError
+from everyo.tensor import Tensor
+
+
+class ArgumentError(EveryOError, TypeError):
+    """An argument (or a loaded state's value) has the wrong type or is out of range.
+
+    Also a ``TypeError``, the exception PyTorch raises for such arguments, so code written for
+    either catches it.
+    """
+
+
+def is_int(value) -> bool:
+    """An integer that is not a bool (``True`` as a count is a mistake, not a 1)."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def is_real(value) -> bool:
+    """A finite int or float (not a bool, not a string, not NaN or inf)."""
+    if not (is_int(value) or isinstance(value, (float, np.floating))):
+        return False
+    try:  # NOTE: np.isfinite has no loop for Python ints beyond int64 (raw TypeError)
+        return math.isfinite(float(value))
+    except OverflowError:  # an int too large for a float is no finite float either
+        return False
+
+
+#: kind -> (type test, range test, what the error says is expected)
+ARGUMENT_KINDS = {
+    "int": (is_int, lambda v: True, "an int"),
+    "positive int": (is_int, lambda v: v > 0, "a positive int"),
+    "non-negative int": (is_int, lambda v: v >= 0, "a non-negative int"),
+    "float": (is_real, lambda v: True, "a finite number"),
+    "positive float": (is_real, lambda v: v > 0, "a positive number"),
+    "non-negative float": (is_real, lambda v: v >= 0, "a non-negative number"),
+    "probability": (is_real, lambda v: 0 <= v <= 1, "a number in [0, 1]"),
+    "positive fraction": (is_real, lambda v: 0 < v <= 1, "a number in (0, 1]"),
+    "fraction below one": (is_real, lambda v: 0 <= v < 1, "a number in [0, 1)"),
+    "bool": (lambda v: isinstance(v, (bool, np.bool_)), lambda v: True, "True or False"),
+}
+
+
+def checked_argument(owner: str, name: str, value, kind: str, error=ArgumentError):
+    """``value`` of argument ``name`` of ``owner``, checked against ``kind``.
+
+    Args:
+        owner: what the error names first (a class, ``"DataLoader.load_state_dict"``, ...).
+        name: the argument's (or the state key's) name.
+        value: what the caller passed; a 0-d array (a scalar read back from a checkpoint)
+            counts as its value.
+        kind: a key of :data:`ARGUMENT_KINDS`.
+        error: the exception class raised (a subclass of :class:`ArgumentError`).
+
+    Returns:
+        ``value`` as a Python ``int`` (the int kinds), ``bool`` or ``float`` (the others).
+        Floats are never truncated to ints, bools are never numbers, NaN and inf are never
+        finite numbers.
+
+    Example:
+        >>> checked_argument("DataLoader", "batch_size", 4, "positive int")
+        4
+        >>> checked_argument("Adam", "lr", float("nan"), "non-negative float")
+        Traceback (most recent call last):
+        ...
+        everyo.validation.ArgumentError: Adam: lr must be a non-negative number, got nan (float)
+    """
+    if isinstance(value, np.ndarray) and value.ndim == 0:
+        value = value[()]
+    is_type, in_range, expected = ARGUMENT_KINDS[kind]
+    if not (is_type(value) and in_range(value)):
+        raise error(f"{owner}: {name} must be {expected}, got {value!r} "
+                    f"({type(value).__name__})")
+    if kind == "bool":
+        return bool(value)
+    return int(value) if kind.endswith("int") else float(value)
+
+
+def expect_state(owner: str, state, type_name: str, required=(), optional=()) -> dict:
+    """``state`` as a plain dict, after checking it is one ``type_name`` wrote.
+
+    A state names its class under ``"type"``; a state naming another class is refused. A
+    state without ``"type"`` (written before states named their class, or by PyTorch) is
+    accepted when its keys are exactly the expected ones.
+
+    Args:
+        owner: the loader, for errors (``"StepLR.load_state_dict"``).
+        state: what the caller passed.
+        type_name: the class whose state is expected.
+        required: keys the state must have.
+        optional: keys it may have besides ``required`` and ``"type"``.
+    """
+    if not isinstance(state, Mapping):
+        raise EveryOError(f"{owner}: expected the dict {type_name}.state_dict() returns, got "
+                          f"a {type(state).__name__}")
+    state = dict(state)
+    saved_type = state.pop("type", None)
+    if saved_type is not None and not (isinstance(saved_type, str) and saved_type == type_name):
+        raise EveryOError(f"{owner}: the state belongs to {str(saved_type)[:60]!r}, not "
+                          f"{type_name!r}")
+    keys = set(state)
+    missing = sorted(map(str, set(required) - keys))
+    unexpected = sorted(map(str, keys - set(required) - set(optional)))
+    if missing or unexpected:
+        found = "; ".join(part for part in (missing and f"missing keys {missing}",
+                                            unexpected and f"unexpected keys {unexpected}")
+                          if part)
+        raise EveryOError(f"{owner}: this is not a {type_name} state ({found}); pass what "
+                          f"{type_name}.state_dict() returned")
+    return state
+
+
+def checked_list(owner: str, name: str, value, length: int | None = None) -> list:
+    """``value`` (a list, tuple or 1-D array read back from a checkpoint) as a list, of
+    ``length`` items when given (one per parameter group, ...)."""
+    if isinstance(value, np.ndarray) and value.ndim == 1:
+        value = value.tolist()
+    if not isinstance(value, (list, tuple)):
+        raise EveryOError(f"{owner}: {name} must be a list, got a {type(value).__name__}")
+    if length is not None and len(value) != length:
+        raise EveryOError(f"{owner}: {name} has {len(value)} entries, expected {length} (one "
+                          f"per parameter group)")
+    return list(value)
+
+
+def converted_array(name: str, value, target: np.ndarray, holder: str):
+    """``(value as an array of target's dtype, None)``, or ``(None, why it cannot be)``.
+
+    ``value`` (an array, a Tensor or a nested list) must be numeric, real unless ``target``
+    is complex (a complex value is never cast with its imaginary part dropped), of
+    ``target``'s shape, and, for an integer or bool ``target``, exactly representable.
+    ``holder`` names what ``target`` belongs to in the message (``"model"``, ...).
+    """
+    if isinstance(value, Tensor):
+        value = value.data
+    try:
+        array = np.asarray(value)
+    except (TypeError, ValueError) as exc:
+        return None, f"{name} is not an array ({exc})"
+    numeric = array.dtype.kind in "biu" or is_floating(array.dtype)
+    if not numeric or (array.dtype.kind == "c" and target.dtype.kind != "c"):
+        return None, (f"{name} has dtype {array.dtype} in the state; the {holder}'s is "
+                      f"{target.dtype} (a real number cannot hold a complex or non-numeric "
+                      f"value)")
+    if array.shape != target.shape:
+        return None, (f"{name} has shape {array.shape} in the state but {target.shape} in "
+                      f"the {holder}")
+    with np.errstate(invalid="ignore", over="ignore"):
+        cast = array.astype(target.dtype, copy=True)
+    if target.dtype.kind in "iub" and not np.array_equal(cast, array):
+        return None, (f"{name} holds values that the {holder}'s {target.dtype} cannot "
+                      f"represent exactly")
+    return cast, None

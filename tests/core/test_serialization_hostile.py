@@ -1,0 +1,139 @@
+"""eo.load of crafted files and eo.save of objects it cannot store: always an
+EveryOSerializationError naming the problem, never a raw TypeError/AttributeError/
+RecursionError; depth and size are bounded before parsing; files get 0o666 & ~umask."""
+
+from __future__ import annotations
+
+import json
+import os
+import zipfile
+
+import numpy as np
+import pytest
+
+import everyo as eo
+
+STRUCTURE = "__everyo_structure__"
+
+
+def write_crafted(path, structure, arrays=None, raw_structure=None):
+    """An archive laid out as eo.save lays it out, with a structure of our choosing."""
+    text = raw_structure if raw_structure is not None else json.dumps(structure)
+    members = dict(arrays or {})
+    members[STRUCTURE] = np.frombuffer(text.encode(), dtype=np.uint8)
+    np.savez(path, **members)
+    return path
+
+
+def nested_lists(depth):
+    return "{" + '"list": [{' * depth + '"value": 1' + "}]" * depth + "}"
+
+
+CRAFTED_TREES = {
+    "value-list": {"value": [1, 2]},
+    "value-dict": {"value": {"a": 1}},
+    "tree-list": [1, 2],
+    "tree-int": 5,
+    "dict-of-string": {"dict": "abc"},
+    "dict-unhashable-key": {"dict": [[{"a": 1}, {"value": 1}]]},
+    "dict-short-item": {"dict": [["a"]]},
+    "list-of-numbers": {"list": [1, 2]},
+    "tuple-of-string": {"tuple": "ab"},
+    "array-int-ref": {"array": 5},
+    "array-missing": {"array": "a7"},
+    "array-structure": {"array": STRUCTURE},
+    "dtype-list": {"array": "a0", "dtype": ["x"]},
+    "two-kinds": {"value": 1, "list": []},
+    "unknown-kind": {"set": [1]},
+    "empty-node": {},
+}
+
+
+@pytest.mark.parametrize("name", sorted(CRAFTED_TREES))
+def test_a_crafted_tree_is_a_serialization_error(tmp_path, name):
+    path = write_crafted(tmp_path / "c.npz",
+                         {"format": "everyo-npz", "version": 1, "tree": CRAFTED_TREES[name]},
+                         {"a0": np.ones(2)})
+    with pytest.raises(eo.EveryOSerializationError, match="c.npz"):
+        eo.load(path)
+
+
+@pytest.mark.parametrize("structure", [
+    "[1, 2]", '"text"', "null", '{"format": "everyo-npz", "version": "2", "tree": {}}',
+    '{"format": "everyo-npz", "version": 1}', '{"format": ["everyo-npz"], "tree": {}}',
+])
+def test_a_crafted_structure_is_a_serialization_error(tmp_path, structure):
+    path = write_crafted(tmp_path / "c.npz", None, raw_structure=structure)
+    with pytest.raises(eo.EveryOSerializationError, match="c.npz"):
+        eo.load(path)
+
+
+def test_a_structure_member_that_is_not_bytes_is_refused(tmp_path):
+    path = tmp_path / "c.npz"
+    np.savez(path, **{STRUCTURE: np.array([[1.5, 2.5]])})
+    with pytest.raises(eo.EveryOSerializationError, match="c.npz"):
+        eo.load(path)
+
+
+def test_deep_nesting_is_refused_before_parsing(tmp_path):
+    text = '{"format": "everyo-npz", "version": 1, "tree": ' + nested_lists(900) + "}"
+    path = write_crafted(tmp_path / "deep.npz", None, raw_structure=text)
+    with pytest.raises(eo.EveryOSerializationError, match="nest"):
+        eo.load(path)
+    brackets = '{"format": "everyo-npz", "version": 1, "tree": ' + "[" * 100000 + "]" * 100000 + "}"
+    path = write_crafted(tmp_path / "brackets.npz", None, raw_structure=brackets)
+    with pytest.raises(eo.EveryOSerializationError, match="nest"):
+        eo.load(path)
+
+
+def test_moderate_nesting_still_round_trips(tmp_path):
+    value = 1
+    for _ in range(50):
+        value = [value]
+    eo.save({"v": value}, tmp_path / "ok.npz")
+    assert eo.load(tmp_path / "ok.npz")["v"] == value
+
+
+def test_a_member_that_expands_far_beyond_the_file_is_refused(tmp_path):
+    path = tmp_path / "bomb.npz"
+    eo.save({"a": np.ones(2)}, path)
+    with zipfile.ZipFile(path, "a", compression=zipfile.ZIP_DEFLATED) as archive:
+        with archive.open("a9.npy", "w", force_zip64=True) as member:
+            chunk = bytes(1 << 24)
+            for _ in range(40):  # 640 MiB of zeros in under a MiB of file
+                member.write(chunk)
+    assert os.path.getsize(path) < 4 << 20
+    with pytest.raises(eo.EveryOSerializationError, match="expand"):
+        eo.load(path)
+
+
+def test_saving_a_cyclic_object_is_refused_by_name(tmp_path):
+    state = {"a": [1, 2]}
+    state["a"].append(state)
+    with pytest.raises(eo.EveryOSerializationError, match="contains itself"):
+        eo.save(state, tmp_path / "c.npz")
+    assert os.listdir(tmp_path) == []
+
+
+def test_saving_an_object_nested_too_deep_is_refused_by_name(tmp_path):
+    value = 1
+    for _ in range(5000):
+        value = [value]
+    with pytest.raises(eo.EveryOSerializationError, match="nest"):
+        eo.save({"v": value}, tmp_path / "deep.npz")
+
+
+def test_the_same_list_twice_is_not_a_cycle(tmp_path):
+    shared = [1, 2]
+    eo.save({"a": shared, "b": shared}, tmp_path / "s.npz")
+    assert eo.load(tmp_path / "s.npz") == {"a": [1, 2], "b": [1, 2]}
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
+def test_a_checkpoint_is_created_with_the_umask_permissions(tmp_path, umask):
+    old = os.umask(umask)
+    try:
+        eo.save({"a": np.ones(2)}, tmp_path / "m.npz")
+    finally:
+        os.umask(old)
+    assert os.stat(tmp_path / "m.npz").st_mode & 0o777 == 0o666 & ~umask

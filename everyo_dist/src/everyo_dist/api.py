@@ -1,7 +1,7 @@
 """The public API of everyo-dist, re-exported as ``everyo.distributed``.
 
 ``from everyo.distributed import spawn, average_gradients, shard_indices, available_workers,
-init, ProcessGroup``; a backend author also uses ``Backend``, ``Collective`` and
+init, detect_environment, ProcessGroup``; a backend author also uses ``Backend``, ``Collective`` and
 ``reduce_rows`` (see ``docs/distributed.md``, "Writing a backend").
 """
 
@@ -9,6 +9,7 @@ from everyo_dist.backend import Backend
 from everyo_dist.contract import Collective, Transport
 from everyo_dist.cores import available_workers
 from everyo_dist.ddp import DistributedDataParallel
+from everyo_dist.environment import ClusterEnvironment, detect_environment
 from everyo_dist.errors import (
     CollectiveMismatchError,
     CollectiveTimeoutError,
@@ -27,5 +28,5 @@ __all__ = [
     "spawn", "average_gradients", "shard_indices", "available_workers", "init", "ProcessGroup",
     "DEFAULT_TIMEOUT", "DistributedError", "CollectiveMismatchError", "CollectiveTimeoutError",
     "PeerLostError", "WorkerError", "Backend", "Collective", "Transport", "reduce_rows",
-    "reduce_rows_f64", "DistributedDataParallel",
+    "reduce_rows_f64", "DistributedDataParallel", "detect_environment", "ClusterEnvironment",
 ]

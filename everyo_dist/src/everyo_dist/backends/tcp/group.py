@@ -113,6 +113,10 @@ class TCPTransport:
             self._ring.abort(exc)  # peers learn now instead of at their timeout
             raise
 
+    def scratch_bytes(self) -> int:
+        """Bytes of work buffers the ring keeps between collectives (see ``Ring.scratch``)."""
+        return self._ring.scratch_bytes()
+
     def local_host(self) -> str:
         """The address this rank's ring connections use (its host as its peers see it)."""
         return self._ring.to_next.getsockname()[0]

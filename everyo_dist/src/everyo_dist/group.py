@@ -225,14 +225,25 @@ def check_membership(rank, world_size, timeout) -> tuple[int, int, float]:
     if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) \
             or not 0 <= rank < world_size:
         raise DistributedError(f"rank must be an integer in [0, {world_size}), got {rank!r}")
+    return int(rank), int(world_size), check_timeout(timeout)
+
+
+def check_timeout(timeout) -> float:
+    """A validated timeout in seconds (``None`` is ``DEFAULT_TIMEOUT``): positive, at most a
+    year; NaN and infinity are refused.
+
+    Example:
+        >>> check_timeout("2.5")
+        2.5
+    """
     try:
         timeout = DEFAULT_TIMEOUT if timeout is None else float(timeout)
     except (TypeError, ValueError):
         raise DistributedError(f"timeout must be a number of seconds, got {timeout!r}") from None
-    if not 0 < timeout <= MAX_TIMEOUT:
+    if not 0 < timeout <= MAX_TIMEOUT:  # (False for NaN)
         raise DistributedError(f"timeout must be a positive number of seconds, at most "
                                f"{MAX_TIMEOUT:g} (a year), got {timeout}")
-    return int(rank), int(world_size), timeout
+    return timeout
 
 
 class SingleRankTransport:

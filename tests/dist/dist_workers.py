@@ -111,24 +111,22 @@ def build_model(features: int = 8, hidden: int = 32):
     return model
 
 
-def train_worker(group, inputs, targets, steps=STEPS):
-    """The documented example's worker (examples/distributed_training.py), imported rather
-    than copied, on this file's model and step count: the worker reads both from its module."""
+def _the_example(steps: int):
+    """The documented example's module (examples/distributed_training.py), set to this file's
+    model and step count: its functions read both from their module."""
     example.build_model, example.steps = build_model, steps
-    return example.worker(group, inputs, targets)
+    return example
+
+
+def train_worker(group, inputs, targets, steps=STEPS):
+    """The documented example's worker, imported rather than copied."""
+    return _the_example(steps).worker(group, inputs, targets)
 
 
 def train_single_process(inputs, targets, steps=STEPS):
-    """Full-batch training in this process: the reference data-parallel training must match."""
-    model = build_model()
-    optimizer = eo.SGD(model.parameters(), lr=0.05)
-    xs, ys = eo.tensor(inputs), eo.tensor(targets)
-    for _ in range(steps):
-        optimizer.zero_grad()
-        residual = model(xs) - ys
-        eo.mean(residual * residual).backward()
-        optimizer.step()
-    return [p.data for p in model.parameters()]
+    """The example's full-batch training in this process: what data-parallel training must
+    match (imported too, so the reference and the worker cannot drift apart)."""
+    return _the_example(steps).single_process(inputs, targets)
 
 
 def report_blas_pools(group):

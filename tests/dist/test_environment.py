@@ -125,7 +125,7 @@ def test_malformed_node_lists_are_refused_naming_the_variable(nodelist, message)
     ({**TORCHRUN, "RANK": "4"}, ["RANK=4", "WORLD_SIZE=4"]),  # inconsistent
     ({**TORCHRUN, "LOCAL_RANK": "2"}, ["LOCAL_RANK=2", "LOCAL_WORLD_SIZE=2"]),
     ({**TORCHRUN, "WORLD_SIZE": "four"}, ["WORLD_SIZE='four'"]),
-    ({**TORCHRUN, "MASTER_PORT": "70000"}, ["MASTER_PORT='70000'"]),
+    ({**TORCHRUN, "MASTER_PORT": "70000"}, ["MASTER_PORT='70000'", "0..65535"]),
     ({**TORCHRUN, "RANK": "-1"}, ["RANK='-1'"]),
     ({"SLURM_PROCID": "0"}, ["SLURM_PROCID", "SLURM_NTASKS"]),
     ({**SLURM, "SLURM_PROCID": "8"}, ["SLURM_PROCID=8", "SLURM_NTASKS=8"]),
@@ -164,6 +164,9 @@ def test_init_fills_membership_from_any_launcher_and_tells_rank_0_to_host():
     assert resolve_options(tcp_like, {"rank": 1, "world_size": 2, "master_addr": "a",
                                       "master_port": 1}, {"RANK": "0"})["rank"] == 1
     assert resolve_options(lambda timeout=None: None, {}, {"RANK": "0"}) == {}
+    # an explicit option completes an EVERYO_* environment, as each variable did alone
+    assert resolve_options(tcp_like, {"rank": 1}, {"EVERYO_WORLD_SIZE": "2"}) == {
+        "rank": 1, "world_size": 2}
 
 
 def test_init_without_a_launcher_says_what_it_looked_for(monkeypatch):

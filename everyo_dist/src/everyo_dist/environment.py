@@ -71,6 +71,10 @@ _LAUNCHERS: dict[str, tuple[str, str, str, str | None]] = {
 }
 _ADDRESS = {"everyo-run": ("EVERYO_MASTER_ADDR", "EVERYO_MASTER_PORT")}
 _GENERIC_ADDRESS = ("MASTER_ADDR", "MASTER_PORT")
+EVERYO_RUN_VARIABLES = dict(zip(("rank", "world_size", "local_rank", "master_addr",
+                                 "master_port"),
+                                (*_LAUNCHERS["everyo-run"][:3], *_ADDRESS["everyo-run"])))
+"""The ``EVERYO_*`` variable of each field (``init``'s explicit options complete them)."""
 _MPI_FAMILY = ("openmpi", "pmi")
 
 
@@ -126,10 +130,10 @@ def _address(launcher: str, environ, required: bool) -> tuple[str | None, int | 
                                + (f" ({present[0]} is set)" if present else ""))
     if not present:
         return None, None
-    port = _integer(environ, port_var, 1)
+    port = _integer(environ, port_var, 0)  # (everyo-run's 0: a backend without rendezvous)
     if port > 65535:
         raise DistributedError(f"environment variable {port_var}={environ[port_var]!r} is not "
-                               f"a port (1..65535)")
+                               f"a port (0..65535)")
     return environ[addr_var], port
 
 

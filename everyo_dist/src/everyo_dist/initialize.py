@@ -32,7 +32,7 @@ import os
 from pathlib import Path
 
 from everyo_dist.backend import as_backend, registered_backend
-from everyo_dist.environment import detect_environment
+from everyo_dist.environment import EVERYO_RUN_VARIABLES, detect_environment
 from everyo_dist.errors import DistributedError
 
 # option name -> (environment variable, parser); rank, world size, local rank and the
@@ -89,6 +89,11 @@ def resolve_options(factory, explicit: dict, environ=None) -> dict:
               if option not in explicit and (option in declared or
                                              (takes_any and option != SERVE_RENDEZVOUS))]
     options = dict(explicit)
+    if any(variable in environ for variable in EVERYO_RUN_VARIABLES.values()):
+        # an explicit option completes an EVERYO_* environment (e.g. rank= with
+        # EVERYO_WORLD_SIZE), as each variable filled its option alone before
+        environ = {**environ, **{EVERYO_RUN_VARIABLES[o]: str(explicit[o])
+                                 for o in MEMBERSHIP_OPTIONS if explicit.get(o) is not None}}
     cluster = detect_environment(environ) if set(wanted) & set(MEMBERSHIP_OPTIONS) else None
     for option in wanted:
         if option in ENVIRONMENT_OPTIONS:

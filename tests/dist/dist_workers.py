@@ -350,8 +350,8 @@ class MixedPrecisionModel(eo.Module):
     def __init__(self):
         super().__init__()
         self.first = eo.Linear(8, 256, seed=11)
-        self.half = eo.Linear(256, 256, seed=12).to("float16")
-        self.brain = eo.Linear(256, 1, seed=13).to("bfloat16")
+        self.half = eo.Linear(256, 2048, seed=12).to("float16")
+        self.brain = eo.Linear(2048, 1, seed=13).to("bfloat16")
 
     def forward(self, x):
         h = eo.tanh(self.first(x))
@@ -360,33 +360,41 @@ class MixedPrecisionModel(eo.Module):
 
 
 def mixed_precision_gradients(group):
-    """The gradients of :class:`MixedPrecisionModel` averaged by ``average_gradients`` and by
-    DistributedDataParallel, and each rank's raw gradients (for the one-rounding reference);
-    16-bit arrays are returned as their uint16 bits."""
+    """The gradients of :class:`MixedPrecisionModel` (and of one more float16 parameter)
+    averaged by ``average_gradients``, the model's by DistributedDataParallel, and each rank's
+    raw gradients (for the one-rounding reference); 16-bit arrays as their uint16 bits."""
     from everyo.distributed import DistributedDataParallel
 
     rng = np.random.default_rng(group.rank)
     inputs = eo.tensor(rng.standard_normal((32, 8)).astype(np.float32))
+    # ranks' gradients of different magnitudes: their exact sums need more bits than a
+    # float32 keeps, so a mean rounded via float32 sometimes lands on a float16 midpoint
+    # (model gradients are structured and rarely do: a random float16 gradient is added)
+    weight = (1.0, 2.0**6, 2.0**12)[group.rank % 3]
     model = MixedPrecisionModel()
-    eo.mean(model(inputs) ** 2).backward()
-    raw = [p.grad.copy() for p in model.parameters()]
-    average_gradients(model.parameters(), group)
-    averaged = [p.grad.copy() for p in model.parameters()]
+    (eo.mean(model(inputs) ** 2) * weight).backward()
+    extra = eo.Parameter(np.zeros(1 << 20, np.float16))
+    extra.grad = (rng.standard_normal(extra.data.size) * 1e-2 * 256.0 ** (group.rank % 3)
+                  ).astype(np.float16)
+    params = [*model.parameters(), extra]
+    raw = [p.grad.copy() for p in params]
+    average_gradients(params, group)
+    averaged = [p.grad.copy() for p in params]
     for param in model.parameters():
         param.grad = None
     for param in model.brain.parameters():  # DDP has no bfloat16 buckets: compare the rest
         param.requires_grad = False
     ddp = DistributedDataParallel(model, group)
-    eo.mean(ddp(inputs) ** 2).backward()
+    (eo.mean(ddp(inputs) ** 2) * weight).backward()
     ddp.close()
 
     def bits(array):
         return array.view(np.uint16) if array.dtype.itemsize == 2 else array
 
     out = {}
-    for index, param in enumerate(model.parameters()):
+    for index, param in enumerate(params):
         out[f"raw{index}"], out[f"average{index}"] = bits(raw[index]), bits(averaged[index])
-        if param.grad is not None:
+        if param.grad is not None and param is not extra:
             out[f"ddp{index}"] = bits(param.grad)
         out[f"dtype{index}"] = np.array(str(param.data.dtype))
     return out

@@ -113,3 +113,4 @@ def test_average_gradients_rounds_16_bit_means_once_as_ddp_does(backend, tmp_pat
     assert seen == {"float16", "bfloat16", "float32"}
     assert compared_with_ddp == {0, 1, 2, 3}  # the float32 and float16 layers
     assert twice_differs, "no float16 element where rounding twice differs: the test is blind"
+

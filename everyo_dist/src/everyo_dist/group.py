@@ -186,7 +186,10 @@ class ProcessGroup:
         if not isinstance(data, np.ndarray):
             data = np.asarray(data)
             if data.dtype == np.float64 and not isinstance(array, np.generic):
-                data = data.astype(np.float32)  # Python floats follow EveryO's float32 default
+                # Python floats follow EveryO's float32 default; beyond its range they become
+                # ±inf (IEEE) without NumPy's warning, an exception under -W error
+                with np.errstate(over="ignore"):
+                    data = data.astype(np.float32)
         if not data.dtype.isnative:  # the wire and the dtype codes are native-order only
             data = data.astype(data.dtype.newbyteorder("="))
         return np.ascontiguousarray(data).reshape(-1), data.shape

@@ -376,9 +376,6 @@ def _serve_rendezvous(master_addr: str, port: int, world_size: int, token, ssl_c
     else on every interface (this host is the master; a name such as Slurm's ``node01`` may
     resolve to an address its peers cannot reach, Debian's ``127.0.1.1``)."""
     host = master_addr if is_loopback(master_addr) else "0.0.0.0"
-    try:
-        return TCPRendezvousServer(host, port, world_size=int(world_size), token=token,
-                                   ssl_context=ssl_context)
-    except OSError as exc:
-        raise DistributedError(f"rank 0 cannot host the rendezvous on {host}:{port} "
-                               f"(MASTER_PORT): {exc}; is another job using that port?") from None
+    # (a port in use is a DistributedError naming host and port; no token off loopback too)
+    return TCPRendezvousServer(host, port, world_size=int(world_size), token=token,
+                               ssl_context=ssl_context)

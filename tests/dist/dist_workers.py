@@ -111,24 +111,22 @@ def build_model(features: int = 8, hidden: int = 32):
     return model
 
 
-def train_worker(group, inputs, targets, steps=STEPS):
-    """The documented example's worker (examples/distributed_training.py), imported rather
-    than copied, on this file's model and step count: the worker reads both from its module."""
+def _the_example(steps: int):
+    """The documented example's module (examples/distributed_training.py), set to this file's
+    model and step count: its functions read both from their module."""
     example.build_model, example.steps = build_model, steps
-    return example.worker(group, inputs, targets)
+    return example
+
+
+def train_worker(group, inputs, targets, steps=STEPS):
+    """The documented example's worker, imported rather than copied."""
+    return _the_example(steps).worker(group, inputs, targets)
 
 
 def train_single_process(inputs, targets, steps=STEPS):
-    """Full-batch training in this process: the reference data-parallel training must match."""
-    model = build_model()
-    optimizer = eo.SGD(model.parameters(), lr=0.05)
-    xs, ys = eo.tensor(inputs), eo.tensor(targets)
-    for _ in range(steps):
-        optimizer.zero_grad()
-        residual = model(xs) - ys
-        eo.mean(residual * residual).backward()
-        optimizer.step()
-    return [p.data for p in model.parameters()]
+    """The example's full-batch training in this process: what data-parallel training must
+    match (imported too, so the reference and the worker cannot drift apart)."""
+    return _the_example(steps).single_process(inputs, targets)
 
 
 def report_blas_pools(group):
@@ -306,4 +304,97 @@ def wide_reductions(group, dtypes=("float64", "float32", "float16", "int32", "in
             out[f"sum-{dtype}-{length}"] = group.all_reduce_sum(mine)
             if np.dtype(dtype).kind == "f":
                 out[f"mean-{dtype}-{length}"] = group.all_reduce_mean(mine)
+    return out
+
+
+# -- IEEE special values and one rounding for 16-bit gradients (#24.3) -------------------------
+def ieee_data(rank: int) -> dict[str, np.ndarray]:
+    """Rank ``rank``'s contributions: infinities of both signs (their sum is nan), NaN, and
+    finite values whose float64 sum overflows the dtype (float16 above 65504, float32 above
+    3.4e38) while their mean does not."""
+    big16, big32 = np.float16(60000.0), np.float32(3e38)
+    signed = np.float32([np.inf, np.inf, -np.inf, 1.0, np.nan])
+    if rank == 1:
+        signed = np.float32([np.inf, -np.inf, -np.inf, np.inf, 2.0])
+    return {"signed32": signed, "signed64": signed.astype(np.float64),
+            "signed16": signed.astype(np.float16),
+            "big16": np.full(7, big16), "big32": np.full(7, big32),
+            "huge64": np.full(3, 1.5e308)}
+
+
+def ieee_collectives(group):
+    """Sums and means of :func:`ieee_data` and ``average_gradients`` of its 16- and 32-bit
+    rows, under warnings-as-errors; then the group is used once more (a collective that
+    raised would have broken a tcp group)."""
+    import warnings
+
+    out = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for key, value in ieee_data(group.rank).items():
+            out[f"sum-{key}"] = group.all_reduce_sum(value)
+            out[f"mean-{key}"] = group.all_reduce_mean(value)
+        grads = [eo.Parameter(np.zeros(5, np.float16)), eo.Parameter(np.zeros(5, np.float32))]
+        grads[0].grad, grads[1].grad = ieee_data(group.rank)["signed16"], \
+            ieee_data(group.rank)["signed32"]
+        average_gradients(grads, group)
+        out["average16"], out["average32"] = grads[0].grad, grads[1].grad
+    out["after"] = group.all_reduce_sum(np.ones(3, np.float32))
+    return out
+
+
+class MixedPrecisionModel(eo.Module):
+    """float32, float16 and bfloat16 layers in one model (an autocast-free mixed model): large
+    enough that rounding the 16-bit means twice (via float32) would change some elements."""
+
+    def __init__(self):
+        super().__init__()
+        self.first = eo.Linear(8, 256, seed=11)
+        self.half = eo.Linear(256, 2048, seed=12).to("float16")
+        self.brain = eo.Linear(2048, 1, seed=13).to("bfloat16")
+
+    def forward(self, x):
+        h = eo.tanh(self.first(x))
+        h = eo.tanh(self.half(h.astype("float16"))).astype("bfloat16")
+        return self.brain(h).astype("float32")
+
+
+def mixed_precision_gradients(group):
+    """The gradients of :class:`MixedPrecisionModel` (and of one more float16 parameter)
+    averaged by ``average_gradients``, the model's by DistributedDataParallel, and each rank's
+    raw gradients (for the one-rounding reference); 16-bit arrays as their uint16 bits."""
+    from everyo.distributed import DistributedDataParallel
+
+    rng = np.random.default_rng(group.rank)
+    inputs = eo.tensor(rng.standard_normal((32, 8)).astype(np.float32))
+    # ranks' gradients of different magnitudes: their exact sums need more bits than a
+    # float32 keeps, so a mean rounded via float32 sometimes lands on a float16 midpoint
+    # (model gradients are structured and rarely do: a random float16 gradient is added)
+    weight = (1.0, 2.0**6, 2.0**12)[group.rank % 3]
+    model = MixedPrecisionModel()
+    (eo.mean(model(inputs) ** 2) * weight).backward()
+    extra = eo.Parameter(np.zeros(1 << 20, np.float16))
+    extra.grad = (rng.standard_normal(extra.data.size) * 1e-2 * 256.0 ** (group.rank % 3)
+                  ).astype(np.float16)
+    params = [*model.parameters(), extra]
+    raw = [p.grad.copy() for p in params]
+    average_gradients(params, group)
+    averaged = [p.grad.copy() for p in params]
+    for param in model.parameters():
+        param.grad = None
+    for param in model.brain.parameters():  # DDP has no bfloat16 buckets: compare the rest
+        param.requires_grad = False
+    ddp = DistributedDataParallel(model, group)
+    (eo.mean(ddp(inputs) ** 2) * weight).backward()
+    ddp.close()
+
+    def bits(array):
+        return array.view(np.uint16) if array.dtype.itemsize == 2 else array
+
+    out = {}
+    for index, param in enumerate(params):
+        out[f"raw{index}"], out[f"average{index}"] = bits(raw[index]), bits(averaged[index])
+        if param.grad is not None and param is not extra:
+            out[f"ddp{index}"] = bits(param.grad)
+        out[f"dtype{index}"] = np.array(str(param.data.dtype))
     return out

@@ -53,11 +53,12 @@ def test_environment_fills_only_declared_parameters(tmp_path):
     token_file = tmp_path / "token"
     token_file.write_text("s3cret\n")
     environ = {"EVERYO_RANK": "1", "EVERYO_WORLD_SIZE": "4", "EVERYO_MASTER_PORT": "29500",
+               "EVERYO_MASTER_ADDR": "10.0.0.1",
                "EVERYO_TOKEN_FILE": str(token_file), "EVERYO_TIMEOUT": "7.5"}
     assert resolve_options(factory, {"rank": 3}, environ) == {
         "rank": 3, "world_size": 4, "token": "s3cret", "timeout": 7.5}
     with pytest.raises(DistributedError, match="EVERYO_RANK='one' is not a valid int"):
-        resolve_options(factory, {}, {"EVERYO_RANK": "one"})
+        resolve_options(factory, {}, {"EVERYO_RANK": "one", "EVERYO_WORLD_SIZE": "2"})
 
 
 def test_init_reads_the_environment(monkeypatch):

@@ -127,3 +127,13 @@ def test_a_timeout_no_wait_can_express_is_refused_by_name(backend, timeout, clea
     with pytest.raises(DistributedError, match="timeout must be"):
         init(backend=backend, rank=0, world_size=1, timeout=timeout,
              **({"master_addr": "127.0.0.1", "master_port": 1} if backend == "tcp" else {}))
+
+
+def test_python_floats_beyond_float32_become_infinities_without_a_warning():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with init(backend="shm", rank=0, world_size=1) as group:
+            total = group.all_reduce_sum([1e39, -1e39, 1.0])
+    np.testing.assert_array_equal(total, np.float32([np.inf, -np.inf, 1.0]))

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 from dist_workers import make_data, train_single_process
 from tcp_harness import TRAIN_SCRIPT, launcher_environment, make_test_certificates
 
@@ -22,6 +23,7 @@ EVERYO_RUN = shutil.which("everyo-run", path=str(Path(sys.executable).parent)) o
 FAILING_SCRIPT = """
 import os, sys, time
 import numpy as np
+import pytest
 import everyo.distributed as dist
 
 group = dist.init()
@@ -122,6 +124,19 @@ def test_a_master_port_outside_1_to_65535_is_refused(tmp_path):
     # (the resolver would take 99999 as 34463)
     done, _ = _run(["--master", "127.0.0.1:99999", tmp_path / "x.py"], timeout=30)
     assert done.returncode == 2 and "port in 1..65535" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1", "0", "1e9"])
+def test_a_timeout_that_is_not_a_positive_number_of_seconds_is_refused_before_any_rank(
+        tmp_path, value):
+    """Not started, failed and restarted by --max-restarts: refused once, naming --timeout."""
+    script = tmp_path / "started.py"
+    marker = tmp_path / "started"
+    script.write_text(f"open({str(marker)!r}, 'a').write('x')\n")
+    done, _ = _run(["--timeout", value, "--max-restarts", 2, script], timeout=30)
+    assert done.returncode == 2, done.stderr
+    assert "--timeout" in done.stderr and "positive number of seconds" in done.stderr
+    assert "Traceback" not in done.stderr and not marker.exists()
 
 
 def test_a_master_port_in_use_is_one_line_naming_it_not_a_traceback(tmp_path):

@@ -41,7 +41,7 @@ def test_data_parallel_training_matches_single_process(workers, data, reference,
     assert moved > 1e-2  # training really changed the weights: the comparison means something
 
 
-def test_average_gradients_in_one_collective_with_none_gradients(clean_shm):
+def test_average_gradients_in_one_collective_per_dtype_with_none_gradients(clean_shm):
     class CountingGroup:  # wraps a real group, counting the collectives it receives
         def __init__(self, group):
             self.group, self.calls = group, []
@@ -55,7 +55,7 @@ def test_average_gradients_in_one_collective_with_none_gradients(clean_shm):
     with init(backend="shm", rank=0, world_size=1) as group:
         counting = CountingGroup(group)
         average_gradients([a, b, c], counting)
-    assert counting.calls == [(9,)]
+    assert counting.calls == [(6,), (3,)]  # float64 (a), then float32 (b without a gradient, c)
     np.testing.assert_array_equal(a.grad, np.full((2, 3), 0.25))
     assert a.grad.dtype == np.float64 and c.grad.dtype == np.float32
     np.testing.assert_array_equal(b.grad, np.zeros(1, np.float32))

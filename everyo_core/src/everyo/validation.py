@@ -18,7 +18,6 @@ import numpy as np
 
 from everyo.dtypes import is_floating
 from everyo.errors import EveryOError
-from everyo.tensor import Tensor
 
 
 class ArgumentError(EveryOError, TypeError):
@@ -149,9 +148,9 @@ def converted_array(name: str, value, target: np.ndarray, holder: str):
     ``target``'s shape, and, for an integer or bool ``target``, exactly representable.
     ``holder`` names what ``target`` belongs to in the message (``"model"``, ...).
     """
-    if isinstance(value, Tensor):
-        value = value.data
     try:
+        # NOTE: a Tensor converts through its __array__ (its data); this module cannot import
+        # tensor.py, which imports everyo.random, which validates with this module.
         array = np.asarray(value)
     except (TypeError, ValueError) as exc:
         return None, f"{name} is not an array ({exc})"

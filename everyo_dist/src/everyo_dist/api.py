@@ -1,9 +1,10 @@
 """The public API of everyo-dist, re-exported as ``everyo.distributed``.
 
 ``from everyo.distributed import spawn, average_gradients, shard_indices, available_workers,
-init, ProcessGroup``; a backend author also uses ``Backend``, ``Collective`` and
-``reduce_rows`` (see ``docs/distributed.md``, "Writing a backend"). Communication hooks for
-``DistributedDataParallel.register_comm_hook`` are in ``everyo.distributed.comm_hooks``.
+init, detect_environment, ProcessGroup``; a backend author also uses ``Backend``,
+``Collective`` and ``reduce_rows`` (see ``docs/distributed.md``, "Writing a backend").
+Communication hooks for ``DistributedDataParallel.register_comm_hook`` are in
+``everyo.distributed.comm_hooks``.
 """
 
 from everyo_dist import comm_hooks
@@ -11,6 +12,7 @@ from everyo_dist.backend import Backend
 from everyo_dist.contract import Collective, Transport
 from everyo_dist.cores import available_workers
 from everyo_dist.ddp import DistributedDataParallel
+from everyo_dist.environment import ClusterEnvironment, detect_environment
 from everyo_dist.errors import (
     CollectiveMismatchError,
     CollectiveTimeoutError,
@@ -30,6 +32,6 @@ __all__ = [
     "spawn", "average_gradients", "shard_indices", "available_workers", "init", "ProcessGroup",
     "DEFAULT_TIMEOUT", "DistributedError", "CollectiveMismatchError", "CollectiveTimeoutError",
     "PeerLostError", "WorkerError", "Backend", "Collective", "Transport", "reduce_rows",
-    "reduce_rows_f64", "DistributedDataParallel", "comm_hooks",
-    "ZeroRedundancyOptimizer",
+    "reduce_rows_f64", "DistributedDataParallel", "detect_environment", "ClusterEnvironment",
+    "comm_hooks", "ZeroRedundancyOptimizer",
 ]

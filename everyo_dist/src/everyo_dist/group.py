@@ -186,7 +186,10 @@ class ProcessGroup:
         if not isinstance(data, np.ndarray):
             data = np.asarray(data)
             if data.dtype == np.float64 and not isinstance(array, np.generic):
-                data = data.astype(np.float32)  # Python floats follow EveryO's float32 default
+                # Python floats follow EveryO's float32 default; beyond its range they become
+                # ±inf (IEEE) without NumPy's warning, an exception under -W error
+                with np.errstate(over="ignore"):
+                    data = data.astype(np.float32)
         if not data.dtype.isnative:  # the wire and the dtype codes are native-order only
             data = data.astype(data.dtype.newbyteorder("="))
         return np.ascontiguousarray(data).reshape(-1), data.shape
@@ -225,14 +228,25 @@ def check_membership(rank, world_size, timeout) -> tuple[int, int, float]:
     if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) \
             or not 0 <= rank < world_size:
         raise DistributedError(f"rank must be an integer in [0, {world_size}), got {rank!r}")
+    return int(rank), int(world_size), check_timeout(timeout)
+
+
+def check_timeout(timeout) -> float:
+    """A validated timeout in seconds (``None`` is ``DEFAULT_TIMEOUT``): positive, at most a
+    year; NaN and infinity are refused.
+
+    Example:
+        >>> check_timeout("2.5")
+        2.5
+    """
     try:
         timeout = DEFAULT_TIMEOUT if timeout is None else float(timeout)
     except (TypeError, ValueError):
         raise DistributedError(f"timeout must be a number of seconds, got {timeout!r}") from None
-    if not 0 < timeout <= MAX_TIMEOUT:
+    if not 0 < timeout <= MAX_TIMEOUT:  # (False for NaN)
         raise DistributedError(f"timeout must be a positive number of seconds, at most "
                                f"{MAX_TIMEOUT:g} (a year), got {timeout}")
-    return int(rank), int(world_size), timeout
+    return timeout
 
 
 class SingleRankTransport:

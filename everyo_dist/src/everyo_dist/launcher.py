@@ -33,6 +33,7 @@ from pathlib import Path
 from everyo_dist.backend import registered_backend
 from everyo_dist.blas import worker_environment
 from everyo_dist.errors import DistributedError
+from everyo_dist.group import check_timeout
 from everyo_dist.parent_death import kill_me_when_parent_dies
 
 STOP_GRACE_SECONDS = 5.0
@@ -70,6 +71,11 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--node-rank must be in 0..{args.nnodes - 1}, got {args.node_rank}")
     if args.max_restarts < 0:
         parser.error("--max-restarts must be at least 0")
+    if args.timeout is not None:  # refused here, once, not by every rank of every restart
+        try:
+            args.timeout = check_timeout(args.timeout)
+        except DistributedError as exc:
+            parser.error(f"--timeout: {exc}")
     if args.max_restarts and args.nnodes > 1:
         parser.error("--max-restarts restarts the ranks of one machine; a job of several "
                      "machines needs every node's launcher to restart together, which "

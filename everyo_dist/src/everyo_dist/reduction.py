@@ -67,6 +67,17 @@ def reduce_rows(rows, out: np.ndarray, divisor: int = 1,
     accumulator = accumulator_dtype(out.dtype)
     if scratch is None or len(scratch) < 2 * block or scratch.dtype != accumulator:
         scratch = np.empty(2 * block, accumulator)
+    # NOTE: IEEE results without NumPy's warnings: inf + -inf is nan, a float64 sum past the
+    # result dtype's range rounds to inf, as in one rank's arithmetic (a RuntimeWarning would
+    # be a raw exception under -W error and break a tcp group mid-collective)
+    with np.errstate(over="ignore", invalid="ignore"):
+        _reduce_blocks(rows, out, divisor, scratch, block, accumulator)
+    return out
+
+
+def _reduce_blocks(rows, out: np.ndarray, divisor: int, scratch: np.ndarray, block: int,
+                   accumulator: np.dtype) -> None:
+    length = len(out)
     for start in range(0, length, block):
         stop = min(start + block, length)
         acc, widened = scratch[:stop - start], scratch[block:block + stop - start]
@@ -79,7 +90,6 @@ def reduce_rows(rows, out: np.ndarray, divisor: int = 1,
             np.add(acc, part, out=acc)
         scale(acc, divisor)
         np.copyto(out[start:stop], acc, casting="unsafe")
-    return out
 
 
 def reduce_rows_f64(rows, mean: bool, dtype, out: np.ndarray | None = None) -> np.ndarray:

@@ -32,7 +32,7 @@ from everyo_dist.backends.shm.group import ShmTransport, check_store_ordering
 from everyo_dist.backends.shm.segments import new_job_id, segment_name, unlink
 from everyo_dist.backends.tcp.allreduce import chunk_bounds
 from everyo_dist.backends.tcp.auth import DEFAULT_HANDSHAKE_TIMEOUT, token_key
-from everyo_dist.backends.tcp.group import _connect_ring, init_tcp_process_group
+from everyo_dist.backends.tcp.group import _connect_ring, create_tcp_group
 from everyo_dist.backends.tcp.ring import Ring
 from everyo_dist.backends.tcp.sockets import listen
 from everyo_dist.backends.tcp.tls import tls_contexts_from_environment
@@ -109,13 +109,14 @@ class HierarchicalTransport:
         self._hierarchy = hierarchy
         self._machines = machines
         self._sizes = [len(m) for m in machines]
-        self._machine = next(m for m in machines if rank in m)
-        self._index = machines.index(self._machine)
+        self.machine = next(m for m in machines if rank in m)
+        self._index = machines.index(self.machine)
+        self.rendezvous = None  # the TCPRendezvousServer this rank hosts, if any
         self._world_size = sum(self._sizes)
         self._buffers: dict[tuple, np.ndarray] = {}
 
     def _local(self, call: Collective) -> SubgroupCollective:
-        return SubgroupCollective.of(call, self._machine)
+        return SubgroupCollective.of(call, self.machine)
 
     def exchange_fingerprints(self, call: Collective, packed: bytes) -> list[bytes]:
         # The flat ring checks fingerprints in every frame it receives (and runs barriers);
@@ -125,8 +126,8 @@ class HierarchicalTransport:
         if self._shm is not None:
             local = self._telling_leaders(self._shm.exchange_fingerprints, self._local(call),
                                           packed)
-            fingerprints = [*fingerprints[:self._machine.start], *local,
-                            *fingerprints[self._machine.stop:]]
+            fingerprints = [*fingerprints[:self.machine.start], *local,
+                            *fingerprints[self.machine.stop:]]
         return fingerprints
 
     def all_reduce(self, call: Collective, flat: np.ndarray, mean: bool,
@@ -169,7 +170,7 @@ class HierarchicalTransport:
             np.copyto(result, out)
         else:
             out.fill(0)  # fault out's pages in while the leaders work (flat is published)
-        self._shm.wait_for(local, f"rank {self._machine.start} to write the result")
+        self._shm.wait_for(local, f"rank {self.machine.start} to write the result")
         if not leads:
             np.copyto(out, result)
 
@@ -242,7 +243,7 @@ class HierarchicalTransport:
         return self._flat.all_gather(call, flat)
 
     def close(self) -> None:
-        for part in (self._leaders, self._shm, self._flat):
+        for part in (self._leaders, self._shm, self._flat, self.rendezvous):
             if part is not None:
                 part.close()
 
@@ -276,8 +277,8 @@ def create_hierarchical_group(rank: int, world_size: int, local_rank: int | None
                               tls_cert: str | None = None, tls_key: str | None = None,
                               tls_ca: str | None = None,
                               handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
-                              hierarchy: str = "auto", wire_dtype: str | None = None
-                              ) -> ProcessGroup:
+                              hierarchy: str = "auto", wire_dtype: str | None = None,
+                              serve_rendezvous: bool = False) -> ProcessGroup:
     """The ``"tcp_hierarchical"`` backend factory (``everyo-run --backend tcp_hierarchical``).
 
     Every rank first joins the flat tcp ring (same rendezvous and options as ``"tcp"``); the
@@ -298,6 +299,7 @@ def create_hierarchical_group(rank: int, world_size: int, local_rank: int | None
             must pass the same (see docs/distributed.md for the bits of each).
         wire_dtype: refused unless None: this backend always sends exact values (use
             ``"tcp"`` for wire compression).
+        serve_rendezvous: host the rendezvous on this rank, as for ``"tcp"``.
     Returns:
         A :class:`~everyo_dist.group.ProcessGroup` whose ``backend`` is ``"tcp_hierarchical"``.
 
@@ -306,10 +308,24 @@ def create_hierarchical_group(rank: int, world_size: int, local_rank: int | None
         >>> group = dist.init(backend="tcp_hierarchical")  # doctest: +SKIP
     """
     rank, world_size, timeout = check_membership(rank, world_size, timeout)
-    if master_addr is None or master_port is None:
-        raise DistributedError("the tcp_hierarchical backend needs the rendezvous address: pass "
-                               "master_addr= and master_port=, or set EVERYO_MASTER_ADDR and "
-                               "EVERYO_MASTER_PORT (everyo-run sets them)")
+    local_rank = _check_options(rank, local_rank, hierarchy, wire_dtype)
+    contexts = tls_contexts_from_environment(os.environ, tls_cert, tls_key, tls_ca)
+    flat = create_tcp_group(rank, world_size, master_addr, master_port, token, timeout,
+                            tls_cert, tls_key, tls_ca, handshake_timeout,
+                            serve_rendezvous=serve_rendezvous)
+    if world_size == 1:
+        flat.close()
+        return ProcessGroup(rank, 1, SingleRankTransport(NAME), timeout)
+    machines, shm, leaders = _join_machines(flat, local_rank, hierarchy, token, timeout,
+                                            handshake_timeout, contexts)
+    transport = HierarchicalTransport(rank, flat.transport, machines, shm, leaders, hierarchy)
+    transport.rendezvous = flat.rendezvous
+    return ProcessGroup(rank, world_size, transport, timeout,
+                        ranks_on_this_machine=len(transport.machine))
+
+
+def _check_options(rank: int, local_rank, hierarchy: str, wire_dtype) -> int:
+    """The checked local rank; the options this backend refuses, named."""
     if wire_dtype is not None:
         raise DistributedError(f"tcp_hierarchical sends exact values and has no wire "
                                f"compression (wire_dtype={wire_dtype!r}); use backend='tcp' "
@@ -320,22 +336,22 @@ def create_hierarchical_group(rank: int, world_size: int, local_rank: int | None
     local_rank = 0 if local_rank is None else int(local_rank)
     if not 0 <= local_rank <= rank:
         raise DistributedError(f"rank {rank}: local rank must be in 0..{rank}, got {local_rank}")
-    contexts = tls_contexts_from_environment(os.environ, tls_cert, tls_key, tls_ca)
+    return local_rank
+
+
+def _join_machines(flat, local_rank: int, hierarchy: str, token, timeout: float,
+                   handshake_timeout: float, contexts):
+    """On the flat ring, learn which ranks share a machine; join its shm group and (leaders)
+    the leaders' ring. ``(machines, shm transport or None, leaders' Ring or None)``; on any
+    failure the flat group is closed and a leader's segment unlinked."""
+    rank, world_size = flat.rank, flat.world_size
     server_context, client_context = contexts if contexts else (None, None)
-    flat = init_tcp_process_group(master_addr, int(master_port), rank=rank,
-                                  world_size=world_size, token=token, timeout=timeout,
-                                  ssl_context=client_context, server_ssl_context=server_context,
-                                  handshake_timeout=handshake_timeout)
-    if world_size == 1:
-        flat.close()
-        return ProcessGroup(rank, 1, SingleRankTransport(NAME), timeout)
     listener = leaders = None
-    job = "0"
+    leads = local_rank == 0
+    job = new_job_id() if leads else "0"
     try:
-        leads = local_rank == 0
         host = flat.transport.local_host()
         listener = listen(host, 0) if leads else None
-        job = new_job_id() if leads else "0"
         record = np.int64([local_rank, listener.getsockname()[1] if leads else 0,
                            int(job, 16), os.getpid(), HIERARCHY_CHOICES.index(hierarchy)])
         records = flat.all_gather(record)
@@ -361,15 +377,14 @@ def create_hierarchical_group(rank: int, world_size: int, local_rank: int | None
             name = segment_name(f"{int(leader[2]):012x}", "ctl", owner_pid=int(leader[3]))
             shm = ShmTransport(local_rank, len(machine), name,
                                SubgroupCollective.of(joining, machine), int(leader[3]))
+        return machines, shm, leaders
     except BaseException:
         for part in (leaders, flat):
             if part is not None:
                 part.close()
-        if local_rank == 0 and job != "0":  # a failed join must not leave the segment behind
+        if leads:  # a failed join must not leave the segment behind
             unlink(segment_name(job, "ctl"))
         raise
     finally:
         if listener is not None:
             listener.close()
-    transport = HierarchicalTransport(rank, flat.transport, machines, shm, leaders, hierarchy)
-    return ProcessGroup(rank, world_size, transport, timeout, ranks_on_this_machine=len(machine))

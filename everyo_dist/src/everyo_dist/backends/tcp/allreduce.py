@@ -19,6 +19,9 @@ bytes (:func:`plan`), which never changes the bits:
   streams on round the ring ``n-1 -> 0 -> ... -> n-2``. About ``8 + b`` bytes per element on
   every link, whatever the world size.
 
+A vector longer than :data:`PIECE_BYTES` runs as consecutive all-reduces of pieces of it (each
+with its own schedule), so that the scratch each rank keeps is bounded by one piece.
+
 A message made of several parts (a partial sum in one dtype, raw rows in another) is sent as
 one frame per part, so every part's dtype and length are validated against what the receiver
 computed it must be (``Ring._check_header``).
@@ -33,6 +36,11 @@ import numpy as np
 from everyo_dist.reduction import REDUCE_BLOCK, accumulator_dtype, reduce_rows
 
 _BLOCK = 131072  # items folded at a time as they arrive: the working set stays in cache
+PIECE_BYTES = 64 << 20
+"""A longer vector is all-reduced piece by piece, each piece of at most this many input bytes,
+so the ring's scratch (raw rows, float64 partial sums: ``Ring.scratch``, kept for the next
+call) is bounded by one piece, not the vector; DistributedDataParallel's 25 MiB buckets are one
+piece each. Elementwise reduction: the cut changes no bit."""
 _WIDE_BYTES = 8  # a float64 (int64) partial sum
 
 
@@ -173,9 +181,14 @@ def all_reduce(ring, flat: np.ndarray, mean: bool, out: np.ndarray) -> np.ndarra
     Example:
         >>> # inside a tcp group: all_reduce(ring, np.float32([1, 2]), True, out)
     """
-    if plan(flat.size, ring.size, flat.dtype.itemsize) == "chain":
-        return _chain(ring, flat, mean, out)
-    return _ring(ring, flat, mean, out)
+    length = max(PIECE_BYTES // flat.dtype.itemsize, 1)
+    for start in range(0, flat.size, length):  # a single piece up to PIECE_BYTES
+        piece, result = flat[start:start + length], out[start:start + length]
+        if plan(piece.size, ring.size, flat.dtype.itemsize) == "chain":
+            _chain(ring, piece, mean, result)
+        else:
+            _ring(ring, piece, mean, result)
+    return out
 
 
 def _ring(ring, flat: np.ndarray, mean: bool, out: np.ndarray) -> np.ndarray:

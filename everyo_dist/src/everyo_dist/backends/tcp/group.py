@@ -27,11 +27,13 @@ from everyo_dist.backends.tcp.frames import (
     read_control,
 )
 from everyo_dist.backends.tcp.handshakes import PendingHandshakes
+from everyo_dist.backends.tcp.rendezvous import TCPRendezvousServer
 from everyo_dist.backends.tcp.ring import Ring
 from everyo_dist.backends.tcp.sockets import (
     ACCEPT_RETRY_SECONDS,
     accept_failure_passes,
     dial,
+    is_loopback,
     listen,
     require_token_off_loopback,
     wrap_tls,
@@ -55,6 +57,13 @@ class TCPProcessGroup(ProcessGroup):
 
     Create it with :func:`init_tcp_process_group` (or ``eo.distributed.init(backend="tcp")``).
     """
+
+    rendezvous = None  # the TCPRendezvousServer this rank hosts (serve_rendezvous), if any
+
+    def close(self) -> None:
+        super().close()
+        if self.rendezvous is not None:
+            self.rendezvous.close()
 
 
 class TCPTransport:
@@ -103,6 +112,10 @@ class TCPTransport:
         except BaseException as exc:
             self._ring.abort(exc)  # peers learn now instead of at their timeout
             raise
+
+    def scratch_bytes(self) -> int:
+        """Bytes of work buffers the ring keeps between collectives (see ``Ring.scratch``)."""
+        return self._ring.scratch_bytes()
 
     def local_host(self) -> str:
         """The address this rank's ring connections use (its host as its peers see it)."""
@@ -156,6 +169,25 @@ def init_tcp_process_group(host: str, port: int, *, rank: int, world_size: int,
                                "server_ssl_context (incoming); see make_tls_contexts()")
     key = token_key(token)
     deadline = time.monotonic() + timeout
+    listener, peers = _register(host, port, rank, world_size, token, key, deadline, timeout,
+                                ssl_context, handshake_timeout)
+    if world_size == 1:
+        listener.close()
+        return TCPProcessGroup(rank, world_size, SingleRankTransport("tcp"), timeout)
+    try:
+        to_next, from_prev = _connect_ring(int(rank), int(world_size), peers, listener, key,
+                                           deadline, handshake_timeout, ssl_context,
+                                           server_ssl_context)
+    finally:
+        listener.close()
+    return TCPProcessGroup(rank, world_size, TCPTransport(Ring(rank, world_size, to_next, from_prev), wire),
+                           timeout)
+
+
+def _register(host, port, rank, world_size, token, key, deadline, timeout, ssl_context,
+              handshake_timeout):
+    """Register with the rendezvous server at ``host:port``; ``(listener, peer table)``, the
+    listener being where this rank's previous rank connects."""
     where = f"the rendezvous server {host}:{port}"
     server = dial(host, port, deadline, "the rendezvous server")
     try:
@@ -168,37 +200,29 @@ def init_tcp_process_group(host: str, port: int, *, rank: int, world_size: int,
             server.sendall(control_frame(FrameKind.REGISTER, {
                 "rank": int(rank), "world_size": int(world_size),
                 "port": listener.getsockname()[1]}))
-            peers = check_peer_table(read_control(server, deadline, FrameKind.PEERS),
-                                     world_size)
-        except TimeoutError:
+            return listener, check_peer_table(read_control(server, deadline, FrameKind.PEERS),
+                                              world_size)
+        except BaseException as exc:
             listener.close()
-            raise DistributedError(f"rank {rank}: the group did not form within {timeout:g}s "
-                                   f"(not all {world_size} ranks registered with {where})") from None
-        except ProtocolError as exc:
-            listener.close()
-            raise DistributedError(f"rank {rank}: {where} answered with an invalid "
-                                   f"frame: {exc}") from None
-        except DistributedError as exc:
-            listener.close()
-            raise DistributedError(f"rank {rank}: {where} refused the registration: {exc}") from None
-        except OSError as exc:  # closed or reset after the handshake: stopped, or dropped us
-            listener.close()
-            raise DistributedError(f"rank {rank}: {where} closed the connection before sending "
-                                   f"the peer table ({exc}); was it stopped, or did it drop "
-                                   f"this registration (see its log)?") from None
+            raise _registration_error(exc, rank, world_size, timeout, where) from None
     finally:
         server.close()
-    if world_size == 1:
-        listener.close()
-        return TCPProcessGroup(rank, world_size, SingleRankTransport("tcp"), timeout)
-    try:
-        to_next, from_prev = _connect_ring(int(rank), int(world_size), peers, listener, key,
-                                           deadline, handshake_timeout, ssl_context,
-                                           server_ssl_context)
-    finally:
-        listener.close()
-    return TCPProcessGroup(rank, world_size, TCPTransport(Ring(rank, world_size, to_next, from_prev), wire),
-                           timeout)
+
+
+def _registration_error(exc: BaseException, rank, world_size, timeout, where) -> BaseException:
+    """What a failed registration reports (``exc`` itself when it is not a known failure)."""
+    if isinstance(exc, TimeoutError):
+        return DistributedError(f"rank {rank}: the group did not form within {timeout:g}s "
+                                f"(not all {world_size} ranks registered with {where})")
+    if isinstance(exc, ProtocolError):
+        return DistributedError(f"rank {rank}: {where} answered with an invalid frame: {exc}")
+    if isinstance(exc, DistributedError):
+        return DistributedError(f"rank {rank}: {where} refused the registration: {exc}")
+    if isinstance(exc, OSError):  # closed or reset after the handshake: stopped, or dropped us
+        return DistributedError(f"rank {rank}: {where} closed the connection before sending "
+                                f"the peer table ({exc}); was it stopped, or did it drop "
+                                f"this registration (see its log)?")
+    return exc
 
 
 def _connect_ring(rank, world_size, peers, listener, key, deadline, handshake_timeout,
@@ -312,22 +336,46 @@ def create_tcp_group(rank: int, world_size: int, master_addr: str | None = None,
                      timeout: float | None = None, tls_cert: str | None = None,
                      tls_key: str | None = None, tls_ca: str | None = None,
                      handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
-                     wire_dtype: str | None = None) -> TCPProcessGroup:
+                     wire_dtype: str | None = None,
+                     serve_rendezvous: bool = False) -> TCPProcessGroup:
     """The ``"tcp"`` backend factory behind ``eo.distributed.init(backend="tcp", ...)``.
 
-    Arguments left out come from ``EVERYO_RANK``, ``EVERYO_WORLD_SIZE``, ``EVERYO_MASTER_ADDR``,
-    ``EVERYO_MASTER_PORT``, ``EVERYO_TOKEN`` (or ``EVERYO_TOKEN_FILE``) and ``EVERYO_TIMEOUT``;
-    TLS is on when ``tls_cert``/``tls_key``/``tls_ca`` (or ``EVERYO_TLS_CERT``,
-    ``EVERYO_TLS_KEY``, ``EVERYO_TLS_CA``) name the PEM files. A ``TCPRendezvousServer`` must
-    be listening on ``master_addr:master_port`` (``everyo-run`` starts one).
+    Arguments left out come from the environment (``EVERYO_RANK`` ..., or another launcher's
+    variables: see ``everyo_dist.environment``), ``EVERYO_TOKEN`` (or ``EVERYO_TOKEN_FILE``)
+    and ``EVERYO_TIMEOUT``; TLS is on when ``tls_cert``/``tls_key``/``tls_ca`` (or
+    ``EVERYO_TLS_CERT``, ``EVERYO_TLS_KEY``, ``EVERYO_TLS_CA``) name the PEM files. A
+    ``TCPRendezvousServer`` must be listening on ``master_addr:master_port`` (``everyo-run``
+    starts one); with ``serve_rendezvous`` this rank hosts it there for the group's life
+    (what ``init()`` asks of rank 0 under torchrun, Slurm or ``mpiexec``).
     """
     if master_addr is None or master_port is None:
         raise DistributedError("the tcp backend needs the rendezvous address: pass master_addr= "
                                "and master_port=, or set EVERYO_MASTER_ADDR and "
-                               "EVERYO_MASTER_PORT (everyo-run sets them)")
+                               "EVERYO_MASTER_PORT (everyo-run sets them), or MASTER_ADDR and "
+                               "MASTER_PORT under another launcher")
     contexts = tls_contexts_from_environment(os.environ, tls_cert, tls_key, tls_ca)
     server, client = contexts if contexts else (None, None)
-    return init_tcp_process_group(master_addr, int(master_port), rank=rank,
-                                  world_size=world_size, token=token, timeout=timeout,
-                                  ssl_context=client, server_ssl_context=server,
-                                  handshake_timeout=handshake_timeout, wire_dtype=wire_dtype)
+    rendezvous = _serve_rendezvous(master_addr, int(master_port), world_size, token, server) \
+        if serve_rendezvous else None
+    try:
+        group = init_tcp_process_group(master_addr, int(master_port), rank=rank,
+                                       world_size=world_size, token=token, timeout=timeout,
+                                       ssl_context=client, server_ssl_context=server,
+                                       handshake_timeout=handshake_timeout,
+                                       wire_dtype=wire_dtype)
+    except BaseException:
+        if rendezvous is not None:
+            rendezvous.close()
+        raise
+    group.rendezvous = rendezvous
+    return group
+
+
+def _serve_rendezvous(master_addr: str, port: int, world_size: int, token, ssl_context):
+    """Host the job's rendezvous on ``port``: on ``master_addr`` when it is a loopback address,
+    else on every interface (this host is the master; a name such as Slurm's ``node01`` may
+    resolve to an address its peers cannot reach, Debian's ``127.0.1.1``)."""
+    host = master_addr if is_loopback(master_addr) else "0.0.0.0"
+    # (a port in use is a DistributedError naming host and port; no token off loopback too)
+    return TCPRendezvousServer(host, port, world_size=int(world_size), token=token,
+                               ssl_context=ssl_context)

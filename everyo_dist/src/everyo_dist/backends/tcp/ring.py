@@ -145,6 +145,11 @@ class Ring:
                           out[(self.rank - step - 1) % self.size])
         return out
 
+    def scratch_bytes(self) -> int:
+        """Bytes of work buffers this ring keeps between collectives (bounded by one piece of
+        an all-reduce: see ``allreduce.PIECE_BYTES``)."""
+        return sum(buffer.nbytes for buffer in self._buffers.values())
+
     def scratch(self, name: str, dtype, length: int) -> np.ndarray:
         """A reusable work buffer: allocating (and page-faulting) tens of MB per call would
         cost as much as the transfer itself."""

@@ -22,7 +22,7 @@ LAYOUTS = ("contiguous", "strided", "broadcast", "empty")
 
 #: Kernels whose implementations must give the reference's bits.
 EXACT = frozenset({"max_pool2d_forward", "max_pool2d_backward", "relu_forward", "sgd_step",
-                   "adam_step", "unscale_all_finite"})
+                   "adam_step", "unscale_all_finite", "depthwise_conv2d_forward"})
 #: Kernels that call BLAS (whose bits may depend on the thread count).
 USES_BLAS = frozenset({"conv2d_input_grad", "lstm_forward_steps", "lstm_backward_steps"})
 #: Arguments that are scratch (contents left open by the contract), by position.
@@ -30,7 +30,8 @@ SCRATCH = {"lstm_backward_steps": (7,)}
 #: Normwise bound of the others, in units of the output dtype's epsilon (see the test module).
 ULPS = {"conv2d_input_grad": 16, "layer_norm_forward": 16, "layer_norm_backward": 16,
         "batch_norm_forward": 16, "batch_norm_backward": 16, "group_norm_forward": 16,
-        "group_norm_backward": 16, "lstm_forward_steps": 16, "lstm_backward_steps": 64}
+        "group_norm_backward": 16, "lstm_forward_steps": 16, "lstm_backward_steps": 64,
+        "depthwise_conv2d_backward": 16}
 
 
 def layout(array: np.ndarray, how: str) -> np.ndarray:
@@ -109,6 +110,30 @@ def _conv_input_grad(kernel, stride, dilation, pads, dtype, how):
         w2 = values(rng, (kernel[0] * kernel[1] * cin, cout), dtype)
         return (g2, w2, (len(g), h, w, cin), kernel + (cin, cout), stride, dilation, pads,
                 (ho, wo))
+    return build
+
+
+#: (kernel, stride, dilation, outputs per input channel) of the depthwise cases.
+DEPTHWISE = [((3, 3), (1, 1), (1, 1), 1), ((3, 3), (2, 2), (1, 1), 1),
+             ((2, 3), (1, 2), (2, 1), 1), ((3, 3), (1, 1), (1, 1), 2)]
+
+
+def _depthwise(kernel, stride, dilation, mult, dtype, how, backward):
+    """The padded input in layout ``how``, the weight, and for the backward an output
+    gradient. (The op hands the kernels its compute dtype, float32 for 16-bit layers; float16
+    operands here check that the provider leaves them to the reference; bfloat16 ones are
+    float32, as the op hands them: NumPy's einsum has no bfloat16 loop.)"""
+    def build(rng):
+        compute, channels = (dtype if dtype.name != "bfloat16" else np.dtype(np.float32)), 4
+        xp = layout(values(rng, (3, 9, 8, channels), compute), how)
+        w = values(rng, kernel + (1, channels * mult), compute)
+        out_hw = tuple(output_size(xp.shape[1 + a], kernel[a], stride[a], dilation[a], (0, 0))
+                       for a in (0, 1))
+        if not backward:
+            return xp, w, stride, dilation, out_hw
+        g = layout(values(rng, (len(xp),) + out_hw + (channels * mult,), compute),
+                   how if how != "empty" else "contiguous")[:len(xp)]
+        return g, xp, w, stride, dilation, out_hw, True, True
     return build
 
 
@@ -281,6 +306,11 @@ def _table() -> list:
             for conv in CONVS:
                 cases.append(("conv2d_input_grad", _conv_input_grad(*conv, dtype, how),
                               f"k{conv[0]}s{conv[1]}d{conv[2]}-{dtype.name}-{how}"))
+            for conv in DEPTHWISE:
+                for backward in (False, True):
+                    name = f"depthwise_conv2d_{'backward' if backward else 'forward'}"
+                    cases.append((name, _depthwise(*conv, dtype, how, backward),
+                                  f"k{conv[0]}s{conv[1]}d{conv[2]}m{conv[3]}-{dtype.name}-{how}"))
             for affine in (True, False):
                 label = f"{dtype.name}-{how}-{'affine' if affine else 'plain'}"
                 for ndims in (1, 2):

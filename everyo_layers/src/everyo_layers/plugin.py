@@ -36,6 +36,7 @@ MODULES = (
     "everyo_layers.attention",
     "everyo_layers.transformer",
     "everyo_layers.conv_kernels",
+    "everyo_layers.conv_depthwise_kernels",
     "everyo_layers.pool_kernels",
     "everyo_layers.norm_kernels",
     "everyo_layers.recurrent_kernels",

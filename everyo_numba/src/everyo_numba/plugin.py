@@ -21,6 +21,8 @@ IMPLEMENTATIONS = {
     "max_pool2d_forward": "everyo_numba.pool:max_pool2d_forward",
     "max_pool2d_backward": "everyo_numba.pool:max_pool2d_backward",
     "conv2d_input_grad": "everyo_numba.conv:conv2d_input_grad",
+    "depthwise_conv2d_forward": "everyo_numba.conv_depthwise:depthwise_conv2d_forward",
+    "depthwise_conv2d_backward": "everyo_numba.conv_depthwise:depthwise_conv2d_backward",
     "layer_norm_forward": "everyo_numba.norm:layer_norm_forward",
     "layer_norm_backward": "everyo_numba.norm:layer_norm_backward",
     "batch_norm_forward": "everyo_numba.norm:batch_norm_forward",

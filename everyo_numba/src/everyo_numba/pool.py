@@ -79,20 +79,71 @@ def _backward(g, winner, ph, pw, sh, sw, top, left, grad, assign):
                             grad[b, yy, xx, ch] += value
 
 
+@njit
+def _forward_half(x, ph, pw, sh, sw, top, left, nan_above, low, out, winner):
+    # NOTE: 16-bit floats (which Numba cannot compute with) compared on their bit patterns:
+    # sign and magnitude as an int32 key orders them as floats do (-0.0 == +0.0), and a
+    # magnitude above ``nan_above`` is a NaN (never greater, never less), so the loop is
+    # _forward's, on keys, keeping the winning bits as they are.
+    n, h, w, c = x.shape
+    _, ho, wo, _ = out.shape
+    for b in range(n):
+        for y in range(ho):
+            for xo in range(wo):
+                best = out[b, y, xo]
+                won = winner[b, y, xo]
+                best[:] = low
+                won[:] = 0
+                for i in range(ph):
+                    yy = y * sh + i - top
+                    if yy < 0 or yy >= h:
+                        continue
+                    for j in range(pw):
+                        xx = xo * sw + j - left
+                        if xx < 0 or xx >= w:
+                            continue
+                        p = i * pw + j
+                        row = x[b, yy, xx]
+                        if p == 0:
+                            best[:] = row
+                            continue
+                        for ch in range(c):
+                            v, m = np.int32(row[ch]), np.int32(best[ch])
+                            v_mag, m_mag = v & 0x7FFF, m & 0x7FFF
+                            v_nan = v_mag > nan_above
+                            v_key = -v_mag if v & 0x8000 else v_mag
+                            m_key = -m_mag if m & 0x8000 else m_mag
+                            wins = (v_key > m_key) & ~v_nan & (m_mag <= nan_above)
+                            best[ch] = row[ch] if wins | v_nan else best[ch]
+                            won[ch] = p if wins else won[ch]
+
+
+#: 16-bit dtype -> (the largest magnitude bits that are not a NaN, -inf's bits).
+_HALF_BITS = {"float16": (0x7C00, 0xFC00), "bfloat16": (0x7F80, 0xFF80)}
+
+
 def max_pool2d_forward(x, pool, stride, pads, out_hw, tiled):
-    if x.dtype.name not in COMPILED_DTYPES:
+    half = _HALF_BITS.get(x.dtype.name)
+    if x.dtype.name not in COMPILED_DTYPES and half is None:
         return NotImplemented
     winner_code = np.uint8 if pool[0] * pool[1] < 256 else np.int32
     out = np.empty((x.shape[0], out_hw[0], out_hw[1], x.shape[3]), x.dtype)
     winner = np.empty(out.shape, np.int32)
-    _forward(x, pool[0], pool[1], stride[0], stride[1], pads[0][0], pads[1][0], out, winner)
+    geometry = (pool[0], pool[1], stride[0], stride[1], pads[0][0], pads[1][0])
+    if half is None:
+        _forward(x, *geometry, out, winner)
+    else:
+        _forward_half(x.view(np.uint16), *geometry, half[0], np.uint16(half[1]),
+                      out.view(np.uint16), winner)
     return out, winner.astype(winner_code, copy=False)
 
 
 def max_pool2d_backward(g, winner, x_shape, pool, stride, pads, out_hw, tiled):
-    if g.dtype.name not in COMPILED_DTYPES:
+    bits = g.dtype.name in _HALF_BITS and tiled  # (a tiled pool only moves values: their bits)
+    if g.dtype.name not in COMPILED_DTYPES and not bits:
         return NotImplemented
     grad = np.empty(x_shape, g.dtype) if tiled else np.zeros(x_shape, g.dtype)
-    _backward(g, winner, pool[0], pool[1], stride[0], stride[1], pads[0][0], pads[1][0], grad,
-              bool(tiled))
+    values, into = (g.view(np.uint16), grad.view(np.uint16)) if bits else (g, grad)
+    _backward(values, winner, pool[0], pool[1], stride[0], stride[1], pads[0][0], pads[1][0],
+              into, bool(tiled))
     return grad

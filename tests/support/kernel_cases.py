@@ -22,7 +22,8 @@ LAYOUTS = ("contiguous", "strided", "broadcast", "empty")
 
 #: Kernels whose implementations must give the reference's bits.
 EXACT = frozenset({"max_pool2d_forward", "max_pool2d_backward", "relu_forward", "sgd_step",
-                   "adam_step", "unscale_all_finite", "depthwise_conv2d_forward"})
+                   "adam_step", "unscale_all_finite", "depthwise_conv2d_forward",
+                   "float16_to_float32", "float32_to_float16"})
 #: Kernels that call BLAS (whose bits may depend on the thread count).
 USES_BLAS = frozenset({"conv2d_input_grad", "lstm_forward_steps", "lstm_backward_steps"})
 #: Arguments that are scratch (contents left open by the contract), by position.
@@ -294,8 +295,52 @@ def _unscale(dtype, how, special, inverse):
     return build
 
 
-def _table() -> list:
+def _float16_patterns(how):
+    """Every float16 bit pattern (NaNs, infinities, subnormals, both zeros), in a 2-D array."""
+    def build(rng):
+        bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).reshape(256, 256)
+        return (layout(bits, how),)
+    return build
+
+
+def _float16_boundaries():
+    """float32 values on and around every float16 rounding boundary: each finite float16
+    value, the midpoints between neighbours (ties), one float32 ulp either side of both,
+    the overflow threshold (65520) and far beyond, signs both ways."""
+    finite = np.arange(1 << 15, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    finite = finite[np.isfinite(finite)].astype(np.float64)
+    mids = (finite[:-1] + finite[1:]) / 2
+    points = np.concatenate([finite, mids, [65504.0, 65519.99, 65520.0, 65536.0, 1e5, 3e38,
+                                            2.0 ** -25, 2.0 ** -26, 1e-45]]).astype(np.float32)
+    around = np.concatenate([points, np.nextafter(points, np.float32(np.inf)),
+                             np.nextafter(points, np.float32(0))])
+    return np.concatenate([around, -around, [np.inf, -np.inf]]).astype(np.float32)
+
+
+def _float32_to_float16(how, special=None):
+    def build(rng):
+        x = _float16_boundaries()
+        x = x[:x.size // 2 * 2].reshape(2, -1)
+        if special is not None:
+            x[1, 5] = special
+        return (layout(x, how),)
+    return build
+
+
+def _conversion_cases() -> list:
     cases = []
+    for how in LAYOUTS:
+        cases.append(("float16_to_float32", _float16_patterns(how), f"every-pattern-{how}"))
+        cases.append(("float32_to_float16", _float32_to_float16(how),
+                      f"boundaries-{how}"))
+    for payload in (np.nan, np.float32(np.uint32(0x7F800001).view(np.float32))):
+        cases.append(("float32_to_float16", _float32_to_float16("contiguous", payload),
+                      f"nan-{np.float32(payload).view(np.uint32):x}"))
+    return cases
+
+
+def _table() -> list:
+    cases = _conversion_cases()
     for dtype in DTYPES:
         for how in LAYOUTS:
             for pool in POOLS:

@@ -15,6 +15,8 @@ from everyo.kernels import KernelProvider
 #: Kernel name -> its implementation, by module.
 IMPLEMENTATIONS = {
     "unscale_all_finite": "everyo_numba.scaler:unscale_all_finite",
+    "float16_to_float32": "everyo_numba.convert:float16_to_float32",
+    "float32_to_float16": "everyo_numba.convert:float32_to_float16",
     "sgd_step": "everyo_numba.optim:sgd_step",
     "adam_step": "everyo_numba.optim:adam_step",
     "relu_forward": "everyo_numba.activation:relu_forward",

@@ -59,7 +59,7 @@ class KernelTable:
         object.__setattr__(self, "chosen", None)  # (name, provider or None); None: not decided
         object.__setattr__(self, "pinned", False)  # chosen by use(), kept when plugins change
 
-    def bind(self, registry: KernelSource) -> None:
+    def bind(self, registry: object) -> None:
         """Read kernels from ``registry`` (the plugin host's ``kernels`` registry)."""
         if not (callable(getattr(registry, "definitions", None))
                 and callable(getattr(registry, "providers", None))):

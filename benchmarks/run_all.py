@@ -42,6 +42,8 @@ ISSUE25 = [
 
 #: A line of a benchmark's output that carries a ratio (kept for the summary).
 _RATIO_MARKS = ("x ", "x)", "x\n", "×")
+#: Lines that say which model, dtype or provider the ratio lines after them belong to.
+_HEADERS = ("==", "float16 +", "bfloat16", "model", "mlp_large", "cnn_cifar")
 
 
 def _environment(one_thread: bool) -> dict:
@@ -75,7 +77,8 @@ def issue25() -> int:
         took = time.perf_counter() - began
         if code:
             failed.append(label)
-        ratios = [line.rstrip() for line in lines if any(m in line for m in _RATIO_MARKS)]
+        ratios = [line.rstrip() for line in lines if any(m in line for m in _RATIO_MARKS)
+                  or line.lstrip().startswith(_HEADERS)]
         summary.append((label, took, code, ratios))
     print(f"\n=== #25 summary ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
           f"load average {os.getloadavg()[0]:.1f}, total {time.perf_counter() - start:.0f} s)")

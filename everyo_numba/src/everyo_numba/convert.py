@@ -10,8 +10,8 @@
   slows down several times on subnormal results (what scaled float16 gradients are full of).
   An array holding a NaN goes to the reference (``astype`` decides NaN payloads).
 
-Checked against ``astype`` on every non-NaN float32 pattern (2**32, offline) and, in the test
-suite, on every float16 pattern and the float32 values around each float16 rounding boundary.
+Checked against ``astype`` in the test suite: every float16 pattern, and the float32 values on
+and around each float16 rounding boundary (ties, one ulp either side, overflow, underflow).
 """
 
 from __future__ import annotations

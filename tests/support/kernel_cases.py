@@ -22,7 +22,8 @@ LAYOUTS = ("contiguous", "strided", "broadcast", "empty")
 
 #: Kernels whose implementations must give the reference's bits.
 EXACT = frozenset({"max_pool2d_forward", "max_pool2d_backward", "relu_forward", "sgd_step",
-                   "adam_step", "unscale_all_finite"})
+                   "adam_step", "unscale_all_finite", "depthwise_conv2d_forward",
+                   "float16_to_float32", "float32_to_float16"})
 #: Kernels that call BLAS (whose bits may depend on the thread count).
 USES_BLAS = frozenset({"conv2d_input_grad", "lstm_forward_steps", "lstm_backward_steps"})
 #: Arguments that are scratch (contents left open by the contract), by position.
@@ -30,7 +31,8 @@ SCRATCH = {"lstm_backward_steps": (7,)}
 #: Normwise bound of the others, in units of the output dtype's epsilon (see the test module).
 ULPS = {"conv2d_input_grad": 16, "layer_norm_forward": 16, "layer_norm_backward": 16,
         "batch_norm_forward": 16, "batch_norm_backward": 16, "group_norm_forward": 16,
-        "group_norm_backward": 16, "lstm_forward_steps": 16, "lstm_backward_steps": 64}
+        "group_norm_backward": 16, "lstm_forward_steps": 16, "lstm_backward_steps": 64,
+        "depthwise_conv2d_backward": 16}
 
 
 def layout(array: np.ndarray, how: str) -> np.ndarray:
@@ -109,6 +111,30 @@ def _conv_input_grad(kernel, stride, dilation, pads, dtype, how):
         w2 = values(rng, (kernel[0] * kernel[1] * cin, cout), dtype)
         return (g2, w2, (len(g), h, w, cin), kernel + (cin, cout), stride, dilation, pads,
                 (ho, wo))
+    return build
+
+
+#: (kernel, stride, dilation, outputs per input channel) of the depthwise cases.
+DEPTHWISE = [((3, 3), (1, 1), (1, 1), 1), ((3, 3), (2, 2), (1, 1), 1),
+             ((2, 3), (1, 2), (2, 1), 1), ((3, 3), (1, 1), (1, 1), 2)]
+
+
+def _depthwise(kernel, stride, dilation, mult, dtype, how, backward):
+    """The padded input in layout ``how``, the weight, and for the backward an output
+    gradient. (The op hands the kernels its compute dtype, float32 for 16-bit layers; float16
+    operands here check that the provider leaves them to the reference; bfloat16 ones are
+    float32, as the op hands them: NumPy's einsum has no bfloat16 loop.)"""
+    def build(rng):
+        compute, channels = (dtype if dtype.name != "bfloat16" else np.dtype(np.float32)), 4
+        xp = layout(values(rng, (3, 9, 8, channels), compute), how)
+        w = values(rng, kernel + (1, channels * mult), compute)
+        out_hw = tuple(output_size(xp.shape[1 + a], kernel[a], stride[a], dilation[a], (0, 0))
+                       for a in (0, 1))
+        if not backward:
+            return xp, w, stride, dilation, out_hw
+        g = layout(values(rng, (len(xp),) + out_hw + (channels * mult,), compute),
+                   how if how != "empty" else "contiguous")[:len(xp)]
+        return g, xp, w, stride, dilation, out_hw, True, True
     return build
 
 
@@ -269,8 +295,52 @@ def _unscale(dtype, how, special, inverse):
     return build
 
 
-def _table() -> list:
+def _float16_patterns(how):
+    """Every float16 bit pattern (NaNs, infinities, subnormals, both zeros), in a 2-D array."""
+    def build(rng):
+        bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).reshape(256, 256)
+        return (layout(bits, how),)
+    return build
+
+
+def _float16_boundaries():
+    """float32 values on and around every float16 rounding boundary: each finite float16
+    value, the midpoints between neighbours (ties), one float32 ulp either side of both,
+    the overflow threshold (65520) and far beyond, signs both ways."""
+    finite = np.arange(1 << 15, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    finite = finite[np.isfinite(finite)].astype(np.float64)
+    mids = (finite[:-1] + finite[1:]) / 2
+    points = np.concatenate([finite, mids, [65504.0, 65519.99, 65520.0, 65536.0, 1e5, 3e38,
+                                            2.0 ** -25, 2.0 ** -26, 1e-45]]).astype(np.float32)
+    around = np.concatenate([points, np.nextafter(points, np.float32(np.inf)),
+                             np.nextafter(points, np.float32(0))])
+    return np.concatenate([around, -around, [np.inf, -np.inf]]).astype(np.float32)
+
+
+def _float32_to_float16(how, special=None):
+    def build(rng):
+        x = _float16_boundaries()
+        x = x[:x.size // 2 * 2].reshape(2, -1)
+        if special is not None:
+            x[1, 5] = special
+        return (layout(x, how),)
+    return build
+
+
+def _conversion_cases() -> list:
     cases = []
+    for how in LAYOUTS:
+        cases.append(("float16_to_float32", _float16_patterns(how), f"every-pattern-{how}"))
+        cases.append(("float32_to_float16", _float32_to_float16(how),
+                      f"boundaries-{how}"))
+    for payload in (np.nan, np.float32(np.uint32(0x7F800001).view(np.float32))):
+        cases.append(("float32_to_float16", _float32_to_float16("contiguous", payload),
+                      f"nan-{np.float32(payload).view(np.uint32):x}"))
+    return cases
+
+
+def _table() -> list:
+    cases = _conversion_cases()
     for dtype in DTYPES:
         for how in LAYOUTS:
             for pool in POOLS:
@@ -281,6 +351,11 @@ def _table() -> list:
             for conv in CONVS:
                 cases.append(("conv2d_input_grad", _conv_input_grad(*conv, dtype, how),
                               f"k{conv[0]}s{conv[1]}d{conv[2]}-{dtype.name}-{how}"))
+            for conv in DEPTHWISE:
+                for backward in (False, True):
+                    name = f"depthwise_conv2d_{'backward' if backward else 'forward'}"
+                    cases.append((name, _depthwise(*conv, dtype, how, backward),
+                                  f"k{conv[0]}s{conv[1]}d{conv[2]}m{conv[3]}-{dtype.name}-{how}"))
             for affine in (True, False):
                 label = f"{dtype.name}-{how}-{'affine' if affine else 'plain'}"
                 for ndims in (1, 2):

@@ -1,6 +1,7 @@
 """The core's own plugin: it registers the core ops and kernels through the same hooks as everyone
 else."""
 
+from everyo.half_precision import KERNELS as CONVERSION_KERNELS
 from everyo.hookspecs import hookimpl
 from everyo.ops import core_ops
 from everyo.ops.activation_kernels import KERNELS as ACTIVATION_KERNELS
@@ -19,6 +20,6 @@ def everyo_register_ops(register):
 
 @hookimpl
 def everyo_register_kernels(register):
-    for table in (ACTIVATION_KERNELS, OPTIM_KERNELS):
+    for table in (ACTIVATION_KERNELS, OPTIM_KERNELS, CONVERSION_KERNELS):
         for name, kernel in table.items():
             register(name, kernel)

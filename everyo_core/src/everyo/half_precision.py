@@ -38,6 +38,8 @@ from __future__ import annotations
 import numpy as np
 
 from everyo.dtypes import BFLOAT16, FLOAT16, FLOAT32, HALF_DTYPES
+from everyo.kernel_definitions import Kernel
+from everyo.kernel_table import kernel
 
 #: Elements converted per block: source, scratch and output stay within the L2 cache.
 BLOCK = 1 << 16
@@ -63,9 +65,9 @@ def widen(x: np.ndarray) -> np.ndarray:
         # is looked up through its transpose, which is C-ordered.
         bits = x.view(np.uint16)
         if bits.flags.c_contiguous:
-            return _float16_to_float32(bits)
+            return kernel.float16_to_float32(bits)
         if bits.flags.f_contiguous:
-            return _float16_to_float32(bits.T).T
+            return kernel.float16_to_float32(bits.T).T
         return x.astype(FLOAT32)
     return x.astype(FLOAT32) if x.dtype == BFLOAT16 else x
 
@@ -90,7 +92,7 @@ def narrow(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
         if dtype == BFLOAT16:
             return _float32_to_bfloat16(x)
         if dtype == FLOAT16:
-            return _blockwise_astype(x, FLOAT16)
+            return kernel.float32_to_float16(x)
     return x.astype(dtype, copy=False)
 
 
@@ -183,15 +185,22 @@ def _round_block_bfloat16(source, target, exponents, scratch) -> None:
     np.bitwise_and(rounded, 0xFFFF0000, out=target.view(np.uint32))
 
 
-def _float16_to_float32(bits: np.ndarray) -> np.ndarray:
-    """Table lookup of C-ordered float16 bits, in blocks: ``np.take`` widens its indices to
-    intp first, and a block's worth of them stays in cache."""
+def float16_to_float32(bits: np.ndarray) -> np.ndarray:
+    """The ``float16_to_float32`` kernel's reference: table lookup of C-ordered float16 bits,
+    in blocks: ``np.take`` widens its indices to intp first, and a block's worth of them stays
+    in cache."""
     out = np.empty(bits.shape, FLOAT32)
     source, target = bits.reshape(-1), out.reshape(-1)
     for start in range(0, source.size, _LOOKUP_BLOCK):
         np.take(_FLOAT16_TO_FLOAT32, source[start:start + _LOOKUP_BLOCK],
                 out=target[start:start + _LOOKUP_BLOCK])
     return out
+
+
+def float32_to_float16(x: np.ndarray) -> np.ndarray:
+    """The ``float32_to_float16`` kernel's reference: ``astype`` block by block (the source
+    stays in cache)."""
+    return _blockwise_astype(x, FLOAT16)
 
 
 def _blockwise_astype(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
@@ -221,3 +230,16 @@ def _float32_to_bfloat16(x: np.ndarray) -> np.ndarray:
         nan = np.isnan(x)
         out[nan] = x[nan].astype(BFLOAT16)
     return out
+
+
+KERNELS = {
+    "float16_to_float32": Kernel(float16_to_float32, """
+        bits: a C-contiguous uint16 array of float16 bit patterns, any shape. Returns a new
+        float32 array of that shape holding their values: exactly astype(float32)'s bits,
+        NaN payloads included, whatever the value (subnormals as fast as the rest). Overwrites
+        nothing."""),
+    "float32_to_float16": Kernel(float32_to_float16, """
+        x: a float32 array, any shape and strides. Returns a new float16 array: exactly
+        astype(float16)'s bits (round to nearest, ties to even; overflow to inf; NaN payloads
+        as astype keeps them). Overwrites nothing."""),
+}

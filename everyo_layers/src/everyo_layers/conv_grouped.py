@@ -2,8 +2,9 @@
 
 Two kernels, both loop-free over pixels:
 
-- depthwise (one input channel per group): a multiply-add of each of the kh*kw window views of
-  the whole batch with that kernel position's weights (no window matrix at all);
+- depthwise (one input channel per group): the ``depthwise_conv2d_forward`` /
+  ``depthwise_conv2d_backward`` kernels (``conv_depthwise_kernels``; a provider may replace
+  them);
 - general groups: the strided window view regrouped to ``(groups, N*Ho*Wo, kh*kw*in/groups)``
   and ONE batched matmul with the weight regrouped to ``(groups, kh*kw*in/groups, out/groups)``.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from everyo import EveryOError, Op, dispatch
+from everyo.kernels import kernel
 from everyo_layers.padding import output_size
 from everyo_layers.precision import accumulation_dtype
 from everyo_layers.windows import pad_hw, window_arguments, window_slices, window_view
@@ -56,7 +58,10 @@ class GroupedConv2DOp(Op):
         xp = pad_hw(x.astype(compute, copy=False), self.pads)
         w = weight.astype(compute, copy=False)
         self.saved = (xp, w)
-        out = self._depthwise(xp, w) if weight.shape[2] == 1 else self._matmul(xp, w)
+        if weight.shape[2] == 1:
+            out = kernel.depthwise_conv2d_forward(xp, w, self.stride, self.dilation, self.out_hw)
+        else:
+            out = self._matmul(xp, w)
         if bias is not None:
             out += bias
         return out.astype(self.dtype, copy=False)
@@ -76,18 +81,6 @@ class GroupedConv2DOp(Op):
     def _positions(self):
         kh, kw = self.w_shape[:2]
         return [(i, j) for i in range(kh) for j in range(kw)]
-
-    def _depthwise(self, xp, w):
-        n = xp.shape[0]
-        ho, wo = self.out_hw
-        g, mult = self.groups, self.w_shape[3] // self.groups
-        out = np.zeros((n, ho, wo, g, mult), xp.dtype)
-        tmp = np.empty_like(out)
-        for i, j in self._positions():
-            view = xp[window_slices((i, j), self.stride, self.dilation, self.out_hw)]
-            np.multiply(view[..., None], w[i, j, 0].reshape(g, mult), out=tmp)
-            out += tmp
-        return out.reshape(n, ho, wo, g * mult)
 
     def _columns(self, xp):
         """``(groups, N*Ho*Wo, kh*kw*cin_g)``: the window matrix of every group."""
@@ -118,7 +111,8 @@ class GroupedConv2DOp(Op):
         gb = gc.reshape(-1, g.shape[-1]).sum(axis=0).astype(g.dtype) if (
             len(needs) > 2 and needs[2]) else None
         if self.w_shape[2] == 1:
-            gx, gw = self._depthwise_backward(gc, xp, w)
+            gx, gw = kernel.depthwise_conv2d_backward(gc, xp, w, self.stride, self.dilation,
+                                                      self.out_hw, needs[0], needs[1])
         else:
             gx, gw = self._matmul_backward(gc, xp, w)
         if gx is not None:
@@ -128,23 +122,6 @@ class GroupedConv2DOp(Op):
         if gw is not None:
             gw = gw.astype(g.dtype, copy=False)
         return gx, gw, gb
-
-    def _depthwise_backward(self, g, xp, w):
-        needs = self.needs_input_grad
-        n, ho, wo, cout = g.shape
-        groups, mult = self.groups, cout // self.groups
-        g5 = g.reshape(n, ho, wo, groups, mult)
-        gx = np.zeros(xp.shape, xp.dtype) if needs[0] else None
-        gw = np.zeros(self.w_shape, xp.dtype) if needs[1] else None
-        for i, j in self._positions():
-            where = window_slices((i, j), self.stride, self.dilation, self.out_hw)
-            if gx is not None:
-                gx[where] += (g5 * w[i, j, 0].reshape(groups, mult)).sum(axis=-1)
-            if gw is not None:
-                view = xp[where].reshape(-1, groups)
-                gw[i, j, 0] = np.einsum("mg,mgk->gk", view,
-                                        g5.reshape(-1, groups, mult)).reshape(cout)
-        return gx, gw
 
     def _matmul_backward(self, g, xp, w):
         needs = self.needs_input_grad

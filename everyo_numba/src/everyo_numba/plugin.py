@@ -15,12 +15,16 @@ from everyo.kernels import KernelProvider
 #: Kernel name -> its implementation, by module.
 IMPLEMENTATIONS = {
     "unscale_all_finite": "everyo_numba.scaler:unscale_all_finite",
+    "float16_to_float32": "everyo_numba.convert:float16_to_float32",
+    "float32_to_float16": "everyo_numba.convert:float32_to_float16",
     "sgd_step": "everyo_numba.optim:sgd_step",
     "adam_step": "everyo_numba.optim:adam_step",
     "relu_forward": "everyo_numba.activation:relu_forward",
     "max_pool2d_forward": "everyo_numba.pool:max_pool2d_forward",
     "max_pool2d_backward": "everyo_numba.pool:max_pool2d_backward",
     "conv2d_input_grad": "everyo_numba.conv:conv2d_input_grad",
+    "depthwise_conv2d_forward": "everyo_numba.conv_depthwise:depthwise_conv2d_forward",
+    "depthwise_conv2d_backward": "everyo_numba.conv_depthwise:depthwise_conv2d_backward",
     "layer_norm_forward": "everyo_numba.norm:layer_norm_forward",
     "layer_norm_backward": "everyo_numba.norm:layer_norm_backward",
     "batch_norm_forward": "everyo_numba.norm:batch_norm_forward",

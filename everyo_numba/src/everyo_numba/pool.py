@@ -14,19 +14,34 @@ from everyo_numba.jit import COMPILED_DTYPES, njit
 
 
 @njit
-def _forward(x, ph, pw, sh, sw, top, left, out, winner):
+def _half_order(v, m, nan_above):
+    """``(v wins, v is taken)`` for 16-bit bit patterns: sign and magnitude as an int32 key
+    order them as floats do (-0.0 == +0.0); a magnitude above ``nan_above`` is a NaN, never
+    greater and never less, taken (propagated) without winning."""
+    v, m = np.int32(v), np.int32(m)
+    v_mag, m_mag = v & 0x7FFF, m & 0x7FFF
+    v_nan = v_mag > nan_above
+    v_key = -v_mag if v & 0x8000 else v_mag
+    m_key = -m_mag if m & 0x8000 else m_mag
+    wins = (v_key > m_key) & ~v_nan & (m_mag <= nan_above)
+    return wins, wins | v_nan
+
+
+@njit
+def _forward(x, ph, pw, sh, sw, top, left, half, nan_above, low, out, winner):
     # NOTE: the channel loops are branch-free (selects, bitwise |) over contiguous rows, and the
     # winners are int32 here (a uint8 array beside float32 values kept LLVM from vectorising:
-    # 3x slower), narrowed by the caller.
+    # 3x slower), narrowed by the caller. ``half``: x holds 16-bit floats' bits (which Numba
+    # cannot compute with), compared by _half_order; ``low`` is -inf (its bits), what a padded
+    # position holds.
     n, h, w, c = x.shape
     _, ho, wo, _ = out.shape
-    low = x.dtype.type(-np.inf)
     for b in range(n):
         for y in range(ho):
             for xo in range(wo):
                 best = out[b, y, xo]
                 won = winner[b, y, xo]
-                best[:] = low  # a padded position holds -inf
+                best[:] = low
                 won[:] = 0
                 for i in range(ph):
                     yy = y * sh + i - top
@@ -44,10 +59,14 @@ def _forward(x, ph, pw, sh, sw, top, left, out, winner):
                         for ch in range(c):
                             v = row[ch]
                             m = best[ch]
-                            # a greater value wins (not an equal one); a NaN propagates, as
-                            # np.maximum, without winning
-                            wins = v > m
-                            best[ch] = v if wins | (v != v) else m
+                            if half:
+                                wins, takes = _half_order(v, m, nan_above)
+                            else:
+                                # a greater value wins (not an equal one); a NaN propagates,
+                                # as np.maximum, without winning
+                                wins = v > m
+                                takes = wins | (v != v)
+                            best[ch] = v if takes else m
                             won[ch] = p if wins else won[ch]
 
 
@@ -79,20 +98,32 @@ def _backward(g, winner, ph, pw, sh, sw, top, left, grad, assign):
                             grad[b, yy, xx, ch] += value
 
 
+#: 16-bit dtype -> (the largest magnitude bits that are not a NaN, -inf's bits).
+_HALF_BITS = {"float16": (0x7C00, 0xFC00), "bfloat16": (0x7F80, 0xFF80)}
+
+
 def max_pool2d_forward(x, pool, stride, pads, out_hw, tiled):
-    if x.dtype.name not in COMPILED_DTYPES:
+    half = _HALF_BITS.get(x.dtype.name)
+    if x.dtype.name not in COMPILED_DTYPES and half is None:
         return NotImplemented
     winner_code = np.uint8 if pool[0] * pool[1] < 256 else np.int32
     out = np.empty((x.shape[0], out_hw[0], out_hw[1], x.shape[3]), x.dtype)
     winner = np.empty(out.shape, np.int32)
-    _forward(x, pool[0], pool[1], stride[0], stride[1], pads[0][0], pads[1][0], out, winner)
+    geometry = (pool[0], pool[1], stride[0], stride[1], pads[0][0], pads[1][0])
+    if half is None:
+        _forward(x, *geometry, False, 0, x.dtype.type(-np.inf), out, winner)
+    else:
+        _forward(x.view(np.uint16), *geometry, True, half[0], np.uint16(half[1]),
+                 out.view(np.uint16), winner)
     return out, winner.astype(winner_code, copy=False)
 
 
 def max_pool2d_backward(g, winner, x_shape, pool, stride, pads, out_hw, tiled):
-    if g.dtype.name not in COMPILED_DTYPES:
+    bits = g.dtype.name in _HALF_BITS and tiled  # (a tiled pool only moves values: their bits)
+    if g.dtype.name not in COMPILED_DTYPES and not bits:
         return NotImplemented
     grad = np.empty(x_shape, g.dtype) if tiled else np.zeros(x_shape, g.dtype)
-    _backward(g, winner, pool[0], pool[1], stride[0], stride[1], pads[0][0], pads[1][0], grad,
-              bool(tiled))
+    values, into = (g.view(np.uint16), grad.view(np.uint16)) if bits else (g, grad)
+    _backward(values, winner, pool[0], pool[1], stride[0], stride[1], pads[0][0], pads[1][0],
+              into, bool(tiled))
     return grad

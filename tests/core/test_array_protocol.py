@@ -83,3 +83,22 @@ def test_a_one_element_result_converts_to_a_python_number_as_numpy_s_did():
     assert float(total) == 2.0 and int(total) == 2 and f"{total:.2f}" == "2.00"
     with pytest.raises(eo.EveryOError, match="one element"):
         float(t)
+
+
+@pytest.mark.parametrize("write", [
+    lambda t: np.copyto(t, 7.0),
+    lambda t: np.put(t, [0], 9.0),
+    lambda t: np.place(t, np.array([True, False, True]), 9.0),
+    lambda t: np.putmask(t, np.array([True, False, True]), 9.0),
+    lambda t: np.add.at(t, [0], 1.0),
+    lambda t: np.negative.at(t, [0]),
+    lambda t: np.cumsum(np.ones(3), out=t),
+], ids=["copyto", "put", "place", "putmask", "add.at", "negative.at", "cumsum_out"])
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_numpy_functions_that_would_write_into_a_tensor_are_refused(write, requires_grad):
+    t = eo.tensor(np.array([1.0, 2.0, 3.0]), requires_grad=requires_grad)
+    version = t._version
+    with pytest.raises(eo.EveryOError, match="write into a Tensor"):
+        write(t)
+    np.testing.assert_array_equal(t.data, [1.0, 2.0, 3.0])
+    assert t._version == version

@@ -64,11 +64,14 @@ def array_ufunc(tensor_class, ufunc, method: str, inputs: tuple, kwargs: dict):
     if name is not None and method == "__call__" and not kwargs:
         return dispatch(name, *inputs)
     label = f"np.{ufunc.__name__}" + ("" if method == "__call__" else f".{method}")
-    if any(isinstance(o, tensor_class) for o in kwargs.get("out", ())):
+    # NOTE: ufunc.at writes its first operand in place and (NumPy 2.4) ignores a read-only
+    # flag, so it is refused here rather than by _without_writes.
+    if (any(isinstance(o, tensor_class) for o in kwargs.get("out", ()))
+            or (method == "at" and isinstance(inputs[0], tensor_class))):
         raise EveryOError(f"{label}(..., out=tensor): NumPy cannot write into a Tensor; use "
                           f"the in-place methods (t.copy_(...), t.add_(...)) instead")
     arrays = _unwrapped(tensor_class, inputs)
-    result = getattr(ufunc, method)(*arrays, **kwargs)
+    result = _without_writes(label, getattr(ufunc, method), arrays, kwargs)
     _check_no_lost_gradient(tensor_class, label, (inputs, kwargs), result)
     return result
 
@@ -84,15 +87,34 @@ def array_function(tensor_class, func, args: tuple, kwargs: dict):
             pass
     module = getattr(func, "__module__", None) or "numpy"
     label = f"{module.replace('numpy', 'np', 1)}.{getattr(func, '__name__', func)}"
-    result = func(*_unwrapped(tensor_class, args), **_unwrapped(tensor_class, kwargs))
+    result = _without_writes(label, func, _unwrapped(tensor_class, args),
+                             _unwrapped(tensor_class, kwargs))
     _check_no_lost_gradient(tensor_class, label, (args, kwargs), result)
     return result
 
 
+def _without_writes(label: str, call, args, kwargs):
+    """``call(*args, **kwargs)`` on read-only views of the tensors: a NumPy function that
+    would write into one (np.copyto, np.put, ufunc.at, out=...) would bypass the version
+    counter, so it is refused by name instead."""
+    try:
+        return call(*args, **kwargs)
+    except ValueError as exc:
+        if "read-only" not in str(exc):
+            raise
+        raise EveryOError(f"{label} would write into a Tensor: NumPy cannot write into a "
+                          f"Tensor (its version counter would not see it); use the in-place "
+                          f"methods (t.copy_(...), t[index] = value, t.add_(...)) "
+                          f"instead") from None
+
+
 def _unwrapped(tensor_class, value):
-    """``value`` with every Tensor inside (lists, tuples, dicts) replaced by its array."""
+    """``value`` with every Tensor inside (lists, tuples, dicts) replaced by a read-only view
+    of its array."""
     if isinstance(value, tensor_class):
-        return value.data
+        view = value.data.view()
+        view.flags.writeable = False
+        return view
     if isinstance(value, (list, tuple)):
         return type(value)(_unwrapped(tensor_class, v) for v in value)
     if isinstance(value, dict):

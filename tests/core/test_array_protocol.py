@@ -93,7 +93,10 @@ def test_a_one_element_result_converts_to_a_python_number_as_numpy_s_did():
     lambda t: np.add.at(t, [0], 1.0),
     lambda t: np.negative.at(t, [0]),
     lambda t: np.cumsum(np.ones(3), out=t),
-], ids=["copyto", "put", "place", "putmask", "add.at", "negative.at", "cumsum_out"])
+    lambda t: np.put_along_axis(t, np.array([0]), 9.0, axis=0),
+    lambda t: np.fill_diagonal(t.reshape(1, 3), 9.0),
+], ids=["copyto", "put", "place", "putmask", "add.at", "negative.at", "cumsum_out",
+        "put_along_axis", "fill_diagonal_of_a_view"])
 @pytest.mark.parametrize("requires_grad", [False, True])
 def test_numpy_functions_that_would_write_into_a_tensor_are_refused(write, requires_grad):
     t = eo.tensor(np.array([1.0, 2.0, 3.0]), requires_grad=requires_grad)

@@ -21,6 +21,9 @@ INTERPOLATIONS = [
     dict(scale_factor=1.3, mode="bilinear", align_corners=True),
     dict(size=(7, 2), mode="bilinear", align_corners=True),
     dict(size=1, mode="bilinear", align_corners=True),
+    # PyTorch's shortcuts: an axis that keeps its length is copied, a doubled one repeats
+    # (nearest), whatever the scale factor says
+    dict(scale_factor=(1.1, 2.1), mode="nearest"), dict(scale_factor=(1.1, 1.3), mode="bilinear"),
 ]
 DTYPES = ["float64", "float32"]
 
@@ -40,6 +43,22 @@ def test_interpolate_matches_torch(torch, rng, dtype, options):
     module = eo.Upsample(**options)
     reference = torch.nn.Upsample(**options)
     compare_with_torch(torch, module, lambda t: nhwc(reference(nchw(t))), [x], dtype=dtype)
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("by", ["size", "scale_factor"])
+def test_nearest_takes_torchs_source_pixel_for_every_length(torch, by):
+    """PyTorch computes nearest's source index in float32 (``floor(i * scale)``), which picks
+    another pixel than exact arithmetic for some lengths (an input of 2 resized to 82)."""
+    for n in range(1, 13):
+        x = np.arange(n, dtype=np.float64).reshape(1, n, 1, 1)
+        options = ([dict(size=(out, 1)) for out in range(1, 90)] if by == "size" else
+                   [dict(scale_factor=(float(f), 1.0)) for f in np.arange(1.0 / n, 4.0, 0.01)])
+        for option in options:
+            expected = torch.nn.functional.interpolate(
+                torch.from_numpy(x).permute(0, 3, 1, 2), **option).numpy().ravel()
+            got = eo.interpolate(eo.tensor(x), **option).numpy().ravel()
+            np.testing.assert_array_equal(got, expected, err_msg=f"input {n}, {option}")
 
 
 @pytest.mark.torch

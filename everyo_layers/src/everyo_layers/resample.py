@@ -21,10 +21,17 @@ from everyo_layers.precision import accumulation_dtype
 def nearest_matrix(size: int, out: int, scale=None) -> np.ndarray:
     """``(out, size)`` selection: output i takes input ``floor(i * scale)``, ``scale`` being
     ``size / out`` unless given (PyTorch's ``nearest``, which uses ``1 / scale_factor`` when
-    one is given, and Keras's integer upsampling)."""
-    scale = size / out if scale is None else scale
+    one is given, and Keras's integer upsampling).
+
+    PyTorch's index rule exactly: an axis that keeps its length is copied and a doubled one
+    repeats each pixel whatever the scale factor, and the product is rounded in float32 (its
+    kernel's arithmetic for every dtype), which picks another pixel than exact arithmetic for
+    some lengths (2 resized to 82)."""
+    if out == size or out == 2 * size:
+        scale = size / out
+    step = np.float32(size) / np.float32(out) if scale is None else np.float32(scale)
     matrix = np.zeros((out, size))
-    source = np.floor(np.arange(out) * scale).astype(int)
+    source = np.floor(np.arange(out, dtype=np.float32) * step).astype(int)
     matrix[np.arange(out), np.minimum(source, size - 1)] = 1.0
     return matrix
 
@@ -34,14 +41,15 @@ def bilinear_matrix(size: int, out: int, scale=None, align_corners: bool = False
 
     Half-pixel centres by default (PyTorch's ``align_corners=False``, TensorFlow's
     ``half_pixel_centers=True``): output i samples input ``(i + 0.5) * scale - 0.5`` (clamped
-    at 0), ``scale`` being ``size / out`` unless given (PyTorch uses ``1 / scale_factor``).
+    at 0), ``scale`` being ``size / out`` unless given (PyTorch uses ``1 / scale_factor``,
+    except on an axis that keeps its length, which it copies).
     ``align_corners=True`` maps the corner pixels onto each other: ``i * (size - 1) / (out -
     1)``.
     """
     if align_corners:
         src = np.arange(out) * ((size - 1) / (out - 1) if out > 1 else 0.0)
     else:
-        scale = size / out if scale is None else scale
+        scale = size / out if scale is None or out == size else scale
         src = np.maximum((np.arange(out) + 0.5) * scale - 0.5, 0.0)
     low = np.minimum(np.floor(src).astype(int), size - 1)
     high = np.minimum(low + 1, size - 1)

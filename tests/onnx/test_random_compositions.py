@@ -8,29 +8,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import everyo as eo
-from support.random_pieces import FEATURES, PIECES, assert_as_accurate_as_the_model
+from support.random_pieces import FEATURES, PIECES, Composition, assert_as_accurate_as_the_model
 
 pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
-
-
-class Piece(eo.Module):
-    def __init__(self, kind: str, seed: int):
-        super().__init__()
-        self.kind = kind
-        self.layers = eo.Sequential(*PIECES[kind][0](seed))
-
-    def forward(self, x):
-        return PIECES[self.kind][1](x, list(self.layers))
-
-
-class Composition(eo.Module):
-    def __init__(self, kinds):
-        super().__init__()
-        self.pieces = eo.Sequential(*[Piece(kind, seed) for seed, kind in enumerate(kinds)])
-
-    def forward(self, x):
-        return self.pieces(x)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow,

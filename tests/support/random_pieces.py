@@ -53,6 +53,31 @@ PIECES = {
 }
 
 
+
+class Piece(eo.Module):
+    """One ``kind`` of ``table`` (kind -> (layers it owns, forward(x, layers)))."""
+
+    def __init__(self, kind: str, seed: int, table=None):
+        super().__init__()
+        build, self.run = (PIECES if table is None else table)[kind]
+        self.layers = eo.Sequential(*build(seed))
+
+    def forward(self, x):
+        return self.run(x, list(self.layers))
+
+
+class Composition(eo.Module):
+    """The pieces ``kinds`` of ``table`` (default: PIECES) applied in order."""
+
+    def __init__(self, kinds, table=None):
+        super().__init__()
+        self.pieces = eo.Sequential(*[Piece(kind, seed, table)
+                                      for seed, kind in enumerate(kinds)])
+
+    def forward(self, x):
+        return self.pieces(x)
+
+
 def assert_as_accurate_as_the_model(model, path, sizes=(1, 3, 17)):
     """Both consumers are as close to the exact result (the model in float64) as the float32
     model itself is, up to 1e-5: a random composition can be ill-conditioned (a layer norm

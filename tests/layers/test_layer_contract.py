@@ -14,9 +14,9 @@ LAYER_NAMES = ["Linear", "Conv2D", "MaxPool2D", "AvgPool2D", "Flatten", "Dropout
                "GELU", "LeakyReLU", "MSELoss", "L1Loss", "CrossEntropyLoss", "NLLLoss",
                "BCEWithLogitsLoss", "cross_entropy", "mse_loss", "l1_loss", "nll_loss",
                "binary_cross_entropy_with_logits", "clip_grad_norm_", "RNNCell", "LSTMCell",
-               "GRUCell", "BCELoss", "binary_cross_entropy", "InstanceNorm1D", "InstanceNorm2D", "ReflectionPad2D",
-               "ReplicationPad2D", "PixelShuffle", "PixelUnshuffle", "interpolate", "Upsample",
-               "TransformerDecoder", "Transformer"]
+               "GRUCell", "BCELoss", "binary_cross_entropy", "InstanceNorm1D", "InstanceNorm2D",
+               "ReflectionPad2D", "ReplicationPad2D", "PixelShuffle", "PixelUnshuffle", "interpolate",
+               "Upsample", "TransformerDecoder", "Transformer"]
 OP_NAMES = ["conv2d", "max_pool2d", "avg_pool2d", "dropout", "layer_norm", "batch_norm", "gelu",
             "leaky_relu", "cross_entropy", "nll_loss", "mse_loss", "l1_loss", "bce_with_logits",
             "binary_cross_entropy", "lstm", "gru", "rnn", "resample2d"]

@@ -282,6 +282,8 @@ AXIS_OPS = {
     "gather": lambda x, axis: eo.dispatch("gather", x, axis=axis,
                                           index=np.zeros((2, 3), np.int64)),
     "transpose": lambda x, axis: eo.transpose(x, (axis, 0)),
+    "flatten": lambda x, axis: x.flatten(axis),
+    "squeeze": lambda x, axis: x.squeeze(axis),
 }
 
 
@@ -306,6 +308,14 @@ def test_numpy_integers_and_negative_axes_are_axes(op):
 def test_a_repeated_reduction_axis_is_named():
     with pytest.raises(eo.EveryOError, match="sum: axis 1 is listed twice"):
         eo.sum(eo.ones(2, 3), axis=(1, -1))
+
+
+@pytest.mark.parametrize("axes, message", [
+    ((1, True), "axis must be an int, got True"), ((1, 1.0), "axis must be an int, got 1.0"),
+    ((1, -2), "axis 1 is listed twice")])
+def test_squeeze_checks_each_of_several_axes(axes, message):
+    with pytest.raises(eo.EveryOError, match=f"squeeze: {message}"):
+        eo.ones(2, 1, 1).squeeze(axes)
 
 
 def test_check_axis_is_public_for_plugins():

@@ -331,7 +331,7 @@ def test_flatten_and_squeeze_axes_follow_pytorch():
     x = eo.zeros(3, 1, 4, 1)
     assert x.flatten(-4).shape == (12,) and x.flatten(2).shape == (3, 1, 4)
     # a start axis past the end used to keep every axis and append one of length 1
-    with pytest.raises(eo.EveryOError, match="start_axis 4 is out of range"):
+    with pytest.raises(eo.EveryOError, match="flatten: axis 4 is out of range"):
         x.flatten(4)
     # PyTorch keeps a named axis whose length is not 1 (NumPy raised ValueError)
     assert x.squeeze(0).shape == (3, 1, 4, 1)

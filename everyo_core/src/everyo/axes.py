@@ -38,3 +38,18 @@ def check_axis(axis, ndim: int, op: str, shape: tuple | None = None) -> int:
         where = f"shape {tuple(shape)}" if shape is not None else f"a tensor with {ndim} axes"
         raise EveryOError(f"{op}: axis {axis} is out of range for {where}")
     return int(axis) % bound
+
+
+def check_axes(axes, ndim: int, op: str, shape: tuple | None = None) -> tuple[int, ...]:
+    """A tuple or list of axes, each by :func:`check_axis`'s rule, as sorted non-negative axes;
+    an axis listed twice (``(1, -1)`` of a 2-D tensor) is an ``EveryOError``.
+
+    Example:
+        >>> check_axes((-1, 0), 3, "sum")
+        (0, 2)
+    """
+    checked = [check_axis(a, ndim, op, shape) for a in axes]
+    if len(set(checked)) != len(checked):
+        twice = next(a for a in checked if checked.count(a) > 1)
+        raise EveryOError(f"{op}: axis {twice} is listed twice in {tuple(axes)}")
+    return tuple(sorted(checked))

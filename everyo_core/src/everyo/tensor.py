@@ -10,7 +10,7 @@ import numpy as np
 
 from everyo import conveniences, functional
 from everyo.array_protocol import array_function, array_ufunc
-from everyo.axes import check_axis
+from everyo.axes import check_axes, check_axis
 from everyo.devices import check_device, is_device
 from everyo.dispatch import dispatch, shape_hook
 from everyo.dtypes import BFLOAT16, is_floating, resolve_dtype
@@ -542,23 +542,18 @@ class Tensor:
 
     # -- shape methods of their own -------------------------------------------------------------
     def flatten(self, start_axis: int = 0) -> "Tensor":
-        ndim = max(self.ndim, 1)
-        if not -ndim <= start_axis < ndim:
-            # NOTE: shape[:start_axis] would quietly keep every axis and append one of size 1
-            raise EveryOError(f"flatten: start_axis {start_axis} is out of range for shape "
-                              f"{self.shape}")
-        lead = self.shape[:start_axis % ndim] if self.ndim else ()
+        # NOTE: unchecked, shape[:start_axis] would quietly keep every axis and append one
+        start_axis = check_axis(start_axis, self.ndim, "flatten", self.shape)
+        lead = self.shape[:start_axis] if self.ndim else ()
         return dispatch("reshape", self, shape=lead + (-1,))
 
     def squeeze(self, axis=None) -> "Tensor":
         """Drop axes of length 1 (all of them, or ``axis``: an int or ints); as in PyTorch,
         a named axis whose length is not 1 is kept."""
         if axis is not None:
-            axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
-            ndim = max(self.ndim, 1)
-            if any(not -ndim <= a < ndim for a in axes):
-                raise EveryOError(f"squeeze: axis {axis} is out of range for shape {self.shape}")
-            axis = tuple(a % ndim for a in axes if self.ndim and self.shape[a] == 1)
+            axes = check_axes(axis if isinstance(axis, (tuple, list)) else (axis,), self.ndim,
+                              "squeeze", self.shape)
+            axis = tuple(a for a in axes if self.ndim and self.shape[a] == 1)
         return dispatch("reshape", self, shape=np.squeeze(self.data, axis).shape)
 
 

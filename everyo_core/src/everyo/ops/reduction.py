@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from everyo.autograd import Op
-from everyo.axes import check_axis
+from everyo.axes import check_axes, check_axis
 from everyo.dispatch import dispatch
 from everyo.dtypes import HALF_DTYPES
 from everyo.errors import EveryOError
@@ -21,11 +21,8 @@ def _axes(axis, shape: tuple, op: str) -> tuple:
         return tuple(range(len(shape)))
     if not isinstance(axis, (tuple, list)):
         return (check_axis(axis, len(shape), op, shape),) if shape else ()
-    axes = [check_axis(a, len(shape), op, shape) for a in axis]
-    if len(set(axes)) != len(axes):
-        twice = next(a for a in axes if axes.count(a) > 1)
-        raise EveryOError(f"{op}: axis {twice} is listed twice in {tuple(axis)}")
-    return tuple(sorted(axes)) if shape else ()
+    axes = check_axes(axis, len(shape), op, shape)
+    return axes if shape else ()
 
 
 def accumulated(fn, x: np.ndarray, *args, **kwargs) -> np.ndarray:

@@ -196,7 +196,8 @@ def test_every_first_party_op_declares_slots():
             yield sub
             yield from subclasses(sub)
 
-    first_party = ("everyo", "everyo_layers", "everyo_amp", "everyo_onnx", "everyo_dist")
+    first_party = ("everyo", "everyo_layers", "everyo_amp", "everyo_onnx", "everyo_dist",
+                   "everyo_numba")
     ops = {cls for cls in subclasses(eo.Op) if cls.__module__.split(".")[0] in first_party}
     assert len(ops) > 60  # (the core's and every first-party plugin's, registered or not)
     # NOTE: one class in the chain without __slots__ gives every instance a __dict__

@@ -13,7 +13,7 @@ import pytest
 import everyo.kernels
 
 ROOT = Path(__file__).resolve().parents[2]
-PLUGIN_PACKAGES = ("everyo_layers", "everyo_amp", "everyo_onnx", "everyo_dist")
+PLUGIN_PACKAGES = ("everyo_layers", "everyo_amp", "everyo_onnx", "everyo_dist", "everyo_numba")
 # The core's public modules: the package itself, the kernels and the interceptor API.
 PUBLIC_CORE = {"everyo", "everyo.kernels", "everyo.dispatch", "everyo.errors", "everyo.validation",
                "everyo.atomic_files",

@@ -1,4 +1,4 @@
-"""No import circles between the source files of the five distributions, and no function-local
+"""No import circles between the source files of the six distributions, and no function-local
 imports that hide one.
 
 Every import counts: at a module's top, inside a function (a deferred import breaks a circle
@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-DISTRIBUTIONS = ("everyo_core", "everyo_layers", "everyo_amp", "everyo_onnx", "everyo_dist")
+DISTRIBUTIONS = ("everyo_core", "everyo_layers", "everyo_amp", "everyo_onnx", "everyo_dist",
+                 "everyo_numba")
 
 # The one deferral the architecture keeps (docs/architecture.md): Tensor.backward calls the
 # engine, which builds Tensors. Listed by (importer, imported, function).

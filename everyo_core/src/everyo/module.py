@@ -12,7 +12,7 @@ import numpy as np
 from everyo.devices import check_device, is_device
 from everyo.dtypes import is_floating, resolve_dtype
 from everyo.errors import EveryOError
-from everyo.tensor import DEFAULT_FLOAT, Tensor
+from everyo.tensor import DEFAULT_FLOAT, Tensor, tensor
 from everyo.validation import converted_array
 from everyo.versioning import bump_version
 
@@ -32,8 +32,6 @@ class Parameter(Tensor):
     __slots__ = ()
 
     def __init__(self, data, requires_grad: bool = True, dtype=None):
-        from everyo.tensor import tensor
-
         array = tensor(data, dtype=dtype).data
         if not is_floating(array.dtype) or array.dtype.kind == "c":
             array = array.astype(DEFAULT_FLOAT)

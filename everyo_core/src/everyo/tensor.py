@@ -8,7 +8,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from everyo import conveniences, functional
+from everyo import conveniences, functional, hooks, versioning
 from everyo.array_protocol import array_function, array_ufunc
 from everyo.axes import check_axes, check_axis
 from everyo.devices import check_device, is_device
@@ -496,7 +496,7 @@ class Tensor:
         """
         # NOTE: the one deferred import of the core's own modules: engine.py imports this
         # module (a walk makes Tensors), so this one cannot import the engine at the top.
-        from everyo.engine import backward
+        from everyo.engine import backward  # noqa: PLC0415  (the documented deferral)
 
         backward(self, grad, retain_graph, create_graph)
 
@@ -511,34 +511,26 @@ class Tensor:
             >>> (x * 3).sum().backward(); x.grad
             array([30., 30.], dtype=float32)
         """
-        from everyo.hooks import register_hook
-
-        return register_hook(self, fn)
+        return hooks.register_hook(self, fn)
 
     def register_post_accumulate_grad_hook(self, fn, *, early: bool = False):
         """Call ``fn(self)`` once per backward pass right after this leaf's ``.grad`` is final.
         ``early=True`` promises that ``fn`` writes no tensor in place, so it may run before the
         producing op has finished its backward. Returns a handle with ``.remove()`` (see
         docs/autograd.md for the exact order)."""
-        from everyo.hooks import register_post_accumulate_grad_hook
-
-        return register_post_accumulate_grad_hook(self, fn, early)
+        return hooks.register_post_accumulate_grad_hook(self, fn, early)
 
     def register_grad_rows_ready_hook(self, fn):
         """Call ``fn(self, start, stop)`` when rows ``start:stop`` of this leaf's ``.grad`` are
         final, for gradients an op hands over in row blocks (a large ``matmul`` weight); the
         post-accumulate hooks still run once at the end. ``fn`` must write no tensor in place.
         Returns a handle with ``.remove()`` (see docs/autograd.md)."""
-        from everyo.hooks import register_grad_rows_ready_hook
-
-        return register_grad_rows_ready_hook(self, fn)
+        return hooks.register_grad_rows_ready_hook(self, fn)
 
     @property
     def _version(self) -> int:
         """How many in-place writes through EveryO this tensor's storage has seen."""
-        from everyo.versioning import version
-
-        return version(self)
+        return versioning.version(self)
 
     # -- shape methods of their own -------------------------------------------------------------
     def flatten(self, start_axis: int = 0) -> "Tensor":

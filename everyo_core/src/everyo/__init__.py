@@ -8,6 +8,16 @@ everyo-layers, ``eo.autocast`` from everyo-amp, ``eo.export_onnx`` from everyo-o
 
 from __future__ import annotations
 
+import importlib as _importlib
+import importlib.util as _importlib_util
+from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
+from importlib.metadata import version as _distribution_version
+
+# NOTE: `import everyo.x as x`, not `from everyo import x`: the latter first asks the half-built
+# package for the attribute, and our __getattr__ below would then build a "not installed" hint.
+import everyo.core_plugin as _core_plugin
+import everyo.install_hints as _install_hints
+import everyo.plugins as _plugins
 from everyo import allocator as _allocator
 from everyo import functional as _functional
 from everyo import init
@@ -119,11 +129,9 @@ _allocator.tune_malloc()  # freed large arrays stay mapped for the next step: se
 
 
 def _installed_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
-        return version("everyo-core")
-    except PackageNotFoundError:  # a source tree on sys.path without an install
+        return _distribution_version("everyo-core")
+    except _PackageNotFoundError:  # a source tree on sys.path without an install
         return "0+unknown"
 
 
@@ -132,9 +140,7 @@ __version__ = _installed_version()
 
 def __getattr__(name: str):
     """``eo.<name>`` for what plugins registered (layers, API names, modules, ops) or a hint."""
-    from everyo.install_hints import missing
-    from everyo.plugins import host
-
+    host = _plugins.host
     for kind in ("layers", "api"):
         found = host.registries[kind].get(name)
         if found is not None:
@@ -143,7 +149,7 @@ def __getattr__(name: str):
         return _public_module(name)
     if name in host.registries["ops"]:
         return _op_function(name)
-    error = missing(name)
+    error = _install_hints.missing(name)
     if error is not None:
         raise error
     raise AttributeError(f"module 'everyo' has no attribute {name!r}")
@@ -151,14 +157,9 @@ def __getattr__(name: str):
 
 def _public_module(name: str):
     """``everyo.<name>`` where the core has that import path, else the registered module."""
-    import importlib
-    import importlib.util
-
-    from everyo.install_hints import public_module
-
-    if importlib.util.find_spec(f"everyo.{name}") is not None:
-        return importlib.import_module(f"everyo.{name}")
-    return public_module(name)
+    if _importlib_util.find_spec(f"everyo.{name}") is not None:
+        return _importlib.import_module(f"everyo.{name}")
+    return _install_hints.public_module(name)
 
 
 def _op_function(name: str):
@@ -175,21 +176,15 @@ def _op_function(name: str):
 
 
 def __dir__():
-    from everyo.plugins import host
-
+    host = _plugins.host
     return sorted(set(globals()) | set(host.registries["layers"].items)
                   | set(host.registries["api"].items) | set(host.registries["modules"].items))
 
 
 def _load_plugins() -> None:
-    # NOTE: not `from everyo import core_plugin`: that first asks the half-built package for
-    # the attribute, and our __getattr__ would then import every first-party plugin to build
-    # a "not installed" hint (and cache it before any op is registered).
-    import everyo.core_plugin as core_plugin
-    from everyo.plugins import CORE_PLUGIN_NAME, host
-
-    host.register_plugin(core_plugin, name=CORE_PLUGIN_NAME, distribution="everyo-core",
-                         version=__version__)
+    host = _plugins.host
+    host.register_plugin(_core_plugin, name=_plugins.CORE_PLUGIN_NAME,
+                         distribution="everyo-core", version=__version__)
     if host.autoload_enabled():
         host.load_entry_points()
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 import warnings
 
+from everyo_dist.cores import available_workers
+
 BLAS_THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
                          "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS", "BLIS_NUM_THREADS")
 
@@ -62,8 +64,6 @@ def warn_if_oversubscribed(workers_per_machine: int, cores: int | None = None) -
     if not threaded:
         return False
     if cores is None:
-        from everyo_dist.cores import available_workers
-
         cores = available_workers()
     pools = ", ".join(f"{library} with {threads} threads" for library, threads in threaded)
     warnings.warn(

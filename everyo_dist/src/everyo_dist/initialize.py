@@ -32,6 +32,7 @@ import os
 from pathlib import Path
 
 from everyo_dist.backend import as_backend, registered_backend
+from everyo_dist.blas import warn_if_oversubscribed
 from everyo_dist.environment import EVERYO_RUN_VARIABLES, detect_environment
 from everyo_dist.errors import DistributedError
 
@@ -144,8 +145,6 @@ def _launcher_backend(environ) -> str | None:
 
 def _warn_about_threaded_blas(group, environ) -> None:
     """Once per machine (local rank 0): warn if this machine's ranks run threaded BLAS pools."""
-    from everyo_dist.blas import warn_if_oversubscribed
-
     local_size = environ.get(LOCAL_WORLD_SIZE_VARIABLE, "")
     local_rank = environ.get(LOCAL_RANK_VARIABLE, "")
     ranks_here = int(local_size) if local_size.isdigit() else group.ranks_on_this_machine

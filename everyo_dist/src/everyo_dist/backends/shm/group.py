@@ -45,6 +45,7 @@ from everyo_dist.backends.shm.segments import (
     unlink,
 )
 from everyo_dist.contract import Collective
+from everyo_dist.cores import available_workers
 from everyo_dist.errors import DistributedError
 from everyo_dist.fingerprint import FINGERPRINT_SIZE
 from everyo_dist.group import ProcessGroup, check_membership
@@ -158,8 +159,6 @@ class ShmTransport:
         if rank == 0:
             unlink(segment)  # every rank has it mapped; nothing may leak from here on
         self._pids = [self._words[r * _WORDS + _PID] for r in range(world_size)]
-        from everyo_dist.cores import available_workers
-
         self._spin = SPIN_SECONDS if world_size <= available_workers() \
             else SHARED_CORE_SPIN_SECONDS
 

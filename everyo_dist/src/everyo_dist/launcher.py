@@ -31,9 +31,11 @@ import time
 from pathlib import Path
 
 from everyo_dist.backend import registered_backend
+from everyo_dist.backends.tcp.tls import tls_contexts_from_environment
 from everyo_dist.blas import worker_environment
 from everyo_dist.errors import DistributedError
 from everyo_dist.group import check_timeout
+from everyo_dist.initialize import ENVIRONMENT_OPTIONS
 from everyo_dist.parent_death import kill_me_when_parent_dies
 
 STOP_GRACE_SECONDS = 5.0
@@ -107,8 +109,6 @@ def _read_token(path: str) -> str:
 def _option_environment(options: dict) -> dict[str, str]:
     """The ``EVERYO_*`` variables through which ``init()`` reads a backend's prepared options
     (e.g. the shm backend's control segment)."""
-    from everyo_dist.initialize import ENVIRONMENT_OPTIONS
-
     return {ENVIRONMENT_OPTIONS[name][0]: str(value) for name, value in options.items()
             if name in ENVIRONMENT_OPTIONS}
 
@@ -132,8 +132,6 @@ def _rank_environment(args, rank: int, local_rank: int, world_size: int, host: s
 def _server_tls_context():
     """The rendezvous server's TLS context when the ranks are told to use TLS (the same
     ``EVERYO_TLS_*`` files they read), else None."""
-    from everyo_dist.backends.tcp.tls import tls_contexts_from_environment
-
     try:
         contexts = tls_contexts_from_environment(os.environ)
     except DistributedError as exc:

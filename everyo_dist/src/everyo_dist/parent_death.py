@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import signal
 
 _PR_SET_PDEATHSIG = 1
@@ -14,8 +15,6 @@ def kill_me_when_parent_dies() -> None:
     libc and makes one system call. The setting survives exec.
     """
     try:
-        import ctypes
-
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):
         pass

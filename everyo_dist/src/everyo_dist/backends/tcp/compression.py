@@ -13,6 +13,7 @@ receives the same bits. The exact float64 path stays the default.
 
 from __future__ import annotations
 
+import ml_dtypes  # (a dependency of everyo-core, which imports it too)
 import numpy as np
 
 from everyo_dist.errors import DistributedError
@@ -32,11 +33,6 @@ def wire_dtype_of(name) -> np.dtype | None:
     if name == "float16":
         return np.dtype(np.float16)
     if name == "bfloat16":
-        try:
-            import ml_dtypes
-        except ImportError:
-            raise DistributedError("wire_dtype='bfloat16' needs the ml_dtypes package "
-                                   "(pip install ml_dtypes)") from None
         return np.dtype(ml_dtypes.bfloat16)
     raise DistributedError(f"wire_dtype must be one of {', '.join(WIRE_DTYPES)} (or None), "
                            f"got {name!r}")

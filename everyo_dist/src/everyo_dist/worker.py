@@ -16,6 +16,7 @@ early, keeping everything defined above the call (see :data:`BOOTSTRAPPING`).
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 import os
 import pickle
@@ -24,6 +25,8 @@ import sys
 import threading
 import traceback
 import types
+
+from everyo_dist.parent_death import kill_me_when_parent_dies
 
 FRAME = struct.Struct("<cQ")
 BOOTSTRAPPING = False
@@ -50,8 +53,6 @@ def _read_message(stream):
 def _die_with_parent(stdin) -> None:
     """Exit as soon as the parent dies: the kernel's parent-death signal where available, plus
     a thread waiting for end-of-file on stdin (the parent holds its only write end)."""
-    from everyo_dist.parent_death import kill_me_when_parent_dies
-
     kill_me_when_parent_dies()
 
     def watch():
@@ -75,8 +76,6 @@ def _run_main_script(preparation: dict) -> None:
     module.__builtins__ = __builtins__
     sys.modules["__mp_main__"] = sys.modules["__main__"] = module
     if name is not None:
-        import importlib.util
-
         spec = importlib.util.find_spec(name)
         module.__spec__, module.__file__ = spec, spec.origin
         code = spec.loader.get_code(name)
@@ -119,6 +118,9 @@ def main() -> None:
                 f"`if __name__ == \"__main__\":`.") from exc
         del job
 
+        # NOTE: EveryO (NumPy, the plugins) is imported only now, after the user's script ran
+        # as in the parent: what the script sets before its own `import everyo` (an
+        # EVERYO_* variable, a thread count) must hold in the worker too.
         from everyo_dist.backend import registered_backend
         from everyo_dist.blas import warn_if_oversubscribed
         from everyo_dist.payload import encode

@@ -104,6 +104,13 @@ def test_builtin_converters_are_registered_by_class():
         assert getattr(eo, name) not in converters
 
 
+def test_every_core_op_has_an_onnx_converter():
+    """A new core op needs its twin in ``everyo_onnx/converters/ops_*.py`` (docs/architecture.md,
+    "Where does a new X go"): a model of core ops always exports."""
+    ops, converters = eo.registry("ops"), eo.registry("onnx_converters")
+    assert sorted(name for name in ops.owned_by("everyo") if ops[name] not in converters) == []
+
+
 def test_a_converter_table_resolves_whole_or_not_at_all():
     convert = object()
     assert by_op_name({"add": convert, "matmul": convert}) == {

@@ -17,7 +17,7 @@ where they are measured and kept true):
   we keep ``astype`` and only run it block by block, which keeps the source in cache.
 * up to float32: bfloat16 is the upper half of a float32 (ml_dtypes converts at memory speed).
   float16 is looked up, block by block, in a table of the 65,536 patterns (built with
-  ``astype``): the same cost whatever the value, where ``astype`` slows down about tenfold on
+  ``astype``): the same cost whatever the value, where ``astype`` slows down sharply on
   subnormals, and float16 gradients are full of subnormals.
 
 * float32 -> float32 holding a 16-bit value (``rounded_float32``: what a product needs from a
@@ -59,7 +59,7 @@ def widen(x: np.ndarray) -> np.ndarray:
         'float32'
     """
     if x.dtype == FLOAT16:
-        # NOTE: a lookup costs the same for every value; astype slows down ~8x on subnormals,
+        # NOTE: a lookup costs the same for every value; astype slows down on subnormals,
         # which is what float16 gradients are full of (see the module docstring). The lookup
         # walks the bits in memory order: a transposed operand (swapaxes in matmul's backward)
         # is looked up through its transpose, which is C-ordered.

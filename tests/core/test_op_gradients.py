@@ -19,6 +19,13 @@ def _inputs(builders, seed=0):
     return [build(rng) for build in builders]
 
 
+def _leaves(torch, builders, seed):
+    """The case's inputs, and the same values as EveryO and PyTorch leaves."""
+    arrays = _inputs(builders, seed)
+    return (arrays, [eo.tensor(a, requires_grad=True) for a in arrays],
+            [torch.tensor(a, requires_grad=True) for a in arrays])
+
+
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_gradcheck(case):
     _, fn, _, builders, *options = case
@@ -44,9 +51,7 @@ def test_gradcheck_detects_a_wrong_gradient():
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_against_pytorch(case, torch):
     _, fn, torch_fn, builders, *_ = case
-    arrays = _inputs(builders, seed=3)
-    ours = [eo.tensor(a, requires_grad=True) for a in arrays]
-    theirs = [torch.tensor(a, requires_grad=True) for a in arrays]
+    _, ours, theirs = _leaves(torch, builders, seed=3)
     out = fn(*ours)
     expected = torch_fn(*theirs)
     np.testing.assert_allclose(out.data, expected.detach().numpy(), rtol=1e-12, atol=1e-12)
@@ -67,9 +72,7 @@ def test_gradgradcheck(case):
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_second_derivative_against_pytorch(case, torch):
     _, fn, torch_fn, builders, *_ = case
-    arrays = _inputs(builders, seed=7)
-    ours = [eo.tensor(a, requires_grad=True) for a in arrays]
-    theirs = [torch.tensor(a, requires_grad=True) for a in arrays]
+    arrays, ours, theirs = _leaves(torch, builders, seed=7)
     out, expected = fn(*ours), torch_fn(*theirs)
     rng = np.random.default_rng(2)
     v = rng.standard_normal(out.shape)

@@ -182,6 +182,34 @@ def test_a_tied_weight_saved_once_by_safetensors_save_model(tmp_path):
         np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=1e-6)
 
 
+def test_a_bfloat16_torch_state_dict_converts_as_its_safetensors_file(tmp_path):
+    """Tensors NumPy has no dtype for: bfloat16 (what model hubs ship) keeps its bits; another
+    (float8) is refused by key and dtype, not a raw TypeError."""
+    torch = pytest.importorskip("torch")
+    safetensors_torch = pytest.importorskip("safetensors.torch")
+    torch.manual_seed(0)
+    nn = torch.nn
+    reference = nn.Sequential(nn.Conv2d(2, 3, 3), nn.Flatten(), nn.Linear(12, 2)).bfloat16()
+    model = eo.Sequential(eo.Conv2D(2, 3, 3), eo.Flatten(), eo.Linear(12, 2)).double()
+    images = np.random.default_rng(4).standard_normal((2, 4, 4, 2))
+    from_tensors = eo.convert_state_dict(model, reference.state_dict(), example_input=images)
+    safetensors_torch.save_file(reference.state_dict(), str(tmp_path / "m.safetensors"))
+    from_file = eo.convert_state_dict(model, str(tmp_path / "m.safetensors"),
+                                      example_input=images)
+    assert list(from_tensors) == list(from_file)
+    for key, value in from_file.items():
+        assert value.dtype == from_tensors[key].dtype == np.dtype("bfloat16"), key
+        np.testing.assert_array_equal(from_tensors[key].view(np.uint16), value.view(np.uint16))
+    model.load_state_dict(from_tensors)
+    expected = reference.double()(torch.tensor(images.transpose(0, 3, 1, 2)))
+    np.testing.assert_allclose(model(images).data, expected.detach().numpy(), rtol=1e-12,
+                               atol=1e-12)
+    state = {"0.weight": torch.zeros(2, 2, dtype=torch.float8_e5m2), "0.bias": torch.zeros(2)}
+    with pytest.raises(eo.EveryOError, match="'0.weight' is a torch tensor of dtype "
+                                             "torch.float8_e5m2, which NumPy cannot hold"):
+        eo.convert_state_dict(eo.Sequential(eo.Linear(2, 2)), state)
+
+
 def test_an_unreadable_safetensors_file_is_named(tmp_path):
     pytest.importorskip("safetensors")
     path = tmp_path / "broken.safetensors"

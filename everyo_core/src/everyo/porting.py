@@ -18,6 +18,7 @@ from typing import Callable
 
 import numpy as np
 
+from everyo.dtypes import BFLOAT16
 from everyo.errors import EveryOError
 from everyo.grad_mode import enable_grad
 from everyo.module import Module
@@ -341,9 +342,24 @@ def checkpoint_arrays(torch_state) -> dict:
     return {str(key): _as_array(key, value) for key, value in torch_state.items()}
 
 
+def _torch_numpy(key, value) -> np.ndarray:
+    """A torch tensor's values as NumPy's; bfloat16, which NumPy lacks, through its bits."""
+    value = value.detach().cpu()
+    if str(value.dtype) == "torch.bfloat16":
+        import torch  # the value is torch's, so torch is importable
+
+        return value.view(torch.int16).numpy().view(BFLOAT16)
+    try:
+        return value.numpy()
+    except TypeError:  # float8, complex32, quantized...: no NumPy dtype holds them
+        raise EveryOError(f"convert_state_dict: {key!r} is a torch tensor of dtype "
+                          f"{value.dtype}, which NumPy cannot hold; convert it first "
+                          f"(e.g. .float())") from None
+
+
 def _as_array(key, value) -> np.ndarray:
     if hasattr(value, "detach") and hasattr(value, "numpy"):  # a torch.Tensor
-        value = value.detach().cpu().numpy()
+        value = _torch_numpy(key, value)
     elif isinstance(value, Tensor):
         value = value.data
     if not isinstance(value, (np.ndarray, np.generic, int, float)):

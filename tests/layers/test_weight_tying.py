@@ -55,6 +55,24 @@ def test_shapes_that_cannot_tie_are_refused_saying_how():
         decoder.tie_weight(np.zeros((10, 4)))
 
 
+def test_a_square_tables_assignment_is_refused_not_used_in_the_wrong_layout():
+    """PyTorch's ``decoder.weight = encoder.weight`` with a square table: the shapes match, but
+    the table is (out, in); used as EveryO's (in, out) it would be silently transposed."""
+    encoder, decoder = eo.Embedding(4, 4), eo.Linear(4, 4)
+    encoder.double()  # (a cast keeps the Parameter, so it is still known as a table)
+    with pytest.raises(eo.EveryOError, match=r"Linear\(4→4\): the Parameter is an Embedding's "
+                                             r"\(num_embeddings, embedding_dim\) table.*"
+                                             r"tie_weight\(encoder.weight, transposed=True\)"):
+        decoder.weight = encoder.weight
+    replaced = eo.Parameter(np.zeros((4, 4)))
+    encoder.weight = replaced  # a table set by assignment is one too
+    with pytest.raises(eo.EveryOError, match="an Embedding's"):
+        decoder.weight = replaced
+    other = eo.Linear(4, 4)
+    other.weight = decoder.weight  # another Linear's square weight is shared as it is
+    assert other.weight is decoder.weight and not other.weight_transposed
+
+
 def test_plain_sharing_between_linears_keeps_the_layout():
     first, second = eo.Linear(3, 2), eo.Linear(3, 2)
     second.tie_weight(eo.Embedding(2, 3).weight)

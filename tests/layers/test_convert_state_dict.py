@@ -77,6 +77,40 @@ def test_the_flattened_dense_layer_gets_its_rows_permuted():
         eo.convert_state_dict(model, reference.state_dict())
 
 
+def _conv_then_reshape(base, conv, linear, relu):
+    """A conv whose features the forward flattens by a reshape, in either framework."""
+    class Net(base):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.head = conv(2, 3, 3), linear(3 * 2 * 2, 2)
+
+        def forward(self, x):
+            return self.head(relu(self.conv(x)).reshape(x.shape[0], -1))
+
+    return Net()
+
+
+def test_a_forward_that_flattens_conv_features_needs_the_example_input():
+    """No Flatten layer, a reshape in forward: without example_input the rows' order is unknown,
+    so the call is refused instead of loading PyTorch's C·H·W rows as H·W·C."""
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    nn = torch.nn
+    reference = _conv_then_reshape(nn.Module, nn.Conv2d, nn.Linear, torch.relu).double()
+    model = _conv_then_reshape(eo.Module, eo.Conv2D, eo.Linear, eo.relu).double()
+    with pytest.raises(eo.EveryOError, match=r"layer 'head'.*convolution kernels \('conv.weight', "
+                                             r"rank 4\).*pass example_input"):
+        eo.convert_state_dict(model, reference.state_dict())
+    images = np.random.default_rng(5).standard_normal((2, 4, 4, 2))
+    model.load_state_dict(eo.convert_state_dict(model, reference.state_dict(),
+                                                example_input=images))
+    np.testing.assert_allclose(model(images).data, reference(torch.tensor(
+        images.transpose(0, 3, 1, 2))).detach().numpy(), rtol=1e-10, atol=1e-10)
+    recurrent = eo.Sequential(eo.LSTM(3, 4), eo.Linear(4, 2))  # no kernels: nothing to trace
+    assert "1.weight" in eo.convert_state_dict(recurrent, {
+        k: (v.T if v.ndim == 2 else v) for k, v in recurrent.state_dict().items()})
+
+
 def test_attention_packed_in_projection_and_recurrent_stacks():
     torch = pytest.importorskip("torch")
     torch.manual_seed(0)

@@ -70,22 +70,36 @@ class ConversionContext:
     def __init__(self, model: Module, example_input=None):
         self.traced = example_input is not None
         self.flattened: dict[int, tuple | None] = {}
-        self.has_flatten = any(type(m).__name__ == "Flatten" for m in model.modules())
+        self.untraced_hazard = None if self.traced else _flatten_hazard(model)
         if self.traced:
             trace_flattened_inputs(model, example_input, self.flattened)
 
     def flattened_input(self, layer: Module) -> tuple | None:
         """``(*spatial, channels)`` when ``layer``'s input is channels-last conv features
         flattened to ``(batch, features)`` (see :func:`flatten_origin`), else None. Without
-        an example input, a model containing ``Flatten`` is refused (the answer is unknown)
-        and any other gives None."""
+        an example input, a model that may flatten conv features (see :func:`_flatten_hazard`)
+        is refused (the answer is unknown) and any other gives None."""
         if not self.traced:
-            if self.has_flatten:
-                raise EveryOError("the model contains Flatten: pass example_input= (one input "
-                                  "batch) so that the layer after it gets its rows permuted "
-                                  "from PyTorch's C·H·W order to EveryO's H·W·C")
+            if self.untraced_hazard:
+                raise EveryOError(f"{self.untraced_hazard}: pass example_input= (one input "
+                                  f"batch) so that a layer reading flattened conv features "
+                                  f"gets its rows permuted from PyTorch's C·H·W order to "
+                                  f"EveryO's H·W·C")
             return None
         return self.flattened.get(id(layer))
+
+
+def _flatten_hazard(model: Module) -> str | None:
+    """Why a layer of ``model`` may read flattened conv features, or None: a ``Flatten``, or
+    convolution kernels (a parameter of rank 3 or more) whose features a ``forward`` may
+    reshape to ``(batch, -1)``; only a trace with an example input can tell."""
+    if any(type(m).__name__ == "Flatten" for m in model.modules()):
+        return "the model contains Flatten"
+    for name, param in model.named_parameters():
+        if param.ndim >= 3:
+            return (f"the model has convolution kernels ({name!r}, rank {param.ndim}), whose "
+                    f"features its forward may flatten")
+    return None
 
 
 def _producer(x, limit: int = 64):

@@ -77,17 +77,41 @@ def test_the_flattened_dense_layer_gets_its_rows_permuted():
         eo.convert_state_dict(model, reference.state_dict())
 
 
-def _conv_then_reshape(base, conv, linear, relu):
-    """A conv whose features the forward flattens by a reshape, in either framework."""
+def _conv_then_reshape(base, conv, linear, relu, axes=None):
+    """A conv whose features the forward flattens by a reshape, in either framework (permuted
+    by ``axes`` first, if given)."""
     class Net(base):
         def __init__(self):
             super().__init__()
             self.conv, self.head = conv(2, 3, 3), linear(3 * 2 * 2, 2)
 
         def forward(self, x):
-            return self.head(relu(self.conv(x)).reshape(x.shape[0], -1))
+            features = relu(self.conv(x))
+            features = features if axes is None else features.permute(*axes)
+            return self.head(features.reshape(x.shape[0], -1))
 
     return Net()
+
+
+@pytest.mark.parametrize("axes", [(0, 3, 1, 2), (0, 3, 2, 1)])
+def test_conv_features_permuted_before_the_flatten(axes):
+    """An EveryO forward that permutes its NHWC features to PyTorch's NCHW before flattening
+    needs PyTorch's rows as they are (only transposed); another order is refused by name."""
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    nn = torch.nn
+    reference = _conv_then_reshape(nn.Module, nn.Conv2d, nn.Linear, torch.relu).double()
+    model = _conv_then_reshape(eo.Module, eo.Conv2D, eo.Linear, eo.relu, axes).double()
+    images = np.random.default_rng(6).standard_normal((2, 4, 4, 2))
+    if axes != (0, 3, 1, 2):
+        with pytest.raises(eo.EveryOError, match=r"layer 'head'.*permuted by \(0, 3, 2, 1\) "
+                                                 r"from channels-last.*by hand"):
+            eo.convert_state_dict(model, reference.state_dict(), example_input=images)
+        return
+    model.load_state_dict(eo.convert_state_dict(model, reference.state_dict(),
+                                                example_input=images))
+    np.testing.assert_allclose(model(images).data, reference(torch.tensor(
+        images.transpose(0, 3, 1, 2))).detach().numpy(), rtol=1e-10, atol=1e-10)
 
 
 def test_a_forward_that_flattens_conv_features_needs_the_example_input():

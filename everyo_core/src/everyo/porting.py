@@ -86,7 +86,10 @@ class ConversionContext:
                                   f"gets its rows permuted from PyTorch's C·H·W order to "
                                   f"EveryO's H·W·C")
             return None
-        return self.flattened.get(id(layer))
+        origin = self.flattened.get(id(layer))
+        if isinstance(origin, FlattenOrderUnknown):
+            raise origin
+        return origin
 
 
 def _flatten_hazard(model: Module) -> str | None:
@@ -131,20 +134,58 @@ def flatten_origin(x) -> tuple | None:
 
     Rank >= 4 features (NHWC images) count; so do rank-3 ``(N, L, C)`` features that are a
     squeeze of ``(N, 1, L, C)`` (what ``Conv1D``'s 2-D convolution gives); other rank-3
-    tensors (sequence features) flatten alike in both frameworks and do not count.
+    tensors (sequence features) flatten alike in both frameworks and do not count. Features a
+    forward permuted to PyTorch's channels-first before flattening count neither (their order
+    is PyTorch's); another permutation raises :class:`FlattenOrderUnknown`.
     """
     if not isinstance(x, Tensor) or x.ndim != 2:
         return None
-    features = _reshaped_from(_producer(x), x)
-    if features is None or features.ndim < 3:
+    flattened = _reshaped_from(_producer(x), x)
+    if flattened is None or flattened.ndim < 3:
         return None
+    order, features = _untransposed(flattened)
+    origin = None
     if features.ndim >= 4:
-        return tuple(features.shape[1:])
-    image = _reshaped_from(_producer(features), features)
-    if image is not None and image.ndim == 4 and image.shape[1] == 1 and \
-            image.shape[2:] == features.shape[1:]:
-        return tuple(features.shape[1:])
-    return None
+        origin = tuple(features.shape[1:])
+    else:
+        image = _reshaped_from(_producer(features), features)
+        if image is not None and image.ndim == 4 and image.shape[1] == 1 and \
+                image.shape[2:] == features.shape[1:]:
+            origin = tuple(features.shape[1:])
+    rank = len(order)
+    if origin is None or order == tuple(range(rank)):
+        return origin
+    if order == (0, rank - 1, *range(1, rank - 1)):  # permuted to PyTorch's channels-first
+        return None  # so flattened in PyTorch's order already
+    raise FlattenOrderUnknown(f"the conv features flattened into it were permuted by {order} "
+                              f"from channels-last; convert_state_dict permutes the rows of "
+                              f"channels-last (H·W·C) or channels-first (C·H·W) features only: "
+                              f"convert this layer's weight by hand")
+
+
+class FlattenOrderUnknown(EveryOError):
+    """Conv features flattened in an order that is neither channels-last nor PyTorch's."""
+
+
+def _untransposed(x, limit: int = 64) -> tuple:
+    """``(order, source)``: going back from ``x`` through ops that keep the shape and through
+    transposes to ``source``, the tensor before them; ``x``'s axis ``i`` is ``source``'s axis
+    ``order[i]``."""
+    order = tuple(range(x.ndim))
+    for _ in range(limit):
+        op = x._ctx
+        if op is None:
+            break
+        parents = [p for p in op.parents if isinstance(p, Tensor)]
+        if op.name == "transpose" and parents:
+            axes = getattr(op, "axes", None) or tuple(reversed(range(x.ndim)))
+            order, x = tuple(axes[i] for i in order), parents[0]
+            continue
+        same = [p for p in parents if p.shape == x.shape and p._ctx is not None]
+        if op.name == "reshape" or not same:
+            break
+        x = same[0]
+    return order, x
 
 
 def trace_flattened_inputs(model: Module, example_input, found: dict) -> None:
@@ -158,7 +199,10 @@ def trace_flattened_inputs(model: Module, example_input, found: dict) -> None:
 
         def forward_recording(*args, **kwargs):
             if args:
-                found[id(module)] = flatten_origin(args[0])
+                try:
+                    found[id(module)] = flatten_origin(args[0])
+                except FlattenOrderUnknown as exc:  # refused when the layer converts
+                    found[id(module)] = exc
             return forward(*args, **kwargs)
         return forward_recording
 

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import copy
+import pickle
+
 import numpy as np
 import pytest
 
@@ -68,6 +71,9 @@ def test_a_square_tables_assignment_is_refused_not_used_in_the_wrong_layout():
     encoder.weight = replaced  # a table set by assignment is one too
     with pytest.raises(eo.EveryOError, match="an Embedding's"):
         decoder.weight = replaced
+    for copied in (copy.deepcopy(encoder), pickle.loads(pickle.dumps(encoder))):
+        with pytest.raises(eo.EveryOError, match="an Embedding's"):
+            decoder.weight = copied.weight
     other = eo.Linear(4, 4)
     other.weight = decoder.weight  # another Linear's square weight is shared as it is
     assert other.weight is decoder.weight and not other.weight_transposed

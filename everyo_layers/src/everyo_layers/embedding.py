@@ -126,6 +126,11 @@ class Embedding(Module):
         if name == "weight" and isinstance(value, Parameter):
             _TABLES[id(value)] = value
 
+    def __setstate__(self, state: dict) -> None:  # a copy's or an unpickled table is one too
+        self.__dict__.update(state)
+        if isinstance(state.get("weight"), Parameter):
+            _TABLES[id(state["weight"])] = state["weight"]
+
     @property
     def label(self) -> str:
         return f"Embedding({self.num_embeddings}, {self.embedding_dim})"

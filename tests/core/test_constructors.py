@@ -79,6 +79,11 @@ def test_full_takes_pytorchs_positional_form(torch):
     assert eo.full(2, 3, fill_value=0.5).shape == (2, 3)  # EveryO's own form stays
     assert eo.full(4, 1.5).shape == (4,)
     assert eo.full((2,), 7, dtype="int32").dtype == "int32"
+    for value in (True, 7, 2 ** 31 + 1, np.int32(3), 0.5, 1 + 2j):  # the fill's kind, as PyTorch
+        expected = torch.full((2,), value)
+        for ours in (eo.full((2,), value), eo.full(2, fill_value=value)):
+            assert ours.dtype == str(expected.dtype).removeprefix("torch."), value
+            np.testing.assert_array_equal(ours.data, expected.numpy())
     with pytest.raises(eo.EveryOError, match="full: .*fill value"):
         eo.full((2, 3))
 

@@ -80,6 +80,17 @@ def test_a_torch_written_file_loads(tmp_path):
                                   tensors["h"].view(torch.int16).numpy().view(np.uint16))
 
 
+def test_a_dtype_numpy_cannot_hold_is_a_serialization_error_naming_it(tmp_path):
+    torch = pytest.importorskip("torch")
+    safetensors_torch = pytest.importorskip("safetensors.torch")
+    path = tmp_path / "float8.safetensors"
+    safetensors_torch.save_file({"w": torch.zeros(2), "q": torch.zeros(3).to(torch.float8_e4m3fn)},
+                                str(path))
+    with pytest.raises(eo.EveryOSerializationError,
+                       match=r"float8.safetensors: tensor 'q' is F8_E4M3, a dtype NumPy"):
+        eo.load(path)
+
+
 @pytest.mark.parametrize("state, words", [
     ({"opt": {"lr": np.ones(1)}}, "flat"),
     ({"w": np.ones(2, np.complex128)}, "complex128"),

@@ -77,6 +77,64 @@ def test_the_flattened_dense_layer_gets_its_rows_permuted():
         eo.convert_state_dict(model, reference.state_dict())
 
 
+def _conv_then_reshape(base, conv, linear, relu, axes=None):
+    """A conv whose features the forward flattens by a reshape, in either framework (permuted
+    by ``axes`` first, if given)."""
+    class Net(base):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.head = conv(2, 3, 3), linear(3 * 2 * 2, 2)
+
+        def forward(self, x):
+            features = relu(self.conv(x))
+            features = features if axes is None else features.permute(*axes)
+            return self.head(features.reshape(x.shape[0], -1))
+
+    return Net()
+
+
+@pytest.mark.parametrize("axes", [(0, 3, 1, 2), (0, 3, 2, 1)])
+def test_conv_features_permuted_before_the_flatten(axes):
+    """An EveryO forward that permutes its NHWC features to PyTorch's NCHW before flattening
+    needs PyTorch's rows as they are (only transposed); another order is refused by name."""
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    nn = torch.nn
+    reference = _conv_then_reshape(nn.Module, nn.Conv2d, nn.Linear, torch.relu).double()
+    model = _conv_then_reshape(eo.Module, eo.Conv2D, eo.Linear, eo.relu, axes).double()
+    images = np.random.default_rng(6).standard_normal((2, 4, 4, 2))
+    if axes != (0, 3, 1, 2):
+        with pytest.raises(eo.EveryOError, match=r"layer 'head'.*permuted by \(0, 3, 2, 1\) "
+                                                 r"from channels-last.*by hand"):
+            eo.convert_state_dict(model, reference.state_dict(), example_input=images)
+        return
+    model.load_state_dict(eo.convert_state_dict(model, reference.state_dict(),
+                                                example_input=images))
+    np.testing.assert_allclose(model(images).data, reference(torch.tensor(
+        images.transpose(0, 3, 1, 2))).detach().numpy(), rtol=1e-10, atol=1e-10)
+
+
+def test_a_forward_that_flattens_conv_features_needs_the_example_input():
+    """No Flatten layer, a reshape in forward: without example_input the rows' order is unknown,
+    so the call is refused instead of loading PyTorch's C·H·W rows as H·W·C."""
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    nn = torch.nn
+    reference = _conv_then_reshape(nn.Module, nn.Conv2d, nn.Linear, torch.relu).double()
+    model = _conv_then_reshape(eo.Module, eo.Conv2D, eo.Linear, eo.relu).double()
+    with pytest.raises(eo.EveryOError, match=r"layer 'head'.*convolution kernels \('conv.weight', "
+                                             r"rank 4\).*pass example_input"):
+        eo.convert_state_dict(model, reference.state_dict())
+    images = np.random.default_rng(5).standard_normal((2, 4, 4, 2))
+    model.load_state_dict(eo.convert_state_dict(model, reference.state_dict(),
+                                                example_input=images))
+    np.testing.assert_allclose(model(images).data, reference(torch.tensor(
+        images.transpose(0, 3, 1, 2))).detach().numpy(), rtol=1e-10, atol=1e-10)
+    recurrent = eo.Sequential(eo.LSTM(3, 4), eo.Linear(4, 2))  # no kernels: nothing to trace
+    assert "1.weight" in eo.convert_state_dict(recurrent, {
+        k: (v.T if v.ndim == 2 else v) for k, v in recurrent.state_dict().items()})
+
+
 def test_attention_packed_in_projection_and_recurrent_stacks():
     torch = pytest.importorskip("torch")
     torch.manual_seed(0)
@@ -180,6 +238,34 @@ def test_a_tied_weight_saved_once_by_safetensors_save_model(tmp_path):
         expected = example.run_torch(torch, torch_model, inputs)
     for ours, theirs in zip(example.run_everyo(model, inputs), expected):
         np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=1e-6)
+
+
+def test_a_bfloat16_torch_state_dict_converts_as_its_safetensors_file(tmp_path):
+    """Tensors NumPy has no dtype for: bfloat16 (what model hubs ship) keeps its bits; another
+    (float8) is refused by key and dtype, not a raw TypeError."""
+    torch = pytest.importorskip("torch")
+    safetensors_torch = pytest.importorskip("safetensors.torch")
+    torch.manual_seed(0)
+    nn = torch.nn
+    reference = nn.Sequential(nn.Conv2d(2, 3, 3), nn.Flatten(), nn.Linear(12, 2)).bfloat16()
+    model = eo.Sequential(eo.Conv2D(2, 3, 3), eo.Flatten(), eo.Linear(12, 2)).double()
+    images = np.random.default_rng(4).standard_normal((2, 4, 4, 2))
+    from_tensors = eo.convert_state_dict(model, reference.state_dict(), example_input=images)
+    safetensors_torch.save_file(reference.state_dict(), str(tmp_path / "m.safetensors"))
+    from_file = eo.convert_state_dict(model, str(tmp_path / "m.safetensors"),
+                                      example_input=images)
+    assert list(from_tensors) == list(from_file)
+    for key, value in from_file.items():
+        assert value.dtype == from_tensors[key].dtype == np.dtype("bfloat16"), key
+        np.testing.assert_array_equal(from_tensors[key].view(np.uint16), value.view(np.uint16))
+    model.load_state_dict(from_tensors)
+    expected = reference.double()(torch.tensor(images.transpose(0, 3, 1, 2)))
+    np.testing.assert_allclose(model(images).data, expected.detach().numpy(), rtol=1e-12,
+                               atol=1e-12)
+    state = {"0.weight": torch.zeros(2, 2, dtype=torch.float8_e5m2), "0.bias": torch.zeros(2)}
+    with pytest.raises(eo.EveryOError, match="'0.weight' is a torch tensor of dtype "
+                                             "torch.float8_e5m2, which NumPy cannot hold"):
+        eo.convert_state_dict(eo.Sequential(eo.Linear(2, 2)), state)
 
 
 def test_an_unreadable_safetensors_file_is_named(tmp_path):

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import copy
+import pickle
+
 import numpy as np
 import pytest
 
@@ -53,6 +56,27 @@ def test_shapes_that_cannot_tie_are_refused_saying_how():
     assert square.weight_transposed
     with pytest.raises(eo.EveryOError, match="expected a Parameter"):
         decoder.tie_weight(np.zeros((10, 4)))
+
+
+def test_a_square_tables_assignment_is_refused_not_used_in_the_wrong_layout():
+    """PyTorch's ``decoder.weight = encoder.weight`` with a square table: the shapes match, but
+    the table is (out, in); used as EveryO's (in, out) it would be silently transposed."""
+    encoder, decoder = eo.Embedding(4, 4), eo.Linear(4, 4)
+    encoder.double()  # (a cast keeps the Parameter, so it is still known as a table)
+    with pytest.raises(eo.EveryOError, match=r"Linear\(4→4\): the Parameter is an Embedding's "
+                                             r"\(num_embeddings, embedding_dim\) table.*"
+                                             r"tie_weight\(encoder.weight, transposed=True\)"):
+        decoder.weight = encoder.weight
+    replaced = eo.Parameter(np.zeros((4, 4)))
+    encoder.weight = replaced  # a table set by assignment is one too
+    with pytest.raises(eo.EveryOError, match="an Embedding's"):
+        decoder.weight = replaced
+    for copied in (copy.deepcopy(encoder), pickle.loads(pickle.dumps(encoder))):
+        with pytest.raises(eo.EveryOError, match="an Embedding's"):
+            decoder.weight = copied.weight
+    other = eo.Linear(4, 4)
+    other.weight = decoder.weight  # another Linear's square weight is shared as it is
+    assert other.weight is decoder.weight and not other.weight_transposed
 
 
 def test_plain_sharing_between_linears_keeps_the_layout():

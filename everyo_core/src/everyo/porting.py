@@ -18,6 +18,7 @@ from typing import Callable
 
 import numpy as np
 
+from everyo.dtypes import BFLOAT16
 from everyo.errors import EveryOError
 from everyo.grad_mode import enable_grad
 from everyo.module import Module
@@ -69,22 +70,39 @@ class ConversionContext:
     def __init__(self, model: Module, example_input=None):
         self.traced = example_input is not None
         self.flattened: dict[int, tuple | None] = {}
-        self.has_flatten = any(type(m).__name__ == "Flatten" for m in model.modules())
+        self.untraced_hazard = None if self.traced else _flatten_hazard(model)
         if self.traced:
             trace_flattened_inputs(model, example_input, self.flattened)
 
     def flattened_input(self, layer: Module) -> tuple | None:
         """``(*spatial, channels)`` when ``layer``'s input is channels-last conv features
         flattened to ``(batch, features)`` (see :func:`flatten_origin`), else None. Without
-        an example input, a model containing ``Flatten`` is refused (the answer is unknown)
-        and any other gives None."""
+        an example input, a model that may flatten conv features (see :func:`_flatten_hazard`)
+        is refused (the answer is unknown) and any other gives None."""
         if not self.traced:
-            if self.has_flatten:
-                raise EveryOError("the model contains Flatten: pass example_input= (one input "
-                                  "batch) so that the layer after it gets its rows permuted "
-                                  "from PyTorch's C·H·W order to EveryO's H·W·C")
+            if self.untraced_hazard:
+                raise EveryOError(f"{self.untraced_hazard}: pass example_input= (one input "
+                                  f"batch) so that a layer reading flattened conv features "
+                                  f"gets its rows permuted from PyTorch's C·H·W order to "
+                                  f"EveryO's H·W·C")
             return None
-        return self.flattened.get(id(layer))
+        origin = self.flattened.get(id(layer))
+        if isinstance(origin, FlattenOrderUnknown):
+            raise origin
+        return origin
+
+
+def _flatten_hazard(model: Module) -> str | None:
+    """Why a layer of ``model`` may read flattened conv features, or None: a ``Flatten``, or
+    convolution kernels (a parameter of rank 3 or more) whose features a ``forward`` may
+    reshape to ``(batch, -1)``; only a trace with an example input can tell."""
+    if any(type(m).__name__ == "Flatten" for m in model.modules()):
+        return "the model contains Flatten"
+    for name, param in model.named_parameters():
+        if param.ndim >= 3:
+            return (f"the model has convolution kernels ({name!r}, rank {param.ndim}), whose "
+                    f"features its forward may flatten")
+    return None
 
 
 def _producer(x, limit: int = 64):
@@ -116,20 +134,58 @@ def flatten_origin(x) -> tuple | None:
 
     Rank >= 4 features (NHWC images) count; so do rank-3 ``(N, L, C)`` features that are a
     squeeze of ``(N, 1, L, C)`` (what ``Conv1D``'s 2-D convolution gives); other rank-3
-    tensors (sequence features) flatten alike in both frameworks and do not count.
+    tensors (sequence features) flatten alike in both frameworks and do not count. Features a
+    forward permuted to PyTorch's channels-first before flattening count neither (their order
+    is PyTorch's); another permutation raises :class:`FlattenOrderUnknown`.
     """
     if not isinstance(x, Tensor) or x.ndim != 2:
         return None
-    features = _reshaped_from(_producer(x), x)
-    if features is None or features.ndim < 3:
+    flattened = _reshaped_from(_producer(x), x)
+    if flattened is None or flattened.ndim < 3:
         return None
+    order, features = _untransposed(flattened)
+    origin = None
     if features.ndim >= 4:
-        return tuple(features.shape[1:])
-    image = _reshaped_from(_producer(features), features)
-    if image is not None and image.ndim == 4 and image.shape[1] == 1 and \
-            image.shape[2:] == features.shape[1:]:
-        return tuple(features.shape[1:])
-    return None
+        origin = tuple(features.shape[1:])
+    else:
+        image = _reshaped_from(_producer(features), features)
+        if image is not None and image.ndim == 4 and image.shape[1] == 1 and \
+                image.shape[2:] == features.shape[1:]:
+            origin = tuple(features.shape[1:])
+    rank = len(order)
+    if origin is None or order == tuple(range(rank)):
+        return origin
+    if order == (0, rank - 1, *range(1, rank - 1)):  # permuted to PyTorch's channels-first
+        return None  # so flattened in PyTorch's order already
+    raise FlattenOrderUnknown(f"the conv features flattened into it were permuted by {order} "
+                              f"from channels-last; convert_state_dict permutes the rows of "
+                              f"channels-last (H·W·C) or channels-first (C·H·W) features only: "
+                              f"convert this layer's weight by hand")
+
+
+class FlattenOrderUnknown(EveryOError):
+    """Conv features flattened in an order that is neither channels-last nor PyTorch's."""
+
+
+def _untransposed(x, limit: int = 64) -> tuple:
+    """``(order, source)``: going back from ``x`` through ops that keep the shape and through
+    transposes to ``source``, the tensor before them; ``x``'s axis ``i`` is ``source``'s axis
+    ``order[i]``."""
+    order = tuple(range(x.ndim))
+    for _ in range(limit):
+        op = x._ctx
+        if op is None:
+            break
+        parents = [p for p in op.parents if isinstance(p, Tensor)]
+        if op.name == "transpose" and parents:
+            axes = getattr(op, "axes", None) or tuple(reversed(range(x.ndim)))
+            order, x = tuple(axes[i] for i in order), parents[0]
+            continue
+        same = [p for p in parents if p.shape == x.shape and p._ctx is not None]
+        if op.name == "reshape" or not same:
+            break
+        x = same[0]
+    return order, x
 
 
 def trace_flattened_inputs(model: Module, example_input, found: dict) -> None:
@@ -143,7 +199,10 @@ def trace_flattened_inputs(model: Module, example_input, found: dict) -> None:
 
         def forward_recording(*args, **kwargs):
             if args:
-                found[id(module)] = flatten_origin(args[0])
+                try:
+                    found[id(module)] = flatten_origin(args[0])
+                except FlattenOrderUnknown as exc:  # refused when the layer converts
+                    found[id(module)] = exc
             return forward(*args, **kwargs)
         return forward_recording
 
@@ -341,9 +400,24 @@ def checkpoint_arrays(torch_state) -> dict:
     return {str(key): _as_array(key, value) for key, value in torch_state.items()}
 
 
+def _torch_numpy(key, value) -> np.ndarray:
+    """A torch tensor's values as NumPy's; bfloat16, which NumPy lacks, through its bits."""
+    value = value.detach().cpu()
+    if str(value.dtype) == "torch.bfloat16":
+        import torch  # the value is torch's, so torch is importable
+
+        return value.view(torch.int16).numpy().view(BFLOAT16)
+    try:
+        return value.numpy()
+    except TypeError:  # float8, complex32, quantized...: no NumPy dtype holds them
+        raise EveryOError(f"convert_state_dict: {key!r} is a torch tensor of dtype "
+                          f"{value.dtype}, which NumPy cannot hold; convert it first "
+                          f"(e.g. .float())") from None
+
+
 def _as_array(key, value) -> np.ndarray:
     if hasattr(value, "detach") and hasattr(value, "numpy"):  # a torch.Tensor
-        value = value.detach().cpu().numpy()
+        value = _torch_numpy(key, value)
     elif isinstance(value, Tensor):
         value = value.data
     if not isinstance(value, (np.ndarray, np.generic, int, float)):

@@ -81,7 +81,18 @@ def load_safetensors(path: str) -> OrderedDict:
         raise FileNotFoundError(f"load: no such file: {path}")
     try:
         with safetensors.safe_open(path, framework="np") as handle:
-            return OrderedDict((key, handle.get_tensor(key)) for key in handle.keys())
+            return OrderedDict((key, _tensor(handle, key, path)) for key in handle.keys())
     except (safetensors.SafetensorError, OSError, ValueError, TypeError, KeyError) as exc:
         raise EveryOSerializationError(f"load: {path} is truncated, corrupt or not a "
                                        f"safetensors file ({type(exc).__name__}: {exc})") from None
+
+
+def _tensor(handle, key: str, path: str):
+    """``handle``'s array ``key``; a dtype safetensors knows but NumPy has not (float8, whose
+    NumPy API looks it up as ``np.float8_e4m3fn``) is refused by name."""
+    try:
+        return handle.get_tensor(key)
+    except AttributeError:
+        raise EveryOSerializationError(
+            f"load: {path}: tensor {key!r} is {handle.get_slice(key).get_dtype()}, a dtype NumPy "
+            f"(and so EveryO) cannot hold; convert it (e.g. to float32) before saving") from None

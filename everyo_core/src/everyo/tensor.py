@@ -633,7 +633,8 @@ _NO_FILL: Any = object()
 
 def full(*size, fill_value=_NO_FILL, dtype=None, requires_grad: bool = False) -> Tensor:
     """A tensor filled with ``fill_value``: PyTorch's ``eo.full((2, 3), 0.5)``, or
-    ``eo.full(2, 3, fill_value=0.5)`` (the sizes as separate arguments).
+    ``eo.full(2, 3, fill_value=0.5)`` (the sizes as separate arguments). Without ``dtype``
+    the fill's kind decides, as PyTorch's: bool, int64, complex64 or the default float.
 
     Example:
         >>> import everyo as eo
@@ -645,9 +646,17 @@ def full(*size, fill_value=_NO_FILL, dtype=None, requires_grad: bool = False) ->
             raise EveryOError(f"full: expected the size and the fill value, as "
                               f"eo.full((2, 3), 0.5), got {len(size)} positional arguments "
                               f"{size}; or give fill_value= by name")
-        shape, fill_value = size[:1], size[1]
-        return _filled(fill_value, shape, dtype, requires_grad, "full")
-    return _filled(fill_value, size, dtype, requires_grad, "full")
+        size, fill_value = size[:1], size[1]
+    return _filled(fill_value, size, _full_dtype(fill_value, dtype), requires_grad, "full")
+
+
+def _full_dtype(fill_value, dtype):
+    """``torch.full``'s dtype: ``dtype`` if given, else the fill's kind (a bool fills bools, an
+    int int64, a complex complex64; a float the default float), so an integer is exact."""
+    if dtype is not None or isinstance(fill_value, Tensor):
+        return dtype
+    kind = np.asarray(fill_value).dtype.kind
+    return {"b": "bool", "i": "int64", "u": "int64", "c": "complex64"}.get(kind)
 
 
 def _generator(seed) -> np.random.Generator:

@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 from everyo import EveryOError, Module, Op, Parameter, Tensor, dispatch
 from everyo_layers.checks import argument, optional_argument
 from everyo_layers.initializers import layer_generator
+
+# The Parameters Embeddings hold as their (num_embeddings, dim) tables, by id (weakly: a dead
+# table leaves, so an id is never reused). A Linear refuses one assigned as its weight, square
+# too: the table is PyTorch's (out, in) layout, and its shape alone cannot say so.
+_TABLES: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+def is_embedding_table(param) -> bool:
+    """Whether ``param`` is (or was) an ``Embedding``'s weight."""
+    return _TABLES.get(id(param)) is param
 
 
 def scatter_add_rows(indices: np.ndarray, rows: np.ndarray, num_rows: int) -> np.ndarray:
@@ -108,6 +120,16 @@ class Embedding(Module):
         if padding_idx is not None:
             table[padding_idx] = 0
         self.weight = Parameter(table.astype(np.float32))
+
+    def __setattr__(self, name: str, value) -> None:
+        super().__setattr__(name, value)
+        if name == "weight" and isinstance(value, Parameter):
+            _TABLES[id(value)] = value
+
+    def __setstate__(self, state: dict) -> None:  # a copy's or an unpickled table is one too
+        self.__dict__.update(state)
+        if isinstance(state.get("weight"), Parameter):
+            _TABLES[id(state["weight"])] = state["weight"]
 
     @property
     def label(self) -> str:

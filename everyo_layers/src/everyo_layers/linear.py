@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from everyo import EveryOError, Module, Parameter, dispatch
 from everyo_layers.checks import argument, check_last_axis
+from everyo_layers.embedding import is_embedding_table
 from everyo_layers.initializers import fan_in_bound, layer_generator, uniform_parameter
 
 
@@ -25,7 +26,8 @@ class Linear(Module):
 
     Weight tying: ``decoder.weight = other.weight`` shares a parameter of shape ``(in, out)``;
     ``decoder.tie_weight(encoder.weight)`` also shares an ``Embedding``'s ``(num, dim)`` table,
-    used transposed (PyTorch's ``decoder.weight = encoder.weight``).
+    used transposed (PyTorch's ``decoder.weight = encoder.weight``, which is refused here for
+    an Embedding's table, square ones too, as its layout differs).
 
     Example:
         >>> import everyo as eo
@@ -44,9 +46,14 @@ class Linear(Module):
         self.bias = uniform_parameter(rng, (self.out_features,), bound) if bias else None
 
     def __setattr__(self, name: str, value) -> None:
-        if (name == "weight" and isinstance(value, Parameter) and "weight" in self.__dict__
-                and value.shape != (self.in_features, self.out_features)):
-            raise EveryOError(self._tie_refusal(value.shape, False))
+        if name == "weight" and isinstance(value, Parameter) and "weight" in self.__dict__:
+            if value.shape != (self.in_features, self.out_features):
+                raise EveryOError(self._tie_refusal(value.shape, False))
+            if is_embedding_table(value):  # square: the shape fits, the layout does not
+                raise EveryOError(f"{self.label}: the Parameter is an Embedding's "
+                                  f"(num_embeddings, embedding_dim) table, PyTorch's (out, in) "
+                                  f"layout, not the weight's (in, out); tie it with "
+                                  f"layer.tie_weight(encoder.weight, transposed=True)")
         super().__setattr__(name, value)
         if name == "weight":
             object.__setattr__(self, "weight_transposed", False)

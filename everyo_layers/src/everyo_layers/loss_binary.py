@@ -3,8 +3,8 @@
 ``loss = -(y * max(log x, -100) + (1 - y) * max(log(1 - x), -100))``: the logarithms are
 clamped at -100, as PyTorch does, so a probability of exactly 0 or 1 gives a finite loss (100)
 instead of ``inf``. The input gradient is PyTorch's ``(x - y) / max(x (1 - x), 1e-12)``
-(finite at 0 and 1 as well). Inputs must lie in ``[0, 1]`` (PyTorch raises too); for logits,
-:func:`binary_cross_entropy_with_logits` is the stable choice.
+(finite at 0 and 1 as well). Inputs and targets must lie in ``[0, 1]`` (PyTorch raises too);
+for logits, :func:`binary_cross_entropy_with_logits` is the stable choice.
 """
 
 from __future__ import annotations
@@ -56,12 +56,24 @@ class BinaryCrossEntropyOp(_ElementwiseLossOp):
         return -(y * log_x + (1.0 - y) * log_1mx)
 
 
-def _check_probabilities(name: str, input) -> None:
-    x = array_of(input)
+def _outside_unit_interval(values):
+    """The first entry of ``values`` outside ``[0, 1]`` (NaN included), or None."""
+    x = array_of(values)
     if x.size and not (np.all(x >= 0) and np.all(x <= 1)):  # NaN fails both
-        bad = x[~((x >= 0) & (x <= 1))].flat[0]
+        return x[~((x >= 0) & (x <= 1))].flat[0]
+    return None
+
+
+def _check_probabilities(name: str, input, target) -> None:
+    bad = _outside_unit_interval(input)
+    if bad is not None:
         raise EveryOError(f"{name}: input must be probabilities in [0, 1] (for logits use "
-                          f"binary_cross_entropy_with_logits), got {bad} in shape {x.shape}")
+                          f"binary_cross_entropy_with_logits), got {bad} in shape "
+                          f"{array_of(input).shape}")
+    bad = _outside_unit_interval(target)
+    if bad is not None:  # PyTorch refuses it too; the formula would give a silent number
+        raise EveryOError(f"{name}: target must be in [0, 1] (as PyTorch requires), got {bad} "
+                          f"in shape {array_of(target).shape}")
 
 
 def binary_cross_entropy(input, target, weight=None, reduction: str = "mean"):
@@ -88,7 +100,7 @@ def binary_cross_entropy(input, target, weight=None, reduction: str = "mean"):
         raise EveryOError(f"{name}: the third argument is weight (PyTorch's order); pass "
                           f"reduction={weight!r} by name")
     _check_elementwise(name, input, target, reduction)
-    _check_probabilities(name, input)
+    _check_probabilities(name, input, target)
     if weight is not None:
         w = _broadcasting_weight(name, "weight", weight, input)
         return weighted_elementwise_loss("binary_cross_entropy", input, target, w, reduction)

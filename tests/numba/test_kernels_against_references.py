@@ -1,6 +1,6 @@
 """Every kernel everyo-numba implements, against its NumPy reference, on a table of shapes,
 dtypes (float32, float64, float16, bfloat16) and layouts (contiguous, non-contiguous,
-broadcast, empty), with special values (ties, NaN, -inf) where the kernel must treat them as
+negative strides, broadcast, empty), with special values (ties, NaN, -inf) where the kernel must treat them as
 the reference does.
 
 Bounds (the contract each implementation states):

@@ -1,9 +1,9 @@
 """The shape/dtype/layout table every kernel provider is tested on against the references.
 
 ``CASES`` is a list of ``(kernel name, build)`` where ``build(rng)`` returns the kernel's
-arguments. Layouts: ``contiguous``, ``strided`` (a non-contiguous view), ``broadcast`` (zero
-strides), ``empty`` (a zero-length batch). Values include ties and, where the kernel must carry
-them, NaN and -inf.
+arguments. Layouts: ``contiguous``, ``strided`` (a non-contiguous view), ``reversed`` (a
+negative stride), ``broadcast`` (zero strides), ``empty`` (a zero-length batch). Values include
+ties and, where the kernel must carry them, NaN and -inf.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from everyo_layers.recurrent_kernels import lstm_forward_steps
 
 DTYPES = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16),
           np.dtype(ml_dtypes.bfloat16))
-LAYOUTS = ("contiguous", "strided", "broadcast", "empty")
+LAYOUTS = ("contiguous", "strided", "reversed", "broadcast", "empty")
 
 #: Kernels whose implementations must give the reference's bits.
 EXACT = frozenset({"max_pool2d_forward", "max_pool2d_backward", "relu_forward", "sgd_step",
@@ -41,6 +41,8 @@ def layout(array: np.ndarray, how: str) -> np.ndarray:
         wide = np.empty(array.shape[:-1] + (2 * array.shape[-1],), array.dtype)
         wide[..., ::2] = array
         return wide[..., ::2]
+    if how == "reversed":  # a negative stride: the last axis read backwards
+        return np.ascontiguousarray(array[..., ::-1])[..., ::-1]
     if how == "broadcast":  # every sample the same: the batch axis has stride 0
         return np.broadcast_to(array[:1], array.shape)
     if how == "empty":
@@ -213,6 +215,8 @@ def _lstm(dtype, how, backward):
         lstm_forward_steps(acts, w, hs, cs, tanh_c)
         gt = values(rng, (hs.shape[0] - 1,) + hs.shape[1:], dtype)
         gt = gt if how != "strided" else layout(gt.transpose(1, 0, 2), how).transpose(1, 0, 2)
+        if how == "reversed":
+            gt = layout(gt, how)
         if how == "broadcast":
             gt = np.broadcast_to(gt[:1], gt.shape)
         w_t = np.ascontiguousarray(w.T)
@@ -258,8 +262,8 @@ def _sgd(dtype, how, options, first):
     def build(rng):
         weights = _group(rng, dtype, how)
         grads = [values(rng, w.shape, dtype) for w in weights]
-        if how == "strided":  # one gradient a strided view
-            grads[0] = layout(grads[0], "strided")
+        if how in ("strided", "reversed"):  # one gradient a strided view
+            grads[0] = layout(grads[0], how)
         buffers = [None if first else values(rng, w.shape, dtype) for w in weights]
         return (weights, grads, buffers, options["lr"], options["momentum"],
                 options["dampening"], options["nesterov"], options["weight_decay"])
@@ -270,8 +274,8 @@ def _adam(dtype, how, options, step):
     def build(rng):
         weights = _group(rng, dtype, how)
         grads = [values(rng, w.shape, dtype) for w in weights]
-        if how == "strided":
-            grads[0] = layout(grads[0], "strided")
+        if how in ("strided", "reversed"):
+            grads[0] = layout(grads[0], how)
         m = [values(rng, w.shape, dtype) * 0.1 for w in weights]
         v = [np.abs(values(rng, w.shape, dtype)) * 0.1 for w in weights]
         top = [np.abs(values(rng, w.shape, dtype)) * 0.1 for w in weights] \
@@ -287,8 +291,8 @@ def _unscale(dtype, how, special, inverse):
     """Gradients of a parameter group, one holding ``special`` (None: all finite)."""
     def build(rng):
         grads = [values(rng, w.shape, dtype) * 1e4 for w in _group(rng, dtype, how)]
-        if how == "strided":
-            grads[0] = layout(grads[0], "strided")
+        if how in ("strided", "reversed"):
+            grads[0] = layout(grads[0], how)
         if special is not None:
             grads[1].reshape(-1)[-1] = special
         return grads, inverse

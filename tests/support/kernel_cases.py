@@ -2,7 +2,8 @@
 
 ``CASES`` is a list of ``(kernel name, build)`` where ``build(rng)`` returns the kernel's
 arguments. Layouts: ``contiguous``, ``strided`` (a non-contiguous view), ``reversed`` (a
-negative stride), ``broadcast`` (zero strides), ``empty`` (a zero-length batch). Values include
+negative stride), ``broadcast`` (zero strides), ``empty`` (a zero-length batch), ``swapped``
+(non-native byte order). Values include
 ties and, where the kernel must carry them, NaN and -inf.
 """
 
@@ -393,7 +394,27 @@ def _table() -> list:
     return cases
 
 
-_ALL = _table()
+def _swap_bytes(arg):
+    """``arg`` with every floating array (in lists and tuples too) in non-native byte order:
+    the same values, as NumPy loads them from a file written on the other endianness."""
+    if isinstance(arg, (list, tuple)):
+        return type(arg)(_swap_bytes(a) for a in arg)
+    if isinstance(arg, np.ndarray) and arg.dtype.kind == "f":
+        return arg.astype(arg.dtype.newbyteorder())
+    return arg
+
+
+def _swapped(build):
+    return lambda rng: _swap_bytes(build(rng))
+
+
+def _with_swapped(cases: list) -> list:
+    """Every contiguous case again with its floating arrays in non-native byte order."""
+    return cases + [(name, _swapped(build), label.replace("-contiguous", "-swapped"))
+                    for name, build, label in cases if "-contiguous" in label]
+
+
+_ALL = _with_swapped(_table())
 CASES = [(name, build) for name, build, _ in _ALL]
 
 

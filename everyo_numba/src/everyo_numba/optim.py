@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from everyo_numba.jit import COMPILED_DTYPES, njit
+from everyo_numba.jit import COMPILED_DTYPES, native, njit
 
 
 def _flat(arrays, dtype):
@@ -52,7 +52,7 @@ def _python_numbers(*values) -> bool:
 
 def sgd_step(weights, grads, buffers, lr, momentum, dampening, nesterov, weight_decay):
     dtype = weights[0].dtype if weights else None
-    if dtype is None or dtype.name not in COMPILED_DTYPES or not _python_numbers(
+    if dtype is None or dtype.name not in COMPILED_DTYPES or not native(weights[0]) or not _python_numbers(
             lr, momentum, dampening, weight_decay):
         return NotImplemented
     fresh = [np.empty_like(w) if buf is None else buf for w, buf in zip(weights, buffers)] \
@@ -99,7 +99,7 @@ def _adam(weights, grads, exp_avgs, exp_avg_sqs, maxima, amsgrad, step_sizes, co
 def adam_step(weights, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, lr, beta1, beta2,
               eps, weight_decay, decoupled):
     dtype = weights[0].dtype if weights else None
-    if dtype is None or dtype.name not in COMPILED_DTYPES or not _python_numbers(
+    if dtype is None or dtype.name not in COMPILED_DTYPES or not native(weights[0]) or not _python_numbers(
             lr, beta1, beta2, eps, weight_decay):
         return NotImplemented
     amsgrad = max_exp_avg_sqs is not None

@@ -2,8 +2,8 @@
 
 ``CASES`` is a list of ``(kernel name, build)`` where ``build(rng)`` returns the kernel's
 arguments. Layouts: ``contiguous``, ``strided`` (a non-contiguous view), ``reversed`` (a
-negative stride), ``broadcast`` (zero strides), ``empty`` (a zero-length batch), ``swapped``
-(non-native byte order). Values include
+negative stride), ``readonly`` (an input not writeable), ``broadcast`` (zero strides), ``empty``
+(a zero-length batch), ``swapped`` (non-native byte order). Values include
 ties and, where the kernel must carry them, NaN and -inf.
 """
 
@@ -19,7 +19,7 @@ from everyo_layers.recurrent_kernels import lstm_forward_steps
 
 DTYPES = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16),
           np.dtype(ml_dtypes.bfloat16))
-LAYOUTS = ("contiguous", "strided", "reversed", "broadcast", "empty")
+LAYOUTS = ("contiguous", "strided", "reversed", "readonly", "broadcast", "empty")
 
 #: Kernels whose implementations must give the reference's bits.
 EXACT = frozenset({"max_pool2d_forward", "max_pool2d_backward", "relu_forward", "sgd_step",
@@ -44,6 +44,10 @@ def layout(array: np.ndarray, how: str) -> np.ndarray:
         return wide[..., ::2]
     if how == "reversed":  # a negative stride: the last axis read backwards
         return np.ascontiguousarray(array[..., ::-1])[..., ::-1]
+    if how == "readonly":  # contiguous, not writeable (np.frombuffer of bytes, a memory map)
+        frozen = np.array(array)
+        frozen.flags.writeable = False
+        return frozen
     if how == "broadcast":  # every sample the same: the batch axis has stride 0
         return np.broadcast_to(array[:1], array.shape)
     if how == "empty":
@@ -216,7 +220,7 @@ def _lstm(dtype, how, backward):
         lstm_forward_steps(acts, w, hs, cs, tanh_c)
         gt = values(rng, (hs.shape[0] - 1,) + hs.shape[1:], dtype)
         gt = gt if how != "strided" else layout(gt.transpose(1, 0, 2), how).transpose(1, 0, 2)
-        if how == "reversed":
+        if how in ("reversed", "readonly"):
             gt = layout(gt, how)
         if how == "broadcast":
             gt = np.broadcast_to(gt[:1], gt.shape)
@@ -263,7 +267,7 @@ def _sgd(dtype, how, options, first):
     def build(rng):
         weights = _group(rng, dtype, how)
         grads = [values(rng, w.shape, dtype) for w in weights]
-        if how in ("strided", "reversed"):  # one gradient a strided view
+        if how in ("strided", "reversed", "readonly"):  # one gradient another layout
             grads[0] = layout(grads[0], how)
         buffers = [None if first else values(rng, w.shape, dtype) for w in weights]
         return (weights, grads, buffers, options["lr"], options["momentum"],
@@ -275,7 +279,7 @@ def _adam(dtype, how, options, step):
     def build(rng):
         weights = _group(rng, dtype, how)
         grads = [values(rng, w.shape, dtype) for w in weights]
-        if how in ("strided", "reversed"):
+        if how in ("strided", "reversed", "readonly"):
             grads[0] = layout(grads[0], how)
         m = [values(rng, w.shape, dtype) * 0.1 for w in weights]
         v = [np.abs(values(rng, w.shape, dtype)) * 0.1 for w in weights]

@@ -17,11 +17,12 @@ from everyo_numba.jit import COMPILED_DTYPES, native, njit
 
 
 def _flat(arrays, dtype):
-    """``arrays`` as a tuple of flat views, or None when one is not a C-contiguous ``dtype``
-    array (no copy: the kernels write through these views)."""
+    """``arrays`` as a tuple of flat views, or None when one is not a writeable C-contiguous
+    ``dtype`` array (no copy: the kernels write through these views; and Numba types a
+    read-only array apart, so one read-only gradient among writeable ones is a typing error)."""
     flat = []
     for a in arrays:
-        if a.dtype != dtype or not a.flags.c_contiguous:
+        if a.dtype != dtype or not a.flags.c_contiguous or not a.flags.writeable:
             return None
         flat.append(a.reshape(-1))
     return tuple(flat)

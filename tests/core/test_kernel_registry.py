@@ -189,3 +189,28 @@ def test_everyo_plugins_shows_the_provider_and_what_it_runs():
 def _coverage_under(provider: str) -> dict:
     with K.use(provider):
         return K.coverage()
+
+
+def test_import_everyo_imports_no_provider_module_and_a_kernel_call_only_its_own():
+    # NOTE: cold start: a provider registers "module:function" paths, so `import everyo` (and
+    # listing the kernels) imports neither the provider's modules nor what they need (Numba);
+    # the first call of a kernel imports that kernel's module only.
+    providers = eo.registry("kernels").providers()
+    if "numba" not in providers:
+        pytest.skip("everyo-numba is not installed")
+    result = _run("""
+        import sys
+        import everyo as eo, everyo.kernels as K, numpy as np
+        loaded = lambda: " ".join(sorted(m for m in sys.modules
+                                         if m.split(".")[0] in ("numba", "everyo_numba")))
+        K.coverage(), K.fingerprint()
+        print(loaded())
+        K.kernel.relu_forward(np.float32([-1.0, 2.0]))
+        print(loaded())
+    """, EVERYO_KERNELS="numba")
+    assert result.returncode == 0, result.stderr
+    at_import, after_call = result.stdout.splitlines()
+    assert at_import == "everyo_numba everyo_numba.plugin", at_import
+    modules = set(after_call.split())
+    assert "numba" in modules and "everyo_numba.activation" in modules
+    assert not {"everyo_numba.norm", "everyo_numba.pool", "everyo_numba.optim"} & modules

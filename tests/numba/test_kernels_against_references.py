@@ -1,7 +1,7 @@
 """Every kernel everyo-numba implements, against its NumPy reference, on a table of shapes,
 dtypes (float32, float64, float16, bfloat16) and layouts (contiguous, non-contiguous,
-broadcast, empty), with special values (ties, NaN, -inf) where the kernel must treat them as
-the reference does.
+negative strides, read-only, broadcast, empty, non-native byte order), with special values
+(ties, NaN, -inf) where the kernel must treat them as the reference does.
 
 Bounds (the contract each implementation states):
 

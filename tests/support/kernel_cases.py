@@ -1,9 +1,10 @@
 """The shape/dtype/layout table every kernel provider is tested on against the references.
 
 ``CASES`` is a list of ``(kernel name, build)`` where ``build(rng)`` returns the kernel's
-arguments. Layouts: ``contiguous``, ``strided`` (a non-contiguous view), ``broadcast`` (zero
-strides), ``empty`` (a zero-length batch). Values include ties and, where the kernel must carry
-them, NaN and -inf.
+arguments. Layouts: ``contiguous``, ``strided`` (a non-contiguous view), ``reversed`` (a
+negative stride), ``readonly`` (an input not writeable), ``broadcast`` (zero strides), ``empty``
+(a zero-length batch), ``swapped`` (non-native byte order). Values include
+ties and, where the kernel must carry them, NaN and -inf.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from everyo_layers.recurrent_kernels import lstm_forward_steps
 
 DTYPES = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16),
           np.dtype(ml_dtypes.bfloat16))
-LAYOUTS = ("contiguous", "strided", "broadcast", "empty")
+LAYOUTS = ("contiguous", "strided", "reversed", "readonly", "broadcast", "empty")
 
 #: Kernels whose implementations must give the reference's bits.
 EXACT = frozenset({"max_pool2d_forward", "max_pool2d_backward", "relu_forward", "sgd_step",
@@ -41,6 +42,12 @@ def layout(array: np.ndarray, how: str) -> np.ndarray:
         wide = np.empty(array.shape[:-1] + (2 * array.shape[-1],), array.dtype)
         wide[..., ::2] = array
         return wide[..., ::2]
+    if how == "reversed":  # a negative stride: the last axis read backwards
+        return np.ascontiguousarray(array[..., ::-1])[..., ::-1]
+    if how == "readonly":  # contiguous, not writeable (np.frombuffer of bytes, a memory map)
+        frozen = np.array(array)
+        frozen.flags.writeable = False
+        return frozen
     if how == "broadcast":  # every sample the same: the batch axis has stride 0
         return np.broadcast_to(array[:1], array.shape)
     if how == "empty":
@@ -213,6 +220,8 @@ def _lstm(dtype, how, backward):
         lstm_forward_steps(acts, w, hs, cs, tanh_c)
         gt = values(rng, (hs.shape[0] - 1,) + hs.shape[1:], dtype)
         gt = gt if how != "strided" else layout(gt.transpose(1, 0, 2), how).transpose(1, 0, 2)
+        if how in ("reversed", "readonly"):
+            gt = layout(gt, how)
         if how == "broadcast":
             gt = np.broadcast_to(gt[:1], gt.shape)
         w_t = np.ascontiguousarray(w.T)
@@ -258,8 +267,8 @@ def _sgd(dtype, how, options, first):
     def build(rng):
         weights = _group(rng, dtype, how)
         grads = [values(rng, w.shape, dtype) for w in weights]
-        if how == "strided":  # one gradient a strided view
-            grads[0] = layout(grads[0], "strided")
+        if how in ("strided", "reversed", "readonly"):  # one gradient another layout
+            grads[0] = layout(grads[0], how)
         buffers = [None if first else values(rng, w.shape, dtype) for w in weights]
         return (weights, grads, buffers, options["lr"], options["momentum"],
                 options["dampening"], options["nesterov"], options["weight_decay"])
@@ -270,8 +279,8 @@ def _adam(dtype, how, options, step):
     def build(rng):
         weights = _group(rng, dtype, how)
         grads = [values(rng, w.shape, dtype) for w in weights]
-        if how == "strided":
-            grads[0] = layout(grads[0], "strided")
+        if how in ("strided", "reversed", "readonly"):
+            grads[0] = layout(grads[0], how)
         m = [values(rng, w.shape, dtype) * 0.1 for w in weights]
         v = [np.abs(values(rng, w.shape, dtype)) * 0.1 for w in weights]
         top = [np.abs(values(rng, w.shape, dtype)) * 0.1 for w in weights] \
@@ -287,8 +296,8 @@ def _unscale(dtype, how, special, inverse):
     """Gradients of a parameter group, one holding ``special`` (None: all finite)."""
     def build(rng):
         grads = [values(rng, w.shape, dtype) * 1e4 for w in _group(rng, dtype, how)]
-        if how == "strided":
-            grads[0] = layout(grads[0], "strided")
+        if how in ("strided", "reversed"):
+            grads[0] = layout(grads[0], how)
         if special is not None:
             grads[1].reshape(-1)[-1] = special
         return grads, inverse
@@ -389,7 +398,27 @@ def _table() -> list:
     return cases
 
 
-_ALL = _table()
+def _swap_bytes(arg):
+    """``arg`` with every floating array (in lists and tuples too) in non-native byte order:
+    the same values, as NumPy loads them from a file written on the other endianness."""
+    if isinstance(arg, (list, tuple)):
+        return type(arg)(_swap_bytes(a) for a in arg)
+    if isinstance(arg, np.ndarray) and arg.dtype.kind == "f":
+        return arg.astype(arg.dtype.newbyteorder())
+    return arg
+
+
+def _swapped(build):
+    return lambda rng: _swap_bytes(build(rng))
+
+
+def _with_swapped(cases: list) -> list:
+    """Every contiguous case again with its floating arrays in non-native byte order."""
+    return cases + [(name, _swapped(build), label.replace("-contiguous", "-swapped"))
+                    for name, build, label in cases if "-contiguous" in label]
+
+
+_ALL = _with_swapped(_table())
 CASES = [(name, build) for name, build, _ in _ALL]
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from everyo.kernels import HALF_DTYPES
-from everyo_numba.jit import njit
+from everyo_numba.jit import native, njit
 
 #: dtype name -> (the integer view, the bits of -inf in it) of the 16-bit formats.
 _HALF_BITS = {"float16": -1024, "bfloat16": -128}
@@ -39,7 +39,7 @@ def _relu_half_bits(bits, neg_inf_bits, out, passes):
 
 
 def relu_forward(x):
-    if x.dtype.kind not in "fV" or not x.size:
+    if x.dtype.kind not in "fV" or not x.size or not native(x):
         return NotImplemented
     flat = x.reshape(-1)  # (a copy only when x is not contiguous)
     out = np.empty(x.size, x.dtype)

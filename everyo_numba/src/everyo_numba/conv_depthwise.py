@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from everyo_numba.jit import COMPILED_DTYPES, njit
+from everyo_numba.jit import COMPILED_DTYPES, native, njit
 
 
 def _supported(*arrays) -> bool:
     dtype = arrays[0].dtype
-    return dtype.name in COMPILED_DTYPES and all(a.dtype == dtype for a in arrays)
+    return dtype.name in COMPILED_DTYPES and native(*arrays) and all(a.dtype == dtype
+                                                                     for a in arrays)
 
 
 def depthwise_conv2d_forward(xp, w, stride, dilation, out_hw):

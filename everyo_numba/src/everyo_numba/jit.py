@@ -19,3 +19,14 @@ njit = numba.njit(cache=True, error_model="numpy", nogil=True)
 #: The dtypes the compiled loops take (NumPy has no float16 or bfloat16 arithmetic in Numba);
 #: the kernels widen 16-bit operands to float32 themselves or leave them to the reference.
 COMPILED_DTYPES = frozenset({"float32", "float64"})
+
+
+def native(*arrays) -> bool:
+    """True when every array (None skipped) is in native byte order.
+
+    Numba compiles native-order arrays only (a ``>f4`` array is a typing error), and the 16-bit
+    paths read the integer bits, which a swapped array holds in the other order: every kernel
+    leaves a call with a non-native array (NumPy loads one from a file written on the other
+    endianness) to the reference. ``dtype.name`` does not tell: ``>f4`` is "float32" too.
+    """
+    return all(a is None or a.dtype.isnative for a in arrays)

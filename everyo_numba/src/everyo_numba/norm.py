@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 
-from everyo_numba.jit import njit
+from everyo_numba.jit import native, njit
 
 _COMPUTE = {"float16": np.float32, "bfloat16": np.float32, "float32": np.float32,
             "float64": np.float64}
@@ -142,8 +142,8 @@ def _layer_norm_backward(gy, xhat, inv_std, weight, has_weight, need_x, need_w, 
 
 def layer_norm_backward(g, xhat, inv_std, weight, ndims, needs):
     compute = xhat.dtype
-    if compute.name not in ("float32", "float64") or (weight is not None
-                                                      and weight.dtype != compute):
+    if compute.name not in ("float32", "float64") or not native(xhat, inv_std) or (
+            weight is not None and weight.dtype != compute):
         return NotImplemented
     shape = g.shape[g.ndim - ndims:]
     d = math.prod(shape)
@@ -253,7 +253,8 @@ def _batch_norm_backward(gy, xhat, scale, training, need_x, gx, sum_gy, sum_gy_x
 def batch_norm_backward(g, xhat, inv_std, weight, training, needs):
     compute = xhat.dtype
     c = g.shape[-1]
-    if compute.name not in ("float32", "float64") or inv_std.dtype != compute or not g.size or (
+    if compute.name not in ("float32", "float64") or not native(xhat) \
+            or inv_std.dtype != compute or not g.size or (
             weight is not None and (weight.dtype != compute or weight.shape != (c,))):
         return NotImplemented
     m = g.size // c
@@ -395,7 +396,8 @@ def _group_norm_backward(gy, xhat, inv_std, groups, weight, has_weight, need_x, 
 def group_norm_backward(g, xhat, inv_std, weight, groups, needs):
     compute = xhat.dtype
     c = g.shape[-1]
-    if compute.name not in ("float32", "float64") or inv_std.dtype != compute or not g.size or (
+    if compute.name not in ("float32", "float64") or not native(xhat) \
+            or inv_std.dtype != compute or not g.size or (
             weight is not None and (weight.dtype != compute or weight.shape != (c,))):
         return NotImplemented
     n = g.shape[0]

@@ -13,15 +13,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from everyo_numba.jit import COMPILED_DTYPES, njit
+from everyo_numba.jit import COMPILED_DTYPES, native, njit
 
 
 def _flat(arrays, dtype):
-    """``arrays`` as a tuple of flat views, or None when one is not a C-contiguous ``dtype``
-    array (no copy: the kernels write through these views)."""
+    """``arrays`` as a tuple of flat views, or None when one is not a writeable C-contiguous
+    ``dtype`` array (no copy: the kernels write through these views; and Numba types a
+    read-only array apart, so one read-only gradient among writeable ones is a typing error)."""
     flat = []
     for a in arrays:
-        if a.dtype != dtype or not a.flags.c_contiguous:
+        if a.dtype != dtype or not a.flags.c_contiguous or not a.flags.writeable:
             return None
         flat.append(a.reshape(-1))
     return tuple(flat)
@@ -52,7 +53,7 @@ def _python_numbers(*values) -> bool:
 
 def sgd_step(weights, grads, buffers, lr, momentum, dampening, nesterov, weight_decay):
     dtype = weights[0].dtype if weights else None
-    if dtype is None or dtype.name not in COMPILED_DTYPES or not _python_numbers(
+    if dtype is None or dtype.name not in COMPILED_DTYPES or not native(weights[0]) or not _python_numbers(
             lr, momentum, dampening, weight_decay):
         return NotImplemented
     fresh = [np.empty_like(w) if buf is None else buf for w, buf in zip(weights, buffers)] \
@@ -99,7 +100,7 @@ def _adam(weights, grads, exp_avgs, exp_avg_sqs, maxima, amsgrad, step_sizes, co
 def adam_step(weights, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, lr, beta1, beta2,
               eps, weight_decay, decoupled):
     dtype = weights[0].dtype if weights else None
-    if dtype is None or dtype.name not in COMPILED_DTYPES or not _python_numbers(
+    if dtype is None or dtype.name not in COMPILED_DTYPES or not native(weights[0]) or not _python_numbers(
             lr, beta1, beta2, eps, weight_decay):
         return NotImplemented
     amsgrad = max_exp_avg_sqs is not None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from everyo_numba.jit import COMPILED_DTYPES, njit
+from everyo_numba.jit import COMPILED_DTYPES, native, njit
 
 
 @njit
@@ -104,7 +104,7 @@ _HALF_BITS = {"float16": (0x7C00, 0xFC00), "bfloat16": (0x7F80, 0xFF80)}
 
 def max_pool2d_forward(x, pool, stride, pads, out_hw, tiled):
     half = _HALF_BITS.get(x.dtype.name)
-    if x.dtype.name not in COMPILED_DTYPES and half is None:
+    if x.dtype.name not in COMPILED_DTYPES and half is None or not native(x):
         return NotImplemented
     winner_code = np.uint8 if pool[0] * pool[1] < 256 else np.int32
     out = np.empty((x.shape[0], out_hw[0], out_hw[1], x.shape[3]), x.dtype)
@@ -120,7 +120,7 @@ def max_pool2d_forward(x, pool, stride, pads, out_hw, tiled):
 
 def max_pool2d_backward(g, winner, x_shape, pool, stride, pads, out_hw, tiled):
     bits = g.dtype.name in _HALF_BITS and tiled  # (a tiled pool only moves values: their bits)
-    if g.dtype.name not in COMPILED_DTYPES and not bits:
+    if g.dtype.name not in COMPILED_DTYPES and not bits or not native(g, winner):
         return NotImplemented
     grad = np.empty(x_shape, g.dtype) if tiled else np.zeros(x_shape, g.dtype)
     values, into = (g.view(np.uint16), grad.view(np.uint16)) if bits else (g, grad)

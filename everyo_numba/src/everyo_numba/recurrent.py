@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from everyo_numba.jit import COMPILED_DTYPES, njit
+from everyo_numba.jit import COMPILED_DTYPES, native, njit
 
 
 @njit
@@ -29,7 +29,7 @@ def _cell_step(a, c_prev, c):
 
 
 def lstm_forward_steps(acts, scaled_w_hh, hs, cs, tanh_c):
-    if acts.dtype.name not in COMPILED_DTYPES:
+    if acts.dtype.name not in COMPILED_DTYPES or not native(acts, scaled_w_hh, hs, cs, tanh_c):
         return NotImplemented
     steps, batch, four = acts.shape
     hidden = four // 4
@@ -66,7 +66,8 @@ def _backward_step(a, c_prev, tanh_c, g, dh, dc, d_pre):
 
 
 def lstm_backward_steps(gt, acts, cs, tanh_c, w_hh_t, dc, d_pre, work):
-    if acts.dtype.name not in COMPILED_DTYPES or gt.dtype != acts.dtype:
+    if acts.dtype.name not in COMPILED_DTYPES or gt.dtype != acts.dtype or not native(
+            acts, cs, tanh_c, w_hh_t, dc, d_pre):
         return NotImplemented
     steps, batch, four = acts.shape
     dh = np.zeros((batch, four // 4), acts.dtype)

@@ -5,7 +5,7 @@ gradient's dtype), so the gradients get the same bits and the verdict is the sam
 
 from __future__ import annotations
 
-from everyo_numba.jit import njit
+from everyo_numba.jit import native, njit
 
 
 @njit
@@ -25,7 +25,7 @@ def unscale_all_finite(grads, inverse):
     if type(inverse) is not float or not grads:
         return NotImplemented
     dtype = grads[0].dtype
-    if dtype.name not in ("float32", "float64") or any(
+    if dtype.name not in ("float32", "float64") or not native(grads[0]) or any(
             g.dtype != dtype or not g.flags.c_contiguous for g in grads):
         return NotImplemented
     return bool(_unscale_all_finite(tuple(g.reshape(-1) for g in grads), inverse,

@@ -62,11 +62,12 @@ group.close()
 """
 
 
-def _train(tmp_path: Path, name: str, kill_at: int, restarts: int):
+def _train(tmp_path: Path, name: str, kill_at: int, restarts: int,
+           script: str = RESUMING_SCRIPT):
     out = tmp_path / name
     out.mkdir()
-    script = tmp_path / "resuming.py"
-    script.write_text(RESUMING_SCRIPT)
+    source, script = script, tmp_path / f"{name}.py"
+    script.write_text(source)
     started = time.monotonic()
     done = subprocess.run([EVERYO_RUN, "--nproc-per-node", "2", "--max-restarts", str(restarts),
                            "--timeout", "30", str(script), str(out), "12", str(kill_at)],
@@ -143,3 +144,76 @@ def test_the_shm_backend_runs_under_everyo_run_restarts_and_leaves_no_segment(tm
     assert sorted(line.split("] ", 1)[1] for line in stdout.splitlines()) == \
         ["attempt 1 total 6.0"] * 3, stdout
     assert _job_segments(launcher.pid) == []
+
+
+# ZeRO-1 under restarts: every step the partitions are consolidated on rank 0, which saves the
+# model, the optimizer (unsharded layout) and the scheduler atomically; every rank of the
+# restarted job loads that file into its sharded optimizer, stepped inside backward by DDP.
+ZERO_SCRIPT = """
+import os, signal, sys
+import numpy as np
+import everyo as eo
+import everyo.distributed as dist
+from everyo.distributed import DistributedDataParallel, ZeroRedundancyOptimizer
+
+out, steps, kill_at = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+checkpoint = os.path.join(out, "checkpoint.eo")
+
+group = dist.init()
+model = eo.Sequential(eo.Linear(4, 16, seed=0), eo.Tanh(), eo.Linear(16, 8, seed=1),
+                      eo.Tanh(), eo.Linear(8, 1, seed=2))
+optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=eo.Adam, group=group,
+                                    lr=1e-2, weight_decay=1e-3)
+ddp = DistributedDataParallel(model, group, bucket_cap_mb=0.0005, optimizer=optimizer)
+scheduler = eo.StepLR(optimizer, step_size=3, gamma=0.5)
+start = 0
+if os.path.exists(checkpoint):
+    saved = eo.load(checkpoint)
+    model.load_state_dict(saved["model"])
+    optimizer.load_state_dict(saved["optimizer"])
+    scheduler.load_state_dict(saved["scheduler"])
+    start = int(saved["step"])
+print("attempt", os.environ["EVERYO_RESTART"], "starts at step", start, flush=True)
+
+for step in range(start, steps):
+    if step == kill_at and os.environ["EVERYO_RESTART"] == "0" and group.rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)  # a real SIGKILL, mid-training
+    rng = np.random.default_rng(step)
+    inputs = rng.standard_normal((16, 4)).astype(np.float32)
+    targets = np.sin(inputs.sum(axis=1, keepdims=True))
+    rows = dist.shard_indices(16, group.rank, group.world_size)
+    optimizer.zero_grad()
+    residual = ddp(eo.tensor(inputs[rows])) - eo.tensor(targets[rows])
+    eo.mean(residual * residual).backward()  # averages, steps the partitions, all-gathers
+    scheduler.step()
+    optimizer.consolidate_state_dict(to=0)
+    if group.is_main:
+        partial = checkpoint + ".partial"
+        eo.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                 "scheduler": scheduler.state_dict(), "step": step + 1}, partial)
+        os.replace(partial, checkpoint)
+    group.barrier()
+
+ddp.close()
+if group.is_main:
+    np.savez(os.path.join(out, "final.npz"), *[p.data for p in model.parameters()])
+group.close()
+"""
+
+
+def test_a_sigkilled_rank_resumes_zero_sharded_training_bit_identically(tmp_path):
+    reference, expected, _ = _train(tmp_path, "zero_uninterrupted", kill_at=-1, restarts=0,
+                                    script=ZERO_SCRIPT)
+    assert reference.returncode == 0, reference.stdout + reference.stderr
+    assert expected, "the uninterrupted run saved no weights"
+
+    done, weights, _ = _train(tmp_path, "zero_killed", kill_at=5, restarts=1,
+                              script=ZERO_SCRIPT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "rank 1 was killed by SIGKILL" in done.stderr, done.stderr
+    resumed = [int(line.rsplit(" ", 1)[1]) for line in done.stdout.splitlines()
+               if "attempt 1 starts at step" in line]
+    assert resumed and all(4 <= step <= 5 for step in resumed), done.stdout  # not from scratch
+    assert len(weights) == len(expected)
+    for got, want in zip(weights, expected):
+        assert got.tobytes() == want.tobytes()

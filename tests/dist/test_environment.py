@@ -134,6 +134,8 @@ def test_malformed_node_lists_are_refused_naming_the_variable(nodelist, message)
     ({**SLURM, "SLURM_PROCID": "-3"}, ["SLURM_PROCID='-3'", "at least 0"]),
     ({**SLURM, "SLURM_PROCID": "9"}, ["SLURM_PROCID=9", "SLURM_NTASKS=8"]),
     ({**SLURM, "SLURM_JOB_ID": "12x"}, ["SLURM_JOB_ID='12x'"]),
+    ({**TORCHRUN, "MASTER_PORT": "0"}, ["MASTER_PORT='0'", "at least 1"]),  # no peer can dial
+    ({**OPENMPI, "MASTER_ADDR": "head", "MASTER_PORT": "0"}, ["MASTER_PORT='0'"]),
     ({"SLURM_PROCID": "0"}, ["SLURM_PROCID", "SLURM_NTASKS"]),
     ({**SLURM, "SLURM_PROCID": "8"}, ["SLURM_PROCID=8", "SLURM_NTASKS=8"]),
     ({**SLURM, "SLURM_LOCALID": "6"}, ["SLURM_LOCALID=6", "SLURM_PROCID=5"]),

@@ -133,7 +133,9 @@ def _address(launcher: str, environ, required: bool) -> tuple[str | None, int | 
                                + (f" ({present[0]} is set)" if present else ""))
     if not present:
         return None, None
-    port = _integer(environ, port_var, 0)  # (everyo-run's 0: a backend without rendezvous)
+    # (everyo-run's 0: a backend without rendezvous; elsewhere rank 0 would listen on a
+    # random port that no peer can dial)
+    port = _integer(environ, port_var, 0 if launcher == "everyo-run" else 1)
     if port > 65535:
         raise DistributedError(f"environment variable {port_var}={environ[port_var]!r} is not "
                                f"a port (0..65535)")

@@ -108,6 +108,31 @@ def bad_hook(group, which: str):
         ddp.close()
 
 
+def hook_failing_once_on_one_rank(group):
+    """Rank 1's hook raises at its first call, between collectives; each rank catches what
+    its backward raises and tries two more steps. Per step: "ok" or the error's class."""
+    calls = []
+
+    def hook(state, bucket):
+        calls.append(bucket.index())
+        if state.rank == 1 and len(calls) == 1:
+            raise ValueError("the hook fails once, on rank 1 only")
+        return state.all_reduce_mean(bucket.buffer())
+
+    model = SmallNet()
+    ddp = DistributedDataParallel(model, group, bucket_cap_mb=0.005)
+    ddp.register_comm_hook(group, hook)
+    outcomes = []
+    for step in range(3):
+        x, y = batch(group.rank, step)
+        try:
+            _loss(ddp, x, y, group.rank).backward()
+            outcomes.append("ok")
+        except Exception as exc:  # noqa: BLE001 - the test looks at which
+            outcomes.append(type(exc).__name__)
+    return outcomes
+
+
 def powersgd_run(group, rank_r: int, steps: int, start_iter: int = 0,
                  error_feedback: bool = True):
     """PowerSGD-averaged gradients of every step, the ranks' exact means, and each rank's

@@ -78,6 +78,18 @@ def test_a_hook_returning_the_wrong_shape_or_dtype_fails_every_rank_by_name(whic
         assert re.search(match, message) and "bucket 0" in message, message
 
 
+def test_a_hook_failing_on_one_rank_leaves_no_step_mixed_with_another_steps_bucket():
+    # rank 1 skipped its collective: its next step's all-reduce (same op, same shape) would
+    # pair with rank 0's waiting one, and both ranks would carry on with mixed gradients
+    from ddp_workers import hook_failing_once_on_one_rank
+
+    zero, one = spawn(hook_failing_once_on_one_rank, WORLD, timeout=15)
+    assert one[0] == "ValueError"  # the hook's own error, on its rank
+    assert one[1:] == ["DistributedError"] * 2, one  # its group refuses further collectives
+    assert "ok" not in zero, zero  # a named error on the waiting rank (timeout, peer lost)
+    assert all(name.endswith("Error") for name in zero), zero
+
+
 def test_powersgd_is_identical_on_every_rank_and_keeps_vectors_exact():
     from ddp_workers import powersgd_run
 

@@ -168,3 +168,29 @@ def test_a_step_left_waiting_by_a_failed_backward_is_named_at_the_next_forward()
                 ddp(eo.ones((2, 3)))
         finally:
             ddp.close()
+
+
+def test_clipping_gradients_an_overlapped_backward_already_applied_is_refused_by_name():
+    # clip_grad_norm_ after backward would scale gradients the step has already used: the
+    # clipped result the loop asks for would silently not happen
+    with init(backend="shm", rank=0, world_size=1) as group:
+        model = _model()
+        optimizer = eo.SGD(model.parameters(), lr=0.1)
+        ddp = DistributedDataParallel(model, group, optimizer=optimizer)
+        try:
+            ddp(eo.ones((2, 3))).sum().backward()
+            with pytest.raises(eo.EveryOError, match=r"clip_grad_norm_.*already applied.*"
+                                                     r"optimizer="):
+                eo.clip_grad_norm_(model.parameters(), max_norm=0.01)
+            optimizer.zero_grad()
+            model[0].weight.grad = np.ones_like(model[0].weight.data)  # a fresh gradient
+            assert eo.clip_grad_norm_(model.parameters(), max_norm=100.0) > 0
+        finally:
+            ddp.close()
+        # without optimizer= (the un-overlapped path) clipping works as always
+        ddp = DistributedDataParallel(model, group)
+        try:
+            ddp(eo.ones((2, 3))).sum().backward()
+            assert eo.clip_grad_norm_(model.parameters(), max_norm=0.01) > 0.01
+        finally:
+            ddp.close()

@@ -127,6 +127,15 @@ def test_malformed_node_lists_are_refused_naming_the_variable(nodelist, message)
     ({**TORCHRUN, "WORLD_SIZE": "four"}, ["WORLD_SIZE='four'"]),
     ({**TORCHRUN, "MASTER_PORT": "70000"}, ["MASTER_PORT='70000'", "0..65535"]),
     ({**TORCHRUN, "RANK": "-1"}, ["RANK='-1'"]),
+    # what int() would read but no launcher writes: not silently another rank
+    ({**SLURM, "SLURM_PROCID": "1_0"}, ["SLURM_PROCID='1_0'", "not a valid int"]),
+    ({**SLURM, "SLURM_NTASKS": "\u0668"}, ["SLURM_NTASKS='\u0668'", "not a valid int"]),
+    ({**OPENMPI, "OMPI_COMM_WORLD_RANK": "+2"}, ["OMPI_COMM_WORLD_RANK='+2'"]),
+    ({**SLURM, "SLURM_PROCID": "-3"}, ["SLURM_PROCID='-3'", "at least 0"]),
+    ({**SLURM, "SLURM_PROCID": "9"}, ["SLURM_PROCID=9", "SLURM_NTASKS=8"]),
+    ({**SLURM, "SLURM_JOB_ID": "12x"}, ["SLURM_JOB_ID='12x'"]),
+    ({**TORCHRUN, "MASTER_PORT": "0"}, ["MASTER_PORT='0'", "at least 1"]),  # no peer can dial
+    ({**OPENMPI, "MASTER_ADDR": "head", "MASTER_PORT": "0"}, ["MASTER_PORT='0'"]),
     ({"SLURM_PROCID": "0"}, ["SLURM_PROCID", "SLURM_NTASKS"]),
     ({**SLURM, "SLURM_PROCID": "8"}, ["SLURM_PROCID=8", "SLURM_NTASKS=8"]),
     ({**SLURM, "SLURM_LOCALID": "6"}, ["SLURM_LOCALID=6", "SLURM_PROCID=5"]),

@@ -130,3 +130,22 @@ def test_bad_arguments_are_refused_by_name():
         zero = ZeroRedundancyOptimizer(w, optimizer_class=eo.Adam, group=group)
         with pytest.raises(DistributedError, match="to must be a rank"):
             zero.consolidate_state_dict(to=1)
+
+
+def test_pytorchs_keywords_are_understood_or_refused_by_name():
+    # ZeroRedundancyOptimizer(params, optimizer_class, process_group=None,
+    # parameters_as_bucket_view=False, overlap_with_ddp=False, **defaults) in PyTorch
+    with init(backend="shm", rank=0, world_size=1) as group:
+        w = [eo.Parameter(np.ones(3, np.float32))]
+        zero = ZeroRedundancyOptimizer(w, eo.SGD, process_group=group, lr=0.5,
+                                       parameters_as_bucket_view=False, overlap_with_ddp=False)
+        w[0].grad = np.ones(3, np.float32)
+        zero.step()
+        assert zero.group is group and np.array_equal(w[0].data, np.full(3, 0.5, np.float32))
+        with pytest.raises(DistributedError, match="overlap_with_ddp.*optimizer="):
+            ZeroRedundancyOptimizer(w, eo.SGD, group=group, lr=1, overlap_with_ddp=True)
+        with pytest.raises(DistributedError, match="parameters_as_bucket_view"):
+            ZeroRedundancyOptimizer(w, eo.SGD, group=group, lr=1,
+                                    parameters_as_bucket_view=True)
+        with pytest.raises(DistributedError, match="group= and process_group="):
+            ZeroRedundancyOptimizer(w, eo.SGD, group=group, process_group=group, lr=1)

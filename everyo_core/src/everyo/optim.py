@@ -9,6 +9,7 @@ constructor's keyword arguments. Schedulers change ``group["lr"]``.
 from __future__ import annotations
 
 import inspect
+import weakref
 
 import numpy as np
 
@@ -23,6 +24,50 @@ from everyo.validation import (
     is_real,
 )
 from everyo.versioning import bump_version
+
+# id(parameter) -> weak references to the parameter and to the .grad a step inside backward
+# applied (see below). NOTE: not a WeakKeyDictionary: that compares keys with ==, which a
+# Tensor answers element-wise.
+_APPLIED_IN_BACKWARD: dict[int, tuple] = {}
+
+
+def _forget(key: int, ref) -> None:
+    if _APPLIED_IN_BACKWARD.get(key, (None,))[0] is ref:
+        del _APPLIED_IN_BACKWARD[key]
+
+
+def mark_applied_in_backward(params) -> None:
+    """Record that a step run inside backward (``DistributedDataParallel(optimizer=)``) has
+    applied the current ``.grad`` of each of ``params``, so that what must see the gradients
+    before the step (``clip_grad_norm_``) refuses them instead of changing nothing.
+
+    Example:
+        >>> import everyo as eo, numpy as np
+        >>> w = eo.Parameter([1.0]); w.grad = np.float32([1.0])
+        >>> mark_applied_in_backward([w]); applied_in_backward([w]) == [w]
+        True
+        >>> w.grad = np.float32([2.0]); applied_in_backward([w])
+        []
+    """
+    for p in params:
+        if p.grad is not None:
+            key = id(p)
+            entry = _APPLIED_IN_BACKWARD.get(key)
+            owner = entry[0] if entry is not None and entry[0]() is p else \
+                weakref.ref(p, lambda ref, key=key: _forget(key, ref))
+            _APPLIED_IN_BACKWARD[key] = (owner, weakref.ref(p.grad))
+
+
+def applied_in_backward(params) -> list:
+    """Those of ``params`` whose current ``.grad`` a step inside backward has already applied
+    (:func:`mark_applied_in_backward`; a new gradient, or ``zero_grad``, clears it)."""
+    found = []
+    for p in params:
+        entry = _APPLIED_IN_BACKWARD.get(id(p))
+        if entry is not None and entry[0]() is p and p.grad is not None and \
+                entry[1]() is p.grad:
+            found.append(p)
+    return found
 
 
 class Optimizer:

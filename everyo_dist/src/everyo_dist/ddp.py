@@ -462,6 +462,11 @@ class DistributedDataParallel:
                     job()
             except BaseException as exc:  # re-raised on the training thread
                 self._error = exc
+                # NOTE: a hook may have failed on this rank only, its peers waiting in the
+                # collective it skipped: no later collective of this rank may pair with it
+                mark_failed = getattr(self.group, "mark_failed", None)
+                if mark_failed is not None:
+                    mark_failed(exc)
             finally:
                 # NOTE: no reference into the bucket's vector may outlive the step here, or
                 # the vector is never recycled (see Bucket)

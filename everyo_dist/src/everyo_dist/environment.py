@@ -28,6 +28,7 @@ already serves ``MASTER_PORT`` (``TORCHELASTIC_USE_AGENT_STORE=True``), the port
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 
 from everyo_dist.errors import DistributedError
@@ -76,17 +77,19 @@ EVERYO_RUN_VARIABLES = dict(zip(("rank", "world_size", "local_rank", "master_add
                                 (*_LAUNCHERS["everyo-run"][:3], *_ADDRESS["everyo-run"])))
 """The ``EVERYO_*`` variable of each field (``init``'s explicit options complete them)."""
 _MPI_FAMILY = ("openmpi", "pmi")
+_DECIMAL = re.compile(r"-?[0-9]+")
 
 
 def _integer(environ, variable: str, lowest: int) -> int | None:
     raw = environ.get(variable)
     if raw is None:
         return None
-    try:
-        value = int(raw.strip())
-    except ValueError:
+    # NOTE: ASCII digits only: int() also reads "1_0", "+2" and other scripts' digits, which
+    # no launcher writes, and would make them another rank without a word
+    if _DECIMAL.fullmatch(raw.strip()) is None:
         raise DistributedError(f"environment variable {variable}={raw!r} is not a valid "
-                               f"int") from None
+                               f"int")
+    value = int(raw.strip())
     if value < lowest:
         raise DistributedError(f"environment variable {variable}={raw!r} must be at least "
                                f"{lowest}")
@@ -130,7 +133,9 @@ def _address(launcher: str, environ, required: bool) -> tuple[str | None, int | 
                                + (f" ({present[0]} is set)" if present else ""))
     if not present:
         return None, None
-    port = _integer(environ, port_var, 0)  # (everyo-run's 0: a backend without rendezvous)
+    # (everyo-run's 0: a backend without rendezvous; elsewhere rank 0 would listen on a
+    # random port that no peer can dial)
+    port = _integer(environ, port_var, 0 if launcher == "everyo-run" else 1)
     if port > 65535:
         raise DistributedError(f"environment variable {port_var}={environ[port_var]!r} is not "
                                f"a port (0..65535)")

@@ -141,6 +141,14 @@ class ProcessGroup:
                            if flat.size else np.empty((self.world_size, 0), flat.dtype))
         return result.reshape((self.world_size, *shape))
 
+    def mark_failed(self, error: BaseException) -> None:
+        """Refuse every later collective of this rank, naming ``error``, as after a failed
+        collective: something that ran between collectives (a communication hook) failed on
+        this rank, which may have skipped collectives its peers are waiting in, so its next
+        ones (same op, same shape) would pair with theirs and mix other steps' data."""
+        if self._failure is None:
+            self._failure = error
+
     def close(self) -> None:
         """Release the group's resources. Idempotent; collectives afterwards raise."""
         if not self._closed:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import weakref
 
 from everyo import Optimizer
+from everyo.optim import mark_applied_in_backward
 from everyo_dist.errors import DistributedError
 
 
@@ -80,6 +81,7 @@ class OverlappedStep:
         if params:
             self.optimizer.step_parameters(params, count=not self.counted)
             self.counted = True
+            mark_applied_in_backward(params)  # (clip_grad_norm_ after backward is refused)
 
     def finish(self) -> None:
         """After the step's last bucket: a sharded optimizer's all-gather (ZeRO), the same

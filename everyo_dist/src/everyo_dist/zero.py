@@ -44,7 +44,10 @@ class ZeroRedundancyOptimizer(Optimizer):
     Args:
         params: the parameters (or parameter groups), the same on every rank.
         optimizer_class: e.g. ``eo.Adam``; it must step each parameter independently.
-        group: the process group.
+        group: the process group (``process_group=``, PyTorch's name, is taken too).
+        parameters_as_bucket_view, overlap_with_ddp: PyTorch's options, False only: the
+            parameters stay separate arrays, and the overlapped step is
+            ``DistributedDataParallel(model, group, optimizer=zero)``.
         **defaults: ``optimizer_class``'s options (``lr=...``).
 
     ``param_groups`` are the unsharded ones (schedulers change them; each step passes them on
@@ -62,7 +65,23 @@ class ZeroRedundancyOptimizer(Optimizer):
         array([0.5, 1.5], dtype=float32)
     """
 
-    def __init__(self, params, optimizer_class=None, group=None, **defaults):
+    def __init__(self, params, optimizer_class=None, group=None, process_group=None,
+                 parameters_as_bucket_view: bool = False, overlap_with_ddp: bool = False,
+                 **defaults):
+        if group is not None and process_group is not None:
+            raise DistributedError("ZeroRedundancyOptimizer: give the group once, as group= "
+                                   "or as PyTorch's process_group=, not both (group= and "
+                                   "process_group=)")
+        group = process_group if group is None else group
+        if overlap_with_ddp is not False:
+            raise DistributedError(f"ZeroRedundancyOptimizer: overlap_with_ddp={overlap_with_ddp!r}"
+                                   f" is not an option here: to step each bucket inside "
+                                   f"backward, pass the optimizer to the wrapper, "
+                                   f"DistributedDataParallel(model, group, optimizer=zero)")
+        if parameters_as_bucket_view is not False:
+            raise DistributedError(f"ZeroRedundancyOptimizer: parameters_as_bucket_view="
+                                   f"{parameters_as_bucket_view!r} is not supported (the "
+                                   f"parameters stay separate arrays, all-gathered per dtype)")
         if not (isinstance(optimizer_class, type) and issubclass(optimizer_class, Optimizer)):
             raise DistributedError(f"ZeroRedundancyOptimizer: optimizer_class must be an everyo "
                                    f"optimizer class (eo.Adam, eo.SGD, ...), got "

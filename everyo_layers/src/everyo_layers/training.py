@@ -8,6 +8,7 @@ import math
 import numpy as np
 
 from everyo import EveryOError, Tensor
+from everyo.optim import applied_in_backward
 from everyo_layers.precision import accumulation_dtype
 
 
@@ -40,9 +41,16 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0,
         >>> w.grad.round(4)
         array([0.6, 0.8], dtype=float32)
     """
-    if isinstance(parameters, Tensor):
-        parameters = [parameters]
+    parameters = [parameters] if isinstance(parameters, Tensor) else list(parameters)
     p = _check_norm_type(norm_type)
+    applied = applied_in_backward(parameters)
+    if applied:
+        raise EveryOError(f"clip_grad_norm_: the gradients of {len(applied)} parameter(s) "
+                          f"(shapes {[a.shape for a in applied[:3]]}...) were already applied "
+                          f"by the optimizer DistributedDataParallel(optimizer=) steps inside "
+                          f"backward, so clipping them now would change nothing; to clip, "
+                          f"build the wrapper without optimizer= and call optimizer.step() "
+                          f"after clip_grad_norm_")
     grads = [param.grad for param in parameters if param.grad is not None]
     if not grads:
         return 0.0

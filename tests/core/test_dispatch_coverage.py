@@ -54,6 +54,40 @@ def test_an_in_place_write_computes_what_numpy_computes():
     assert t.dtype == "float32"
 
 
+ZERO_D_WRITES = {  # a one-element write, as NumPy computes it on an array
+    "add_": (lambda t: t.add_(1.0), lambda a: a + 1.0),
+    "sub_": (lambda t: t.sub_(eo.tensor(0.5)), lambda a: a - 0.5),
+    "mul_": (lambda t: t.mul_(2.0), lambda a: a * 2.0),
+    "div_": (lambda t: t.div_(4.0), lambda a: a / 4.0),
+    "copy_": (lambda t: t.copy_(np.array(7.0)), lambda a: 7.0),
+    "fill_": (lambda t: t.fill_(5.0), lambda a: 5.0),
+    "zero_": (lambda t: t.zero_(), lambda a: 0.0),
+    "clamp_": (lambda t: t.clamp_(max=0.5), lambda a: min(a, 0.5)),
+    "setitem": (lambda t: t.__setitem__((), 9.0), lambda a: 9.0),
+}
+
+
+@pytest.mark.parametrize("method", ZERO_D_WRITES)
+def test_an_element_of_a_tensor_is_a_view_an_in_place_write_reaches(method):
+    # (NumPy's a[1] is a scalar, not a view: t[1].fill_(5.0) raised a raw TypeError, and
+    # t[1].add_(1.0) a misleading "cannot write"; PyTorch writes t's element)
+    write, numpy = ZERO_D_WRITES[method]
+    t = eo.tensor([1.0, 2.0, 3.0])
+    element = t[1]
+    write(element)
+    expected = np.array([1.0, numpy(2.0), 3.0], np.float32)
+    np.testing.assert_array_equal(t.data, expected)
+    assert float(element.data) == expected[1] and t._version == 1
+
+
+@pytest.mark.parametrize("method", ZERO_D_WRITES)
+def test_a_0d_result_can_be_written_in_place(method):
+    write, numpy = ZERO_D_WRITES[method]
+    total = eo.tensor([1.0, 1.0]).sum()  # (NumPy's sum is a scalar)
+    assert write(total) is (None if method == "setitem" else total)
+    assert total.shape == () and float(total.data) == numpy(2.0) and total._version == 1
+
+
 def test_an_in_place_write_still_refuses_a_tensor_that_records_gradients():
     w = eo.ones(2, requires_grad=True)
     with pytest.raises(eo.EveryOError, match="add_ on a tensor of shape"):

@@ -137,3 +137,29 @@ def test_a_checkpoint_is_created_with_the_umask_permissions(tmp_path, umask):
     finally:
         os.umask(old)
     assert os.stat(tmp_path / "m.npz").st_mode & 0o777 == 0o666 & ~umask
+
+
+def _npy_member(header: str, payload: bytes) -> bytes:
+    """A version 1.0 ``.npy`` member with the header text of our choosing."""
+    text = header.encode("latin1")
+    text += b" " * ((64 - (10 + len(text) + 1) % 64) % 64) + b"\n"
+    return b"\x93NUMPY\x01\x00" + len(text).to_bytes(2, "little") + text + payload
+
+
+@pytest.mark.parametrize("header", [
+    # a shape far beyond the member's bytes: refused before anything is allocated
+    "{'descr': '<f8', 'fortran_order': False, 'shape': (100000000000,), }",
+    "{'descr': '<f8', 'fortran_order': False, 'shape': (3, 4), }",
+    # a header NumPy's own parser stumbles on (tokenize.TokenError)
+    "{'descr': '<f8', 'fortran_order': False, 'shape': (3,, }",
+])
+def test_an_array_header_that_does_not_match_its_member_is_refused(tmp_path, header):
+    path = tmp_path / "ok.npz"
+    eo.save({"w": np.ones(3)}, path)
+    with zipfile.ZipFile(path) as archive:
+        structure = archive.read(STRUCTURE + ".npy")
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("a0.npy", _npy_member(header, np.ones(3).tobytes()))
+        archive.writestr(STRUCTURE + ".npy", structure)
+    with pytest.raises(eo.EveryOSerializationError, match="ok.npz"):
+        eo.load(path)

@@ -40,6 +40,17 @@ def _sgd():
     return opt
 
 
+def _optimizer(make):
+    def build():
+        w, b = _trained_parameters()
+        opt = make([w, b])
+        loss = lambda: (w * w).sum() + b.sum()  # noqa: E731 - (LBFGS's closure)
+        loss().backward()
+        opt.step(loss) if isinstance(opt, eo.LBFGS) else opt.step()
+        return opt
+    return build
+
+
 def _module():
     return eo.Sequential(eo.Linear(3, 2, seed=0), eo.BatchNorm1D(2))
 
@@ -90,6 +101,18 @@ OBJECTS = {
     "SequentialLR": _scheduler(lambda o: eo.SequentialLR(
         o, [eo.LinearLR(o, 0.5, total_iters=2), eo.ExponentialLR(o, gamma=0.9)], [2])),
     "ReduceLROnPlateau": lambda: eo.ReduceLROnPlateau(eo.SGD([eo.Parameter([1.0])], lr=1.0)),
+    "AdamW": _optimizer(lambda p: eo.AdamW(p, lr=0.1)),
+    "RMSprop": _optimizer(lambda p: eo.RMSprop(p, lr=0.1, momentum=0.5, centered=True)),
+    "Adagrad": _optimizer(lambda p: eo.Adagrad(p, lr=0.1)),
+    "Adadelta": _optimizer(lambda p: eo.Adadelta(p)),
+    "LBFGS": _optimizer(lambda p: eo.LBFGS(p, lr=0.5, max_iter=3)),
+    "CosineAnnealingLR": _scheduler(lambda o: eo.CosineAnnealingLR(o, T_max=5)),
+    "CosineAnnealingWarmRestarts": _scheduler(lambda o: eo.CosineAnnealingWarmRestarts(o, T_0=3)),
+    "ExponentialLR": _scheduler(lambda o: eo.ExponentialLR(o, gamma=0.9)),
+    "LambdaLR": _scheduler(lambda o: eo.LambdaLR(o, lambda epoch: 0.5 ** epoch)),
+    "MultiplicativeLR": _scheduler(lambda o: eo.MultiplicativeLR(o, lambda epoch: 0.9)),
+    "LinearLR": _scheduler(lambda o: eo.LinearLR(o, 0.5, total_iters=4)),
+    "MultiStepLR": _scheduler(lambda o: eo.MultiStepLR(o, milestones=[1, 3], gamma=0.5)),
 }
 
 

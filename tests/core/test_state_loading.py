@@ -153,6 +153,38 @@ def test_optimizer_load_of_a_non_mapping_is_named():
         opt.load_state_dict(["not", "a", "state"])
 
 
+def trained_lbfgs():
+    w = eo.Parameter(np.ones(3))
+    opt = eo.LBFGS([w], lr=0.5, max_iter=3)
+
+    def loss():
+        opt.zero_grad()
+        value = (w * w).sum()
+        value.backward()
+        return value
+    opt.step(loss)
+    return opt
+
+
+@pytest.mark.parametrize("corrupt, words", [  # each raised a raw exception before
+    (lambda s: s["state"][0].update(ro=0.5), "'ro' must be a list"),
+    (lambda s: s["state"][0].update(ro=["x"]), "'ro' must be a finite number"),
+    (lambda s: s["state"][0].update(old_dirs=0.5), "'old_dirs' must be a list"),
+    (lambda s: s["state"][0].update(d=np.ones(3) * 1j), "'d' is not a vector of real"),
+    (lambda s: s.update(state=[0.5]), "'state' must be a dict"),
+    (lambda s: s["param_groups"][0].update(line_search_fn=np.array(["a", "b"])),
+     "line_search_fn must be None or 'strong_wolfe'"),
+])
+def test_lbfgs_load_checks_its_history_before_changing_anything(corrupt, words):
+    opt = trained_lbfgs()
+    state = copy.deepcopy(opt.state_dict())
+    corrupt(state)
+    before = repr(opt.state_dict())
+    with pytest.raises(eo.EveryOError, match=words):
+        opt.load_state_dict(state)
+    assert repr(opt.state_dict()) == before
+
+
 # -- DataLoader ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("batch_size", ["2", 2.5, True, 0, float("nan")])
 def test_dataloader_refuses_a_batch_size_that_is_not_a_positive_int(batch_size):

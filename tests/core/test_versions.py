@@ -50,6 +50,49 @@ def test_an_op_that_saved_nothing_ignores_the_write():
     np.testing.assert_array_equal(x.grad, [1., 1.])
 
 
+READ_ONLY_FOR_THE_OTHER = {  # (forward of a leaf x and a constant c, what is written after it)
+    "x * c, x written": (lambda x, c: x * c, "x"),
+    "x / c, x written": (lambda x, c: x / c, "x"),
+    "c / x, the output written": (lambda x, c: c / x, "out"),
+    "x @ c, x written": (lambda x, c: x @ c, "x"),
+    "einsum of x and c, x written": (lambda x, c: eo.einsum("ij,jk->ik", x, c), "x"),
+    "x ** c, the output written": (lambda x, c: x ** c, "out"),
+}
+
+
+@pytest.mark.parametrize("case", READ_ONLY_FOR_THE_OTHER)
+def test_a_value_read_only_for_a_gradient_nobody_wants_may_be_written(case):
+    # As PyTorch saves the ``a`` of ``a * b`` only when ``b`` needs a gradient: before, these
+    # backward passes were refused although no gradient they compute reads the written value.
+    forward, written = READ_ONLY_FOR_THE_OTHER[case]
+    rng = np.random.default_rng(0)
+    x0, c = rng.uniform(0.5, 1.5, (2, 2)), eo.tensor(rng.uniform(0.5, 1.5, (2, 2)))
+    reference = eo.tensor(x0.copy(), requires_grad=True)
+    forward(reference, c).sum().backward()
+    x = eo.tensor(x0.copy(), requires_grad=True)
+    out = forward(x, c)
+    loss = out.sum()
+    with eo.no_grad():
+        (x if written == "x" else out).add_(1.0)
+    loss.backward()
+    np.testing.assert_array_equal(x.grad, reference.grad)
+
+
+def test_a_value_read_for_a_wanted_gradient_is_still_checked():
+    x, c = eo.tensor([1.0, 2.0], requires_grad=True), eo.tensor([3.0, 4.0])
+    loss = (x * c).sum()
+    with eo.no_grad():
+        c.add_(1.0)
+    with pytest.raises(eo.EveryOError, match=r"'mul'.*operand 1"):
+        loss.backward()
+    out = c / x
+    loss = out.sum()
+    with eo.no_grad():
+        c.add_(1.0)  # (x's gradient, -c / x**2, reads c)
+    with pytest.raises(eo.EveryOError, match=r"'div'.*operand 0"):
+        loss.backward()
+
+
 @pytest.mark.parametrize("make_view", [
     lambda base: base.reshape(4).reshape(2, 2),
     lambda base: base.T,

@@ -1,4 +1,5 @@
-"""Differential fuzzer: random op programs (broadcasting, views, indexing, reductions, matmul)
+"""Differential fuzzer: random op programs (broadcasting, views, indexing, reductions, matmul,
+constants written in place before their use)
 run in EveryO and in PyTorch, float64. The values, the first derivatives and the second
 derivatives (a Hessian-vector product through ``create_graph=True``) agree, or both refuse: a
 program PyTorch refuses (shapes that do not broadcast, matmul dimensions that differ) is an
@@ -55,6 +56,15 @@ BINARY = {
     "minimum": (lambda a, b: eo.minimum(a, b + 0.01), lambda t, a, b: t.minimum(a, b + 0.01)),
 }
 
+# in-place writes, the same call in both frameworks
+IN_PLACE = {
+    "add_": lambda t: t.add_(0.5),
+    "mul_": lambda t: t.mul_(-2.0),
+    "clamp_": lambda t: t.clamp_(-0.5, 0.5),
+    "fill_": lambda t: t.fill_(0.25),
+    "setitem": lambda t: t.__setitem__(..., 1.5),
+}
+
 
 class Program:
     """The twin values of one program: ``ours`` (EveryO) and ``theirs`` (PyTorch)."""
@@ -96,7 +106,7 @@ def _step(draw, program):
     kind = draw(st.sampled_from(["unary", "binary", "binary_any", "reduce", "reshape",
                                  "swapaxes", "slice", "index", "matmul", "matmul_any",
                                  "concat", "reuse", "permute", "newaxis", "flip", "gather",
-                                 "scalar_index", "einsum", "pad"]))
+                                 "scalar_index", "einsum", "pad", "written_constant"]))
     if kind == "unary":
         name = draw(st.sampled_from(sorted(UNARY)))
         if name.startswith(NEEDS_AXIS) and x.ndim == 0:
@@ -143,7 +153,7 @@ def _step(draw, program):
         program.push(eo.concatenate([x, other], axis=axis), torch.cat([tx, tother], dim=axis))
     elif kind == "permute" and x.ndim >= 2:
         order = draw(st.permutations(range(x.ndim)))
-        program.push(x.transpose(*order), tx.permute(*order))
+        program.push(x.transpose(tuple(order)), tx.permute(*order))
     elif kind == "newaxis":
         program.push(x[None], tx[None])
     elif kind == "flip" and x.ndim:
@@ -163,6 +173,17 @@ def _step(draw, program):
     elif kind == "pad" and x.ndim:
         width = [(0, 0)] * (x.ndim - 1) + [(draw(st.integers(0, 2)), draw(st.integers(0, 2)))]
         program.push(eo.pad(x, width), torch.nn.functional.pad(tx, width[-1]))
+    elif kind == "written_constant":
+        # A constant (no gradient) written in place, whole or through a view, then used:
+        # both frameworks compute with the written values.
+        array = program.rng.standard_normal(_broadcast_partner(draw, x.shape))
+        ours, theirs = eo.tensor(array.copy()), torch.tensor(array.copy())
+        write = draw(st.sampled_from(sorted(IN_PLACE)))
+        view = draw(st.booleans()) and array.ndim > 0
+        for t in (ours, theirs):
+            IN_PLACE[write](t[0] if view else t)
+        name = draw(st.sampled_from(sorted(BINARY)))
+        _both(program, lambda: BINARY[name][0](x, ours), lambda: BINARY[name][1](torch, tx, theirs))
     elif kind == "reuse" and len(program.ours) > 1:
         # Combine with an earlier value: a diamond in the graph (its gradient is accumulated).
         k = draw(st.integers(0, len(program.ours) - 2))

@@ -70,6 +70,11 @@ class Op:
     saved_inputs: tuple | None = None
     #: True when backward reads the op's own output (exp, tanh, softmax...).
     saves_output: bool = True
+    #: Finer than ``saved_inputs``/``saves_output``: for each operand, the operand indices its
+    #: gradient reads (-1: the output), or ``"others"`` (each operand's gradient reads every
+    #: other operand). Backward then checks only what the gradients it computes read: the
+    #: ``a`` of ``a * b`` when ``b`` needs a gradient, as PyTorch saves it only then.
+    gradient_reads: tuple | str | None = None
     #: Attributes holding arrays backward reads that are not operands (gather's ``index``): an
     #: array, or a tuple of them and other values (an indexing key). Checked as saved operands
     #: are: backward raises if one was written in place (through EveryO) after the forward.

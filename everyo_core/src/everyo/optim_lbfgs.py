@@ -9,6 +9,7 @@ import numpy as np
 from everyo.errors import EveryOError
 from everyo.grad_mode import enable_grad
 from everyo.optim import Optimizer
+from everyo.validation import checked_argument
 from everyo.versioning import bump_version
 
 _HISTORY = ("old_dirs", "old_stps", "ro")
@@ -167,7 +168,8 @@ class LBFGS(Optimizer):
         counts = {name: _count(name, group[name]) for name in _COUNTS}
         super()._check_options(group)
         group.update(counts)  # (counts stay ints whatever the base makes of numbers)
-        if group["line_search_fn"] not in (None, "strong_wolfe"):
+        search = group["line_search_fn"]
+        if not (search is None or (isinstance(search, str) and search == "strong_wolfe")):
             raise EveryOError(f"LBFGS: line_search_fn must be None or 'strong_wolfe', got "
                               f"{group['line_search_fn']!r}")
 
@@ -305,8 +307,10 @@ class LBFGS(Optimizer):
         params = self.param_groups[0]["params"]
         size = sum(p.data.size for p in params)
         dtype = params[0].data.dtype
-        converted = {key: _history(buffers, size, dtype)
-                     for key, buffers in dict(state.get("state", {})).items()}
+        saved = state.get("state") if isinstance(state, dict) else None
+        # (a state that is not a dict of per-parameter dicts is refused by the base class)
+        converted = ({key: _history(buffers, size, dtype) for key, buffers in saved.items()}
+                     if isinstance(saved, dict) else {})
         super().load_state_dict(state)
         for buffers, vectors in zip(self.state.values(), converted.values()):
             buffers.update(vectors)
@@ -319,19 +323,28 @@ def _history(buffers: dict, size: int, dtype) -> dict:
                           f"{type(buffers).__name__}")
     vectors: dict = {name: _vector(name, buffers[name], size, dtype)
                      for name in _VECTORS if name in buffers}
+    for name in _HISTORY:
+        if name in buffers and not isinstance(buffers[name], (list, tuple)):
+            raise EveryOError(f"LBFGS.load_state_dict: {name!r} must be a list, got "
+                              f"{type(buffers[name]).__name__}")
     for name in ("old_dirs", "old_stps"):
         if name in buffers:
             vectors[name] = [_vector(name, v, size, dtype) for v in buffers[name]]
     if "ro" in buffers:
-        vectors["ro"] = [float(v) for v in buffers["ro"]]
+        vectors["ro"] = [float(checked_argument("LBFGS.load_state_dict", "'ro'", v, "float",
+                                                EveryOError)) for v in buffers["ro"]]
     return vectors
 
 
 def _vector(name: str, value, size: int, dtype) -> np.ndarray:
     try:
-        array = np.array(value, dtype=dtype).reshape(-1)
+        array = np.asarray(value)
+        if array.dtype.kind not in "iuf":  # (a complex value would lose its imaginary part)
+            raise TypeError
+        array = array.astype(dtype).reshape(-1)
     except (TypeError, ValueError):
-        raise EveryOError(f"LBFGS.load_state_dict: {name!r} is not a vector of numbers") from None
+        raise EveryOError(f"LBFGS.load_state_dict: {name!r} is not a vector of real "
+                          f"numbers") from None
     if array.size != size:
         raise EveryOError(f"LBFGS.load_state_dict: {name!r} has {array.size} entries, the "
                           f"parameters {size}")

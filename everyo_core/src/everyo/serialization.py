@@ -18,6 +18,7 @@ import io
 import json
 import os
 import re
+import tokenize
 import zipfile
 import zlib
 from collections import OrderedDict
@@ -210,13 +211,36 @@ def _read_archive(raw: bytes) -> dict:
     """Every member of the archive ``raw``, after bounding what they expand to."""
     with zipfile.ZipFile(io.BytesIO(raw)) as listing:
         expanded = sum(info.file_size for info in listing.infolist())
-    if expanded > len(raw) + MAX_EXPANSION_BYTES:
-        raise _Corrupt(f"its members would expand to {expanded} bytes from a file of "
-                       f"{len(raw)}")
+        if expanded > len(raw) + MAX_EXPANSION_BYTES:
+            raise _Corrupt(f"its members would expand to {expanded} bytes from a file of "
+                           f"{len(raw)}")
+        for info in listing.infolist():
+            with listing.open(info) as member:
+                _check_array_header(info, member)
     with np.load(io.BytesIO(raw), allow_pickle=False) as npz:
         if _STRUCTURE_KEY not in npz.files:
             raise _Corrupt("it has no EveryO structure")
         return {name: npz[name] for name in npz.files}
+
+
+def _check_array_header(info: zipfile.ZipInfo, member) -> None:
+    """Refuse a ``.npy`` member whose header does not parse, or declares more bytes than the
+    member holds, before NumPy allocates the array it declares."""
+    try:
+        # (a version 3.0 header differs from 2.0 only in its text's encoding)
+        read_header = (np.lib.format.read_array_header_1_0
+                       if np.lib.format.read_magic(member) == (1, 0)
+                       else np.lib.format.read_array_header_2_0)
+        shape, _, dtype = read_header(member)
+        declared = int(np.prod(shape, dtype=object)) * dtype.itemsize
+    # NOTE: NumPy's header parser raises tokenize.TokenError (not a ValueError) on an
+    # unbalanced header, and what ast.literal_eval and np.dtype raise on a crafted one
+    except (ValueError, TypeError, SyntaxError, OverflowError, EOFError,
+            tokenize.TokenError) as exc:
+        raise _Corrupt(f"member {info.filename} has an unreadable array header ({exc})") from exc
+    if declared > info.file_size:
+        raise _Corrupt(f"member {info.filename} declares shape {shape} of {dtype} "
+                       f"({declared} bytes) but holds {info.file_size} bytes")
 
 
 def _read_structure(member: np.ndarray) -> dict:

@@ -87,18 +87,32 @@ def check_saved(op, output=None) -> None:
     ``saves_output`` and ``saved_attributes`` (arrays it keeps that are not operands).
     """
     stamp = op.epoch
-    indices = op.saved_inputs
     parents = op.parents
+    indices, output_read = _read_by_backward(op)
     for i in range(len(parents)) if indices is None else indices:
         if i < len(parents) and _written_since(parents[i], stamp):
             _raise(op, parents[i], f"its operand {i}")
-    if output is not None and op.saves_output and _written_since(output, stamp):
+    if output is not None and output_read and _written_since(output, stamp):
         _raise(op, output, "its output")
     for name in op.saved_attributes:
         value = getattr(op, name)
         for array in value if type(value) is tuple else (value,):
             if isinstance(array, np.ndarray) and _array_written_since(array, stamp):
                 _raise(op, array, f"its {name}")
+
+
+def _read_by_backward(op) -> tuple:
+    """``(operand indices or None for all, whether the output is read)`` that ``op``'s
+    backward reads, given which operands need a gradient (``Op.gradient_reads``)."""
+    reads = op.gradient_reads
+    if reads is None:
+        return op.saved_inputs, op.saves_output
+    needs = op.needs_input_grad
+    if reads == "others":
+        wanted = [j for j, need in enumerate(needs) if need]
+        return [i for i in range(len(needs)) if wanted and wanted != [i]], False
+    read = {i for j, need in enumerate(needs) if need and j < len(reads) for i in reads[j]}
+    return sorted(i for i in read if i >= 0), -1 in read
 
 
 def check_operand_unchanged(op, index: int) -> None:

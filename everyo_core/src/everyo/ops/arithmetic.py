@@ -83,6 +83,7 @@ class Mul(Op):
     __slots__ = ()
     saved_inputs = (0, 1)
     saves_output = False
+    gradient_reads = "others"
 
     def forward(self, a, b):
         self.saved = (a, b)
@@ -108,7 +109,9 @@ class Mul(Op):
 class Div(Op):
     __slots__ = ()
     saved_inputs = (0, 1)
-    saves_output = True
+    saves_output = False
+    # g / b, and -g * ((a / b) / b): PyTorch's formulas, which read a and b, not the output
+    gradient_reads = ((1,), (0, 1))
 
     def forward(self, a, b):
         if a.dtype.kind not in "fc" and b.dtype.kind not in "fc":
@@ -118,22 +121,20 @@ class Div(Op):
         except ValueError:
             refuse_unbroadcastable(self.name, a, b)
             raise
-        self.saved = (a, b, out)
+        self.saved = (a, b)
         return out
 
     def backward(self, g):
-        a, b, out = self.saved
+        a, b = self.saved
         na, nb = self.needs_input_grad
-        gb = g / b
-        return (unbroadcast(gb, a.shape) if na else None,
-                unbroadcast(-gb * out, b.shape) if nb else None)
+        return (unbroadcast(g / b, a.shape) if na else None,
+                unbroadcast(-g * ((a / b) / b), b.shape) if nb else None)
 
     def backward_graph(self, g, out):
         a, b = self.parents
         na, nb = self.needs_input_grad
-        gb = g / b
-        return (unbroadcast_tensor(gb, a.shape) if na else None,
-                unbroadcast_tensor(-gb * out, b.shape) if nb else None)
+        return (unbroadcast_tensor(g / b, a.shape) if na else None,
+                unbroadcast_tensor(-g * ((a / b) / b), b.shape) if nb else None)
 
 
 def _lowered(b):
@@ -147,6 +148,7 @@ class Pow(Op):
     __slots__ = ()
     saved_inputs = (0, 1)
     saves_output = True
+    gradient_reads = ((0, 1), (0, -1))  # b * a ** (b - 1), and out * log(a)
 
     def forward(self, a, b):
         if a.dtype.kind in "iub" and b.dtype.kind in "iub" and (b < 0).any():

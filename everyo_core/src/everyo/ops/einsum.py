@@ -69,7 +69,8 @@ class Einsum(Op):
     """``np.einsum(equation, *operands)`` with a gradient for every operand."""
 
     __slots__ = ("terms", "output", "shapes", "equation")
-    saves_output = False  # every operand is read (saved_inputs None)
+    saves_output = False
+    gradient_reads = "others"  # each operand's gradient contracts the others
 
     def forward(self, *xs, equation):
         self.shapes = [x.shape for x in xs]

@@ -56,6 +56,10 @@ class InPlaceOp(Op):
             arrays.append(value)
         if target.requires_grad and _grad_enabled.get():
             raise EveryOError(_refusal(target, cls.method))
+        if not isinstance(target.data, np.ndarray):
+            # a 0-d result NumPy gave as a scalar (a sum): immutable, so nothing shares it,
+            # and a 0-d array of its value takes the write
+            target.data = np.array(target.data)
         cls.write(target, *arrays, **attrs)
         bump_version(target)
         return target

@@ -121,6 +121,7 @@ class MatMul(Op):
     __slots__ = ("bias_shape",)
     saved_inputs = (0, 1)
     saves_output = False
+    gradient_reads = ((1,), (0,), ())  # a's gradient reads b, b's a, the bias's neither
 
     def forward(self, a, b, bias=None, lower=None):
         _check_shapes(a, b)

@@ -82,10 +82,16 @@ class GetItem(Op):
     def forward(self, x, index):
         self.shape, self.index = x.shape, _plain_index(index)
         try:
-            return x[self.index]
+            out = x[self.index]
         except IndexError as exc:
             raise EveryOIndexError(f"getitem: index {index!r} is invalid for shape {x.shape}: "
-                              f"{exc}") from None
+                                   f"{exc}") from None
+        if not isinstance(out, np.ndarray):
+            # NOTE: NumPy's x[1] is a scalar, a copy; x[1, ...] is the element as a 0-d view,
+            # which t[1].fill_(v) writes into, as in PyTorch
+            key = self.index if type(self.index) is tuple else (self.index,)
+            out = x[key + (Ellipsis,)]
+        return out
 
     def backward(self, g):
         return (_scatter(g, self.shape, self.index),)

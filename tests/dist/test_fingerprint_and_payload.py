@@ -40,7 +40,7 @@ def test_scalar_and_barrier_fingerprints_differ():
 
 def test_malformed_fingerprints_are_refused():
     good = bytearray(Fingerprint.of(3, CollectiveOp.ALL_GATHER, np.zeros(2)).pack())
-    with pytest.raises(DistributedError, match="80 bytes"):
+    with pytest.raises(DistributedError, match=f"{FINGERPRINT_SIZE} bytes"):
         Fingerprint.unpack(bytes(good[:-1]))
     bad_op = bytearray(good)
     bad_op[8] = 99

@@ -343,6 +343,29 @@ def ieee_collectives(group):
     return out
 
 
+def kernels_announced(make_group):
+    """This rank's kernel fingerprint, and where and how its group refused it: ``stage`` is
+    ``init`` when creating the group (``make_group()``) raised, ``collective`` when the first
+    collective (an all-reduce, as DDP's first step) did, "" when neither; then the error's
+    class and message and how long that stage took."""
+    from everyo_dist.errors import DistributedError
+
+    out = {"kernels": np.array(eo.kernels.fingerprint()), "stage": np.array(""),
+           "error": np.array(""), "message": np.array("")}
+    started = time.monotonic()
+    stage = "init"
+    try:
+        with make_group() as group:
+            out["rank"], out["backend"] = np.array(group.rank), np.array(group.backend)
+            stage, started = "collective", time.monotonic()
+            group.all_reduce_mean(np.ones(4, np.float32))
+    except DistributedError as exc:
+        out["stage"], out["error"] = np.array(stage), np.array(type(exc).__name__)
+        out["message"] = np.array(str(exc))
+    out["seconds"] = np.array(time.monotonic() - started)
+    return out
+
+
 class MixedPrecisionModel(eo.Module):
     """float32, float16 and bfloat16 layers in one model (an autocast-free mixed model): large
     enough that rounding the 16-bit means twice (via float32) would change some elements."""

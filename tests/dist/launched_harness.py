@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
 
-MODES = ("ieee_collectives", "mixed_precision_gradients")
+MODES = ("ieee_collectives", "mixed_precision_gradients", "kernels_announced")
 
 
 def main(mode: str, outdir: Path) -> None:
@@ -29,6 +29,13 @@ def main(mode: str, outdir: Path) -> None:
 
     if mode not in MODES:
         raise SystemExit(f"unknown mode {mode!r}; one of {', '.join(MODES)}")
+    if mode == "kernels_announced":  # (a group may refuse to form: init() raising is the result)
+        from everyo_dist.environment import detect_environment
+
+        result = dist_workers.kernels_announced(lambda: dist.init(timeout=60))
+        result.setdefault("backend", np.array(os.environ.get("EVERYO_BACKEND", "")))
+        np.savez(outdir / f"rank{detect_environment(os.environ).rank}.npz", **result)
+        return
     with dist.init(timeout=60) as group:
         result = getattr(dist_workers, mode)(group)
         result["backend"] = np.array(group.backend)

@@ -384,3 +384,37 @@ def test_a_rendezvous_world_size_that_is_not_a_positive_integer_is_refused_by_na
     # 2.5 silently became 2 (int()), "2" was accepted, None raised a raw TypeError
     with pytest.raises(DistributedError, match="world_size must be a positive integer"):
         TCPRendezvousServer("127.0.0.1", 0, world_size=world_size, token=TOKEN)
+
+
+@pytest.mark.parametrize("kernels, expected", [
+    (b"numpy", "rank 1 computes with kernels 'numba 0.68.1' but rank 0 with 'numpy'; set "
+               "EVERYO_KERNELS the same on every rank"),
+    (b"nump\x07", "something unreadable (malformed fingerprint: the kernel field"),
+    (b"nu\0py", "something unreadable (malformed fingerprint: the kernel field"),
+])
+def test_a_frame_announcing_other_or_malformed_kernels_is_refused_before_its_payload(kernels,
+                                                                                     expected):
+    """The kernel provider travels in every frame's fingerprint: a peer computing with other
+    kernels is named, and bytes that are no kernel name (a hostile or corrupted peer) are
+    refused, both before a payload byte is read."""
+    from everyo_dist.backends.tcp.progress import Outgoing
+    from everyo_dist.backends.tcp.ring import Ring
+    from everyo_dist.contract import Collective
+    from everyo_dist.errors import CollectiveMismatchError
+    from everyo_dist.fingerprint import KERNELS_BYTES, CollectiveOp, Fingerprint
+
+    (a_send, a_recv), (b_send, b_recv) = _tcp_pair(), _tcp_pair()
+    data = np.ones(1000, np.float32)
+    mine = Fingerprint.of(0, CollectiveOp.ALL_REDUCE_SUM, data)._replace(kernels="numba 0.68.1")
+    theirs = mine.pack()[:-KERNELS_BYTES] + kernels.ljust(KERNELS_BYTES, b"\0")
+    sender, receiver = Ring(0, 2, a_send, b_recv), Ring(1, 2, b_send, a_recv)
+    receiver.call = Collective(1, 2, 10.0, time.monotonic() + 10, mine)
+    a_send.setblocking(True)
+    a_send.sendall(b"".join(bytes(view) for view in Outgoing([(0, data, None)], theirs).views()))
+    try:
+        with pytest.raises(CollectiveMismatchError) as failure:
+            receiver.transfer(0, None, np.empty(1000, np.float32))
+    finally:
+        receiver.close()
+        sender.close()
+    assert expected in str(failure.value), str(failure.value)

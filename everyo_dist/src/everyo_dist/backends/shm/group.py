@@ -2,7 +2,7 @@
 
 Two segments per group:
 
-* the *control* segment: one 256-byte block per rank holding its arrival counter, its pid and
+* the *control* segment: one 320-byte block per rank holding its arrival counter, its pid and
   two fingerprint slots (alternating, so a fast rank writing the next fingerprint never
   overwrites one a slow peer is still reading);
 * the *data* segment: one slot per rank plus a result slot, each ``capacity`` bytes. It is
@@ -51,10 +51,12 @@ from everyo_dist.fingerprint import FINGERPRINT_SIZE
 from everyo_dist.group import ProcessGroup, check_membership
 from everyo_dist.reduction import REDUCE_BLOCK, reduce_rows
 
-BLOCK = 256  # bytes of control data per rank
+BLOCK = 320  # bytes of control data per rank (a whole number of cache lines)
 _WORDS = BLOCK // 8
 _EPOCH, _PID = 0, 1  # int64 word indices inside a rank's block
 _FINGERPRINT_OFFSET = 64  # two FINGERPRINT_SIZE slots follow
+assert _FINGERPRINT_OFFSET + 2 * FINGERPRINT_SIZE <= BLOCK and BLOCK % 64 == 0, \
+    "the control block must hold two fingerprint slots"
 MIN_CAPACITY = 1 << 16
 SMALL_BYTES = 1 << 18  # below this, each rank reduces the whole vector (saves a barrier)
 ALIGN = 64  # result chunks of different ranks never share a cache line

@@ -1,9 +1,10 @@
 """The tcp backend's wire format: fixed-size binary headers followed by raw array bytes.
 
-Every frame starts with a 100-byte header::
+Every frame starts with a 132-byte header::
 
     magic "EOTC" | version u8 | kind u8 | payload dtype u8 | pad | step u32 | payload bytes u64
-    | fingerprint (80 bytes: sequence number, op, dtype, shape, root — see ``fingerprint.py``)
+    | fingerprint (112 bytes: sequence number, op, dtype, shape, root, kernel provider — see
+      ``fingerprint.py``)
 
 and is followed by exactly ``payload bytes`` of raw little-endian array data (or UTF-8 JSON for
 the few control frames). DATA frames end with an 8-byte trailer saying whether the sender
@@ -27,7 +28,8 @@ from everyo_dist.errors import DistributedError
 from everyo_dist.fingerprint import DTYPE_CODES, DTYPE_NAMES, FINGERPRINT_SIZE, CollectiveOp, Fingerprint
 
 MAGIC = b"EOTC"
-VERSION = 2  # 2: the ring all-reduce sums in rank order (raw rows, several frames per step)
+VERSION = 3  # 2: the ring all-reduce sums in rank order (raw rows, several frames per step);
+#             3: the fingerprint carries the kernel provider
 _PREFIX = struct.Struct("<4sBBBxIQ")
 HEADER_SIZE = _PREFIX.size + FINGERPRINT_SIZE
 # Control frames (registration, peer table, abort reasons) are small JSON documents.
@@ -105,7 +107,7 @@ def unpack_header(raw: bytes | bytearray | memoryview) -> FrameHeader:
     """Decode and validate a header; any inconsistency raises ``ProtocolError``.
 
     Example:
-        >>> unpack_header(b"GET / HTTP/1.1" + bytes(86))
+        >>> unpack_header(b"GET / HTTP/1.1" + bytes(118))
         Traceback (most recent call last):
         ...
         everyo_dist.backends.tcp.frames.ProtocolError: bad frame magic b'GET ' (not an EveryO tcp peer?)

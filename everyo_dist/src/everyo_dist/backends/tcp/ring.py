@@ -56,7 +56,7 @@ from everyo_dist.errors import (
     DistributedError,
     PeerLostError,
 )
-from everyo_dist.fingerprint import Fingerprint
+from everyo_dist.fingerprint import Fingerprint, mismatch_message
 
 _WOULD_BLOCK = (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
 _EMPTY = np.empty(0, dtype=np.uint8)
@@ -321,12 +321,11 @@ class Ring:
                                    f"an unexpected frame (kind {kind}, {size} bytes)")
         if fingerprint != self._packed:
             try:
-                theirs = Fingerprint.unpack(fingerprint).describe()
+                theirs = Fingerprint.unpack(fingerprint)
             except DistributedError as exc:
                 theirs = f"something unreadable ({exc})"
-            raise CollectiveMismatchError(
-                f"rank {self._rank_of[self.rank]} called {mine.describe()} but rank "
-                f"{self._rank_of[self.prev]} called {theirs}")
+            raise CollectiveMismatchError(mismatch_message(mine, self._rank_of[self.rank], theirs,
+                                                           self._rank_of[self.prev]))
         if their_step != step or code != DTYPE_CODE_OF[recv.dtype] or size != recv.nbytes:
             raise DistributedError(
                 f"{mine.describe()}: rank {self._rank_of[self.prev]} sent step {their_step} "

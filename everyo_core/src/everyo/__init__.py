@@ -98,7 +98,7 @@ from everyo.lr_scheduler import (
 )
 from everyo.lr_scheduler_composite import OneCycleLR, ReduceLROnPlateau, SequentialLR
 from everyo.module import Module, Parameter, Sequential
-from everyo.optim import SGD, Adam, AdamW, Optimizer
+from everyo.optim import SGD, Adam, AdamW, Optimizer, applied_in_backward, mark_applied_in_backward
 from everyo.optim_adaptive import Adadelta, Adagrad, RMSprop
 from everyo.optim_lbfgs import LBFGS
 from everyo.plugins import register_plugin, registry, unregister_plugin

@@ -8,6 +8,7 @@ constructor's keyword arguments. Schedulers change ``group["lr"]``.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import weakref
 
@@ -54,7 +55,7 @@ def mark_applied_in_backward(params) -> None:
             key = id(p)
             entry = _APPLIED_IN_BACKWARD.get(key)
             owner = entry[0] if entry is not None and entry[0]() is p else \
-                weakref.ref(p, lambda ref, key=key: _forget(key, ref))
+                weakref.ref(p, functools.partial(_forget, key))
             _APPLIED_IN_BACKWARD[key] = (owner, weakref.ref(p.grad))
 
 

@@ -646,7 +646,8 @@ def full(*size, fill_value=_NO_FILL, dtype=None, requires_grad: bool = False) ->
             raise EveryOError(f"full: expected the size and the fill value, as "
                               f"eo.full((2, 3), 0.5), got {len(size)} positional arguments "
                               f"{size}; or give fill_value= by name")
-        size, fill_value = size[:1], size[1]
+        fill_value = size[1]
+        size = size[:1]
     return _filled(fill_value, size, _full_dtype(fill_value, dtype), requires_grad, "full")
 
 

@@ -19,9 +19,9 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from everyo.kernel_table import kernel as _kernel_table
 from everyo.kernels import KERNELS_ENV
 from everyo.kernels import fingerprint as kernels_fingerprint
+from everyo.kernels import kernel as _kernel_table
 from everyo_dist.errors import CollectiveMismatchError, DistributedError
 
 MAX_DIMS = 8

@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import weakref
 
-from everyo import Optimizer
-from everyo.optim import mark_applied_in_backward
+from everyo import Optimizer, mark_applied_in_backward
 from everyo_dist.errors import DistributedError
 
 

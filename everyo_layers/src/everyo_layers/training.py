@@ -7,8 +7,7 @@ import math
 
 import numpy as np
 
-from everyo import EveryOError, Tensor
-from everyo.optim import applied_in_backward
+from everyo import EveryOError, Tensor, applied_in_backward
 from everyo_layers.precision import accumulation_dtype
 
 

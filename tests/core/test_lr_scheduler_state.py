@@ -85,6 +85,12 @@ def test_a_state_of_another_group_count_is_refused(name):
     ("ReduceLROnPlateau", "mode", "sideways", "mode"),
     ("ReduceLROnPlateau", "best", "low", "best"),
     ("CosineAnnealingWarmRestarts", "T_cur", float("nan"), "T_cur"),
+    # accepted before: inf/-inf gave a NaN learning rate or a raw "math domain error", a
+    # zero period a raw ZeroDivisionError at the next step
+    ("CosineAnnealingWarmRestarts", "T_cur", float("inf"), "T_cur"),
+    ("CosineAnnealingWarmRestarts", "T_cur", -float("inf"), "T_cur"),
+    ("CosineAnnealingWarmRestarts", "T_i", 0, "T_i must be a positive int"),
+    ("CosineAnnealingWarmRestarts", "T_i", -float("inf"), "T_i"),
 ])
 def test_a_loaded_value_is_checked_by_the_constructor_rules(name, key, value, words):
     _, sched = stepped(name)

@@ -110,3 +110,32 @@ def test_a_nested_scheduler_state_is_checked_before_anything_changes():
     with pytest.raises(eo.EveryOError, match="ExponentialLR: gamma"):
         sched.load_state_dict(state)
     assert sched.state_dict() == before
+
+
+def _phase(index, position, value):
+    def corrupt(state):
+        phases = [list(p) for p in state["phases"]]
+        phases[index][position] = value
+        return {**state, "phases": phases}
+    return corrupt
+
+
+@pytest.mark.parametrize("name, corrupt, words", [
+    # derived state the loader kept unchecked: a NaN lr, or a raw KeyError at the next step
+    ("OneCycleLR", _phase(0, 0, -float("inf")), "phases"),
+    ("OneCycleLR", _phase(1, 1, "x"), "phases"),
+    ("OneCycleLR", _phase(1, 4, "initial_lr"), "phases"),
+    ("OneCycleLR", lambda s: {**s, "phases": s["phases"][:1]}, "phases"),
+    ("OneCycleLR", lambda s: {**s, "phases": [s["phases"][1], s["phases"][0]]}, "phases"),
+    ("OneCycleLR", lambda s: {**s, "use_beta1": True}, "use_beta1"),
+    ("OneCycleLR", lambda s: {**s, "cycle_momentum": "yes"}, "cycle_momentum"),
+    ("SequentialLR", lambda s: {**s, "_milestones": [1, 2, 3]}, "milestones"),
+    ("SequentialLR", lambda s: {**s, "_milestones": [0.5]}, "milestones"),
+])
+def test_a_derived_entry_is_checked_against_the_scheduler(name, corrupt, words):
+    _, sched = stepped(name)
+    before = copy.deepcopy(sched.state_dict())
+    with pytest.raises(eo.EveryOError, match=words):
+        sched.load_state_dict(corrupt(copy.deepcopy(before)))
+    assert sched.state_dict() == before
+    sched.step()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
 import pytest
 
 import everyo as eo
@@ -124,6 +125,7 @@ def _phase(index, position, value):
     # derived state the loader kept unchecked: a NaN lr, or a raw KeyError at the next step
     ("OneCycleLR", _phase(0, 0, -float("inf")), "phases"),
     ("OneCycleLR", _phase(1, 1, "x"), "phases"),
+    ("OneCycleLR", _phase(0, 1, np.array(["a", "b"])), "phases"),
     ("OneCycleLR", _phase(1, 4, "initial_lr"), "phases"),
     ("OneCycleLR", lambda s: {**s, "phases": s["phases"][:1]}, "phases"),
     ("OneCycleLR", lambda s: {**s, "phases": [s["phases"][1], s["phases"][0]]}, "phases"),

@@ -145,6 +145,7 @@ def _checked_phases(owner: str, value) -> list:
               for p in checked_list(owner, "phases", value)]
     names = _PHASE_NAMES.get(len(phases), ())
     if not (names and all(isinstance(p, (list, tuple)) and len(p) == 5 and is_real(p[0])
+                          and all(isinstance(n, str) for n in p[1:])
                           and tuple(p[1:]) == expected for p, expected in zip(phases, names))):
         raise EveryOError(f"{owner}: phases must be the constructor's two or three (end step, "
                           f"lr from, lr to, momentum from, momentum to) with finite end steps; "

@@ -340,18 +340,18 @@ def _history(buffers: dict, size: int, dtype, history_size: int) -> dict:
     if not isinstance(buffers, dict):
         raise EveryOError(f"{_OWNER}: a parameter's state is a dict, got "
                           f"{type(buffers).__name__}")
-    checked: dict = {name: checked_argument(_OWNER, name, buffers[name], "non-negative int",
+    checked: dict = {name: checked_argument(_OWNER, repr(name), buffers[name], "non-negative int",
                                             EveryOError)
                      for name in ("func_evals", "n_iter") if name in buffers}
-    checked.update({name: checked_argument(_OWNER, name, buffers[name], "float", EveryOError)
+    checked.update({name: checked_argument(_OWNER, repr(name), buffers[name], "float", EveryOError)
                     for name in ("t", "H_diag", "prev_loss") if name in buffers})
     checked.update({name: _vector(name, buffers[name], size, dtype)
                     for name in _VECTORS if name in buffers})
     lengths = set()
     for name in _HISTORY:
         if name in buffers:
-            items = checked_list(_OWNER, name, buffers[name])
-            checked[name] = ([checked_argument(_OWNER, name, v, "float", EveryOError)
+            items = checked_list(_OWNER, repr(name), buffers[name])
+            checked[name] = ([checked_argument(_OWNER, repr(name), v, "float", EveryOError)
                               for v in items] if name == "ro"
                              else [_vector(name, v, size, dtype) for v in items])
             lengths.add(len(items))

@@ -105,3 +105,21 @@ def test_numpy_functions_that_would_write_into_a_tensor_are_refused(write, requi
         write(t)
     np.testing.assert_array_equal(t.data, [1.0, 2.0, 3.0])
     assert t._version == version
+
+
+@pytest.mark.parametrize("call", [
+    lambda x: np.max(x, 0, np.empty(3)),         # out= given positionally
+    lambda x: np.amin(x, 0, np.empty((1, 3)), True),
+    lambda x: np.sum(x, 0, None, np.empty(3)),
+    lambda x: np.var(x, 0, None, None, 1),       # ddof positionally
+    lambda x: np.sum(x, 1, None, None, True),    # keepdims positionally
+    lambda x: np.mean(x, 1, np.float32),         # dtype positionally
+])
+def test_numpy_s_positional_arguments_mean_what_they_mean_in_numpy(call):
+    # the translation took np.max(t, 0, out)'s third argument for keepdims (a raw ValueError:
+    # "truth value of an array ... is ambiguous")
+    data = np.arange(6.0).reshape(2, 3) + 1
+    want = call(data.copy())
+    got = call(eo.tensor(data))
+    np.testing.assert_allclose(got.data if isinstance(got, eo.Tensor) else got, want)
+    assert np.shape(got) == np.shape(want)

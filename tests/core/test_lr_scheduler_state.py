@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
 import pytest
 
 import everyo as eo
@@ -85,6 +86,12 @@ def test_a_state_of_another_group_count_is_refused(name):
     ("ReduceLROnPlateau", "mode", "sideways", "mode"),
     ("ReduceLROnPlateau", "best", "low", "best"),
     ("CosineAnnealingWarmRestarts", "T_cur", float("nan"), "T_cur"),
+    # accepted before: inf/-inf gave a NaN learning rate or a raw "math domain error", a
+    # zero period a raw ZeroDivisionError at the next step
+    ("CosineAnnealingWarmRestarts", "T_cur", float("inf"), "T_cur"),
+    ("CosineAnnealingWarmRestarts", "T_cur", -float("inf"), "T_cur"),
+    ("CosineAnnealingWarmRestarts", "T_i", 0, "T_i must be a positive int"),
+    ("CosineAnnealingWarmRestarts", "T_i", -float("inf"), "T_i"),
 ])
 def test_a_loaded_value_is_checked_by_the_constructor_rules(name, key, value, words):
     _, sched = stepped(name)
@@ -104,3 +111,33 @@ def test_a_nested_scheduler_state_is_checked_before_anything_changes():
     with pytest.raises(eo.EveryOError, match="ExponentialLR: gamma"):
         sched.load_state_dict(state)
     assert sched.state_dict() == before
+
+
+def _phase(index, position, value):
+    def corrupt(state):
+        phases = [list(p) for p in state["phases"]]
+        phases[index][position] = value
+        return {**state, "phases": phases}
+    return corrupt
+
+
+@pytest.mark.parametrize("name, corrupt, words", [
+    # derived state the loader kept unchecked: a NaN lr, or a raw KeyError at the next step
+    ("OneCycleLR", _phase(0, 0, -float("inf")), "phases"),
+    ("OneCycleLR", _phase(1, 1, "x"), "phases"),
+    ("OneCycleLR", _phase(0, 1, np.array(["a", "b"])), "phases"),
+    ("OneCycleLR", _phase(1, 4, "initial_lr"), "phases"),
+    ("OneCycleLR", lambda s: {**s, "phases": s["phases"][:1]}, "phases"),
+    ("OneCycleLR", lambda s: {**s, "phases": [s["phases"][1], s["phases"][0]]}, "phases"),
+    ("OneCycleLR", lambda s: {**s, "use_beta1": True}, "use_beta1"),
+    ("OneCycleLR", lambda s: {**s, "cycle_momentum": "yes"}, "cycle_momentum"),
+    ("SequentialLR", lambda s: {**s, "_milestones": [1, 2, 3]}, "milestones"),
+    ("SequentialLR", lambda s: {**s, "_milestones": [0.5]}, "milestones"),
+])
+def test_a_derived_entry_is_checked_against_the_scheduler(name, corrupt, words):
+    _, sched = stepped(name)
+    before = copy.deepcopy(sched.state_dict())
+    with pytest.raises(eo.EveryOError, match=words):
+        sched.load_state_dict(corrupt(copy.deepcopy(before)))
+    assert sched.state_dict() == before
+    sched.step()

@@ -188,3 +188,54 @@ def test_lbfgs_refuses_a_history_that_does_not_fit_before_changing_anything():
 def test_lbfgs_counts_are_positive_ints(name, value):
     with pytest.raises(eo.EveryOError, match=f"{name} must be a positive int"):
         eo.LBFGS([eo.Parameter([1.0])], **{name: value})
+
+
+def _stepped_lbfgs():
+    x = eo.Parameter(START.copy())
+    optimizer = eo.LBFGS([x], line_search_fn="strong_wolfe", history_size=3, max_iter=4)
+    optimizer.step(closure_of(optimizer, x))
+    return optimizer, x
+
+
+def _with(state, **buffers):
+    state = {**state, "state": {0: {**state["state"][0], **buffers}}}
+    for name, value in buffers.items():
+        if value is None:
+            del state["state"][0][name]
+    return state
+
+
+@pytest.mark.parametrize("corrupt", [
+    lambda s: 1.5, lambda s: None, lambda s: {**s, "state": 2.0},
+    lambda s: _with(s, n_iter="x"), lambda s: _with(s, n_iter=np.zeros(3)),
+    lambda s: _with(s, func_evals=2.5), lambda s: _with(s, n_iter=-1),
+    lambda s: _with(s, t=None), lambda s: _with(s, t="x"), lambda s: _with(s, t=float("nan")),
+    lambda s: _with(s, t=np.zeros(3)), lambda s: _with(s, H_diag=float("inf")),
+    lambda s: _with(s, d=None), lambda s: _with(s, prev_flat_grad=None),
+    lambda s: _with(s, d=np.ones(5) * 1j), lambda s: _with(s, old_dirs=None),
+    lambda s: _with(s, ro=[]), lambda s: _with(s, ro={}), lambda s: _with(s, ro=[float("nan")]),
+    lambda s: _with(s, old_stps=[]),
+    lambda s: {**s, "param_groups": [{**s["param_groups"][0], "line_search_fn": np.ones(2)}]},
+])
+def test_a_corrupted_lbfgs_state_is_refused_by_name_and_changes_nothing(corrupt):
+    # the LBFGS loader read state.get(...) before any check (raw AttributeError), kept counts,
+    # steps and histories it never checked (raw TypeError/KeyError/IndexError at the next
+    # step), and cast a complex direction to real with a ComplexWarning
+    source, _ = _stepped_lbfgs()
+    target, x = _stepped_lbfgs()
+    before = target.state_dict()
+    with pytest.raises(eo.EveryOError, match="LBFGS"):
+        target.load_state_dict(corrupt(source.state_dict()))
+    after = target.state_dict()
+    assert after["state"].keys() == before["state"].keys()
+    for name, value in before["state"][0].items():
+        np.testing.assert_array_equal(np.asarray(after["state"][0][name]), np.asarray(value))
+    assert after["param_groups"] == before["param_groups"]
+    target.step(closure_of(target, x))  # (still usable)
+
+
+def test_lbfgs_with_a_line_search_refuses_a_zero_lr():
+    # lr=0 made the strong-Wolfe search interpolate between two equal steps: a raw
+    # ZeroDivisionError at the first step
+    with pytest.raises(eo.EveryOError, match="LBFGS: lr must be positive"):
+        eo.LBFGS([eo.Parameter([1.0])], lr=0.0, line_search_fn="strong_wolfe")

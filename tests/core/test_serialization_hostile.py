@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 import zipfile
 
 import numpy as np
@@ -163,3 +164,80 @@ def test_an_array_header_that_does_not_match_its_member_is_refused(tmp_path, hea
         archive.writestr(STRUCTURE + ".npy", structure)
     with pytest.raises(eo.EveryOSerializationError, match="ok.npz"):
         eo.load(path)
+
+
+def _npy_header(shape, descr="<f8"):
+    """A version 1.0 .npy header declaring ``shape`` (followed by no data here)."""
+    text = f"{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape!r}, }}".encode()
+    text += b" " * (63 - (10 + len(text)) % 64) + b"\n"
+    return b"\x93NUMPY\x01\x00" + len(text).to_bytes(2, "little") + text
+
+
+def _zip(path, members):
+    """An archive with exactly these (name, bytes) members, duplicates included."""
+    with zipfile.ZipFile(path, "w") as archive, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (zipfile warns of a duplicate name)
+        for name, data in members:
+            archive.writestr(name, data)
+    return path
+
+
+def _npy(array):
+    import io
+
+    handle = io.BytesIO()
+    np.save(handle, array, allow_pickle=False)
+    return handle.getvalue()
+
+
+def _structure_member(tree, version=1):
+    text = json.dumps({"format": "everyo-npz", "version": version, "tree": tree})
+    return (STRUCTURE + ".npy", _npy(np.frombuffer(text.encode(), dtype=np.uint8)))
+
+
+ONE_ARRAY = {"dict": [["w", {"array": "a0"}]]}
+
+
+@pytest.mark.parametrize("members", [
+    # a header declaring terabytes over 16 bytes of data: NumPy allocated first (MemoryError)
+    [("a0.npy", _npy_header((10 ** 12,)) + bytes(16))],
+    [("a0.npy", _npy_header((10 ** 7, 10 ** 7)) + bytes(16))],
+    [("a0.npy", _npy_header((3,)) + bytes(16))],  # fewer bytes than declared
+    [("a0.npy", _npy_header((1,)) + bytes(16))],  # more
+    # dtypes eo.save never writes (it refuses them): strings, dates, records
+    [("a0.npy", _npy(np.array(["ab", "c"])))],
+    [("a0.npy", _npy(np.array(["2020-01-01"], "M8[D]")))],
+    [("a0.npy", _npy(np.zeros(2, [("x", "<f4"), ("y", "<i4")])))],
+    [("a0", b"not an array")],  # a member that is not .npy came back as bytes
+    [("a0.npy", _npy(np.ones(2))), ("a0.npy", _npy(np.zeros(2)))],  # which one is w?
+], ids=["terabytes", "square-terabytes", "short", "long", "unicode", "datetime", "record",
+        "raw-bytes", "duplicate-member"])
+def test_a_crafted_member_is_refused_before_it_is_read(tmp_path, members):
+    path = _zip(tmp_path / "c.npz", [_structure_member(ONE_ARRAY), *members])
+    with pytest.raises(eo.EveryOSerializationError, match="c.npz"):
+        eo.load(path)
+
+
+@pytest.mark.parametrize("tree, version", [
+    ({"dict": [["w", {"array": "r0", "dtype": "bfloat16"}]]}, 2),  # raw AttributeError
+    ({"dict": [["w", {"array": "a0"}], ["w", {"array": "a1"}]]}, 1),  # which w?
+    # one array under two names: loaded as one ndarray, so writing one state wrote the other
+    ({"dict": [["exp_avg", {"array": "a0"}], ["exp_avg_sq", {"array": "a0"}]]}, 1),
+    ({"value": 1}, 0),
+])
+def test_a_crafted_reference_is_refused(tmp_path, tree, version):
+    path = _zip(tmp_path / "c.npz", [_structure_member(tree, version), ("r0", b"\0\0"),
+                                     ("a0.npy", _npy(np.ones(2))), ("a1.npy", _npy(np.ones(2)))])
+    with pytest.raises(eo.EveryOSerializationError, match="c.npz"):
+        eo.load(path)
+
+
+def test_a_big_endian_or_fortran_member_loads_as_native_values(tmp_path):
+    tree = {"dict": [["b", {"array": "a0"}], ["f", {"array": "a1"}]]}
+    values = np.arange(6.0).reshape(2, 3)
+    path = _zip(tmp_path / "c.npz", [_structure_member(tree), ("a0.npy", _npy(values.astype(">f8"))),
+                                     ("a1.npy", _npy(np.asfortranarray(values)))])
+    loaded = eo.load(path)
+    for array in loaded.values():
+        np.testing.assert_array_equal(array, values)
+        assert array.dtype == np.float64 and array.dtype.isnative and array.flags.writeable

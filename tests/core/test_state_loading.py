@@ -132,6 +132,10 @@ def trained_adam():
     (lambda s: s["state"][0].update(exp_avg_sq=np.ones(3) * 1j), "exp_avg_sq"),
     (lambda s: s["state"][0].update(step=-1), "step"),
     (lambda s: s.update(step_count="3"), "step_count"),
+    # a step reads these together: loaded half, the next step() was a raw KeyError
+    (lambda s: s["state"][0].pop("exp_avg_sq"), "parameter 0 has 'exp_avg' but not "
+                                                 "\\['exp_avg_sq'\\]"),
+    (lambda s: s["param_groups"][0].update(amsgrad=True), "not \\['max_exp_avg_sq'\\]"),
 ])
 def test_optimizer_load_checks_everything_before_changing_anything(corrupt, words):
     w, opt = trained_adam()

@@ -239,3 +239,57 @@ def test_clamp_in_place_bad_bounds_are_everyo_errors():
         ints.clamp_(0.5, 2.5)
     np.testing.assert_array_equal(eo.tensor(np.array([1., 5.])).clamp_(eo.tensor(2.0)).data,
                                   [2., 5.])
+
+
+@pytest.mark.parametrize("make", [lambda x: x.sum(), lambda x: x.mean(), lambda x: x[0] * 3,
+                                  lambda x: eo.exp(x[1]), lambda x: x.max()])
+def test_in_place_writes_into_an_op_s_0d_result(make):
+    # an op's 0-d result wrapped NumPy's scalar (np.float32), not a 0-d array: mul_ on it was
+    # refused ("return arrays must be of ArrayType") and t[()] = v a raw TypeError
+    x = eo.tensor(np.array([1.0, 2.0]), requires_grad=True)
+    with eo.no_grad():
+        s = make(x)
+        assert isinstance(s.numpy(), np.ndarray)
+        expected = float(s) * 2 + 1
+        s.mul_(2.0)
+        s[()] = s + 1.0
+    assert float(s) == expected and s._version == 2
+    y = make(x)
+    z = eo.exp(y)  # exp saves its output: writing it after the forward is refused
+    with eo.no_grad():
+        z.add_(1.0)
+    with pytest.raises(eo.EveryOError, match=r"'exp'.*its output"):
+        z.backward()
+
+
+def test_a_composite_second_derivative_refuses_an_operand_written_after_the_forward():
+    # create_graph=True differentiates op.composite(*operands), which reads every operand:
+    # an op whose first-order backward reads only a private array (saved_inputs=()) gave the
+    # gradient of the new values, silently (HuberLoss, SmoothL1Loss, Conv2DTranspose,
+    # InstanceNorm2D, GroupNorm)
+    from everyo.autograd import Op
+
+    class Cube(Op):
+        __slots__ = ()
+        saved_inputs = ()
+        saves_output = False
+
+        def forward(self, x):
+            self.saved = 3 * x * x
+            return x ** 3
+
+        def backward(self, g):
+            return (g * self.saved,)
+
+        def composite(self, x):
+            return x * x * x
+
+    x = eo.tensor(np.array([1.0, 2.0]), requires_grad=True)
+    y = Cube.apply(x)
+    np.testing.assert_array_equal(eo.grad(y.sum(), x, create_graph=True)[0].data, [3.0, 12.0])
+    y = Cube.apply(x)
+    with eo.no_grad():
+        x.add_(1.0)
+    np.testing.assert_array_equal(eo.grad(y.sum(), x, retain_graph=True)[0].data, [3.0, 12.0])
+    with pytest.raises(eo.EveryOError, match=r"'Cube'.*operand 0.*modified in place"):
+        eo.grad(y.sum(), x, create_graph=True)

@@ -330,3 +330,17 @@ def test_flattened_conv1d_features_are_permuted_and_sequence_features_are_not(fl
         expected = reference(torch.tensor(x))
     model.load_state_dict(eo.convert_state_dict(model, reference.state_dict(), example_input=x))
     np.testing.assert_allclose(model(x).data, expected.detach().numpy(), rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("make, words", [
+    (lambda torch: torch.empty(2, 3, device="meta"), "'0.weight'.*meta"),
+    (lambda torch: torch.zeros(2, 3).to_sparse(), "'0.weight'.*(S|s)parse"),
+    (lambda torch: np.full((2, 3), "a"), "'0.weight' has dtype <U1"),
+    (lambda torch: np.zeros((2, 3), object), "'0.weight' has dtype object"),
+])
+def test_a_tensor_without_numeric_values_is_refused_by_name(make, words):
+    # a meta tensor raised a raw NotImplementedError; string and object arrays passed through
+    torch = pytest.importorskip("torch")
+    with pytest.raises(eo.EveryOError, match=words):
+        eo.convert_state_dict(eo.Sequential(eo.Linear(3, 2)),
+                              {"0.weight": make(torch), "0.bias": np.zeros(2)})

@@ -81,3 +81,15 @@ def test_robust_losses_second_derivatives(rng):
     p = rng.dirichlet(np.ones(4), 3)
     assert eo.gradgradcheck(lambda a, b: eo.kl_div(a, b, reduction="batchmean"),
                             np.log(rng.dirichlet(np.ones(4), 3)), p)
+
+
+@pytest.mark.parametrize("loss", [eo.huber_loss, eo.smooth_l1_loss])
+def test_an_input_written_after_the_forward_is_refused_by_the_second_derivative(loss):
+    # the create_graph backward recomputes the loss from its operands: it gave the gradient
+    # at the new values, silently (PyTorch: "modified by an inplace operation")
+    x = eo.tensor(np.array([0.3, -2.0, 1.5]), requires_grad=True)
+    value = loss(x, eo.zeros(3))
+    with eo.no_grad():
+        x.add_(5.0)
+    with pytest.raises(eo.EveryOError, match="operand 0.*modified in place"):
+        eo.grad(value, x, create_graph=True)

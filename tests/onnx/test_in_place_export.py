@@ -5,6 +5,7 @@ is refused naming the comparison. Never a file that computes something else."""
 
 from __future__ import annotations
 
+import math
 import re
 
 import numpy as np
@@ -165,10 +166,26 @@ class Truth(eo.Module):
         return x * 2.0 if x.shape[0] else x
 
 
+class SizeArithmetic(eo.Module):
+    """``x[:n]`` with ``n`` from arithmetic on the batch size that gives a plain number."""
+
+    def __init__(self, rows):
+        super().__init__()
+        self.rows = rows
+
+    def forward(self, x):
+        return x[:self.rows(x.shape[0])] * 2.0
+
+
 @pytest.mark.parametrize("model, shape, dynamic, comparison", [
     (Crop(), (2, 5), {"input": {1: "sequence"}}, r"input\.shape\[1\] [<>] 3"),
     (Branch(), (2, 5), None, r"input\.shape\[0\] > 4"),
     (Truth(), (2, 5), None, r"bool\(input\.shape\[0\]\)"),
+    # int(n / 2) is 1 at both traced sizes (2 and 3): the file sliced one row at every size
+    (SizeArithmetic(lambda n: int(n / 2)), (2, 5), None, r"input\.shape\[0\] / 2"),
+    (SizeArithmetic(lambda n: n % 2 + 1), (2, 5), None, r"input\.shape\[0\] % 2"),
+    (SizeArithmetic(lambda n: round(n ** 0.5)), (2, 5), None, r"input\.shape\[0\] \*\* 0\.5"),
+    (SizeArithmetic(lambda n: int(math.sqrt(n))), (3, 5), None, r"float\(input\.shape\[0\]\)"),
 ])
 def test_a_python_decision_on_a_traced_size_is_refused_naming_the_comparison(
         tmp_path, model, shape, dynamic, comparison):
@@ -178,6 +195,25 @@ def test_a_python_decision_on_a_traced_size_is_refused_naming_the_comparison(
     message = str(info.value)
     assert "the model's own forward" in message and "follows the input's size" in message
     assert re.search(comparison, message), message
+    assert not path.exists()
+
+
+class Spelled(eo.Module):
+    def __init__(self, spell):
+        super().__init__()
+        self.spell = spell
+
+    def forward(self, x):
+        return x * (3.0 if self.spell(x.shape[0]) == "2" else 1.0)
+
+
+@pytest.mark.parametrize("spell", [str, lambda n: f"{n}", lambda n: "%d" % n])
+def test_a_size_spelled_out_as_text_reads_as_its_number(tmp_path, spell):
+    # str(size) was "SymInt(2)" at both traced sizes, so `str(x.shape[0]) == "2"` took the
+    # same branch twice and the file was wrong at size 2
+    path = tmp_path / "m.onnx"
+    with pytest.raises(eo.EveryOSerializationError, match="cannot export"):
+        eo.export_onnx(Spelled(spell), path, input_shape=(2, 4))
     assert not path.exists()
 
 

@@ -16,6 +16,8 @@ The rules (docs/autograd.md, "NumPy functions on tensors"):
 
 from __future__ import annotations
 
+import functools
+import inspect
 from typing import Any
 
 import numpy as np
@@ -80,10 +82,11 @@ def array_function(tensor_class, func, args: tuple, kwargs: dict):
     """``Tensor.__array_function__``: the EveryO function of the same meaning, or NumPy on
     the arrays."""
     translated = FUNCTION_OPS.get(func)
-    if translated is not None:
+    arguments = None if translated is None else _bound(func, translated, args, kwargs)
+    if arguments is not None:
         try:
-            return translated(*args, **kwargs)
-        except TypeError:  # an argument EveryO's function does not take (out=, dtype=...)
+            return translated(**arguments)
+        except TypeError:  # a value EveryO's function does not take
             pass
     module = getattr(func, "__module__", None) or "numpy"
     label = f"{module.replace('numpy', 'np', 1)}.{getattr(func, '__name__', func)}"
@@ -91,6 +94,26 @@ def array_function(tensor_class, func, args: tuple, kwargs: dict):
                              _unwrapped(tensor_class, kwargs))
     _check_no_lost_gradient(tensor_class, label, (args, kwargs), result)
     return result
+
+
+_signature = functools.cache(inspect.signature)
+
+
+def _bound(func, translated, args: tuple, kwargs: dict) -> dict | None:
+    """``func(*args, **kwargs)``'s arguments by NumPy's parameter names, or None when the call
+    gives one ``translated`` does not take (``out=``, ``dtype=``..., by keyword or by
+    position: ``np.max(t, 0, out)``'s third argument is ``out``, not ``keepdims``)."""
+    try:
+        signature = _signature(func)
+        numpy_parameters = signature.parameters
+        bound = signature.bind(*args, **kwargs).arguments
+    except (TypeError, ValueError):  # NumPy itself will name the wrong call
+        return None
+    ours = _signature(translated).parameters
+    for name, value in bound.items():
+        if name not in ours and value is not numpy_parameters[name].default:
+            return None
+    return {name: value for name, value in bound.items() if name in ours}
 
 
 def _without_writes(label: str, call, args, kwargs):

@@ -118,6 +118,8 @@ class Op:
             out = op.forward(*[t.data for t in tensors], **attrs)
         except np.exceptions.DTypePromotionError:
             raise EveryOError(_no_common_dtype(cls.name, tensors)) from None
+        if type(out) is not np.ndarray:  # NumPy's 0-d results are scalars: a Tensor holds an
+            out = np.asarray(out)  # array (writable in place, versioned by its storage)
         # NOTE: an integer or boolean result (a cast to int32, a comparison) has no gradient,
         # as in PyTorch: recording it made `x * w.astype("int32")` hand w a straight-through
         # gradient that no derivative of the cast justifies

@@ -372,6 +372,8 @@ def _graph_vjp(op, g: Tensor, out: Tensor) -> tuple:
 
 def _composite_vjp(op, g: Tensor) -> tuple:
     parents = op.parents
+    if op.epoch != clock[0]:  # composite reads every operand, saved for backward or not
+        check_saved(op, every_operand=True)
     with enable_grad():
         recomputed = op.composite(*parents)
     targets, positions, seen = [], [], set()

@@ -466,7 +466,7 @@ class CosineAnnealingWarmRestarts(LRScheduler):
     """
 
     state_kinds = {**LRScheduler.state_kinds, "T_0": "positive int", "T_mult": "positive int",
-                   "eta_min": "non-negative float"}
+                   "eta_min": "non-negative float", "T_i": "positive int", "T_cur": "float"}
 
     def __init__(self, optimizer, T_0: int, T_mult: int = 1,  # T_0, T_mult: PyTorch's names
                  eta_min: float = 0.0, last_epoch: int = -1):

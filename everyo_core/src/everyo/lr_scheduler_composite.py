@@ -7,9 +7,11 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 
+import numpy as np
+
 from everyo.errors import EveryOError
 from everyo.lr_scheduler import LRScheduler, current_lrs, epoch_list, per_group
-from everyo.validation import ArgumentError, checked_argument, checked_list
+from everyo.validation import ArgumentError, checked_argument, checked_list, is_real
 
 
 class OneCycleLR(LRScheduler):
@@ -83,6 +85,17 @@ class OneCycleLR(LRScheduler):
                     group["max_momentum"], group["base_momentum"] = top, bottom
         super().__init__(optimizer, last_epoch)
 
+    def _checked_entry(self, owner: str, key: str, value, current):
+        if key == "phases":
+            return _checked_phases(owner, value)
+        checked = super()._checked_entry(owner, key, value, current)
+        if key == "use_beta1" and checked != current:
+            # NOTE: derived from the optimizer (Adam's betas or SGD's momentum), not a choice
+            raise EveryOError(f"{owner}: use_beta1 is {checked} in the state, but "
+                              f"{type(self.optimizer).__name__} "
+                              f"{'has' if current else 'has no'} betas")
+        return checked
+
     def _set_momentum(self, group: dict, value: float) -> None:
         if self.use_beta1:
             group["betas"] = (value, *group["betas"][1:])
@@ -112,6 +125,32 @@ class OneCycleLR(LRScheduler):
                     break
                 start_step = end_step
         return lrs
+
+
+#: The names OneCycleLR's phases move between (lr from, lr to, momentum from, momentum to),
+#: by the number of phases (the constructor's two layouts).
+_PHASE_NAMES = {
+    2: [("initial_lr", "max_lr", "max_momentum", "base_momentum"),
+        ("max_lr", "min_lr", "base_momentum", "max_momentum")],
+    3: [("initial_lr", "max_lr", "max_momentum", "base_momentum"),
+        ("max_lr", "initial_lr", "base_momentum", "max_momentum"),
+        ("initial_lr", "min_lr", "max_momentum", "max_momentum")],
+}
+
+
+def _checked_phases(owner: str, value) -> list:
+    """OneCycleLR's saved phases: ``(end step, *names)`` laid out as the constructor lays
+    out two or three phases, with finite end steps."""
+    phases = [p.tolist() if isinstance(p, np.ndarray) else p
+              for p in checked_list(owner, "phases", value)]
+    names = _PHASE_NAMES.get(len(phases), ())
+    if not (names and all(isinstance(p, (list, tuple)) and len(p) == 5 and is_real(p[0])
+                          and all(isinstance(n, str) for n in p[1:])
+                          and tuple(p[1:]) == expected for p, expected in zip(phases, names))):
+        raise EveryOError(f"{owner}: phases must be the constructor's two or three (end step, "
+                          f"lr from, lr to, momentum from, momentum to) with finite end steps; "
+                          f"got {str(value)[:160]}")
+    return [(float(p[0]), *p[1:]) for p in phases]
 
 
 class SequentialLR(LRScheduler):
@@ -181,6 +220,13 @@ class SequentialLR(LRScheduler):
         return {"type": type(self).__name__, **state}
 
     def _checked_entry(self, owner: str, key: str, value, current):
+        if key == "_milestones":
+            milestones = epoch_list(owner, value)
+            if milestones != sorted(milestones) or len(milestones) != len(self._schedulers) - 1:
+                raise EveryOError(f"{owner}: _milestones must be {len(self._schedulers) - 1} "
+                                  f"increasing epochs (one between each two of the "
+                                  f"{len(self._schedulers)} schedulers), got {milestones}")
+            return milestones
         if key != "_schedulers":
             return super()._checked_entry(owner, key, value, current)
         saved = checked_list(owner, key, value, len(self._schedulers))

@@ -257,12 +257,30 @@ class Optimizer:
             self._check_options(new)
             updated.append(new)
         buffers = self._checked_buffers(owner, state["state"], by_index)
+        self._check_complete(owner, updated, buffers, by_index)
         step_count = checked_argument(owner, "step_count", state.get("step_count", 0),
                                       "non-negative int", EveryOError)
         for group, new in zip(self.param_groups, updated):
             group.update(new)
         self.step_count = step_count
         self.state = buffers
+
+    def _buffers_read_together(self, group: dict) -> tuple:
+        """The buffers one step reads together for a parameter of ``group``: a parameter
+        with one of them must have them all (the step creates them only all at once)."""
+        return ()
+
+    def _check_complete(self, owner: str, groups: list, buffers: dict, by_index: dict) -> None:
+        index_of = {id(p): i for i, p in by_index.items()}
+        for group in groups:
+            together = self._buffers_read_together(group)
+            for p in group["params"]:
+                have = [name for name in together if name in buffers.get(p, ())]
+                if have and len(have) != len(together):
+                    raise EveryOError(
+                        f"{owner}: parameter {index_of.get(id(p), '?')} has {have[0]!r} but "
+                        f"not {[n for n in together if n not in have]}: with its group's "
+                        f"options a step reads {list(together)} together")
 
     def _parameters_by_saved_index(self, owner: str, saved_groups: list) -> dict:
         """``{index in the state: parameter}``, after checking each group's size."""
@@ -429,6 +447,9 @@ class Adam(Optimizer):
                          [state["exp_avg_sq"] for state in states], maxima,
                          [state["step"] for state in states], group["lr"], beta1, beta2,
                          group["eps"], group["weight_decay"], self.decoupled)
+
+    def _buffers_read_together(self, group):
+        return ("exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if group["amsgrad"] else ())
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)

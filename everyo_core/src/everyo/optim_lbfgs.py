@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from everyo.dtypes import BFLOAT16
 from everyo.errors import EveryOError
 from everyo.grad_mode import enable_grad
 from everyo.optim import Optimizer
-from everyo.validation import checked_argument
+from everyo.validation import checked_argument, checked_list
 from everyo.versioning import bump_version
 
 _HISTORY = ("old_dirs", "old_stps", "ro")
@@ -171,7 +172,11 @@ class LBFGS(Optimizer):
         search = group["line_search_fn"]
         if not (search is None or (isinstance(search, str) and search == "strong_wolfe")):
             raise EveryOError(f"LBFGS: line_search_fn must be None or 'strong_wolfe', got "
-                              f"{group['line_search_fn']!r}")
+                              f"{search!r}")
+        if search == "strong_wolfe" and group["lr"] <= 0:
+            # NOTE: the search's first interpolation would be between two equal steps
+            raise EveryOError(f"LBFGS: lr must be positive with line_search_fn="
+                              f"'strong_wolfe', got {group['lr']!r}")
 
     # -- flat views of the parameters ---------------------------------------------------------
     def _flat_grad(self) -> np.ndarray:
@@ -302,50 +307,75 @@ class LBFGS(Optimizer):
         return saved
 
     def load_state_dict(self, state: dict) -> None:
-        """As every optimizer's, after checking the history's vectors fit the parameters
-        (nothing changes when they do not)."""
+        """As every optimizer's, after checking every buffer the next step reads (counts,
+        step length, direction, curvature history) fits the parameters: nothing changes when
+        one does not."""
         params = self.param_groups[0]["params"]
         size = sum(p.data.size for p in params)
         dtype = params[0].data.dtype
         saved = state.get("state") if isinstance(state, dict) else None
-        # (a state that is not a dict of per-parameter dicts is refused by the base class)
-        converted = ({key: _history(buffers, size, dtype) for key, buffers in saved.items()}
-                     if isinstance(saved, dict) else {})
+        history_size = self.param_groups[0]["history_size"]
+        groups = state.get("param_groups") if isinstance(state, dict) else None
+        if isinstance(groups, (list, tuple)) and groups and isinstance(groups[0], dict):
+            try:
+                history_size = _count("history_size", groups[0].get("history_size",
+                                                                    history_size))
+            except EveryOError:
+                pass  # (the base's check of the options names it)
+        converted = ({key: _history(buffers, size, dtype, history_size)
+                      for key, buffers in saved.items()} if isinstance(saved, dict) else {})
         super().load_state_dict(state)
         for buffers, vectors in zip(self.state.values(), converted.values()):
             buffers.update(vectors)
 
 
-def _history(buffers: dict, size: int, dtype) -> dict:
-    """The saved direction, gradient and curvature pairs as arrays of the parameters' dtype."""
+_OWNER = "LBFGS.load_state_dict"
+#: What an iteration reads back once one has run (n_iter >= 1).
+_ITERATION = ("d", "t", "prev_flat_grad", "H_diag") + _HISTORY
+
+
+def _history(buffers: dict, size: int, dtype, history_size: int) -> dict:
+    """The saved counts, step, direction, gradient and curvature pairs, checked and
+    converted (vectors to the parameters' dtype)."""
     if not isinstance(buffers, dict):
-        raise EveryOError(f"LBFGS.load_state_dict: a parameter's state is a dict, got "
+        raise EveryOError(f"{_OWNER}: a parameter's state is a dict, got "
                           f"{type(buffers).__name__}")
-    vectors: dict = {name: _vector(name, buffers[name], size, dtype)
-                     for name in _VECTORS if name in buffers}
+    checked: dict = {name: checked_argument(_OWNER, repr(name), buffers[name], "non-negative int",
+                                            EveryOError)
+                     for name in ("func_evals", "n_iter") if name in buffers}
+    checked.update({name: checked_argument(_OWNER, repr(name), buffers[name], "float", EveryOError)
+                    for name in ("t", "H_diag", "prev_loss") if name in buffers})
+    checked.update({name: _vector(name, buffers[name], size, dtype)
+                    for name in _VECTORS if name in buffers})
+    lengths = set()
     for name in _HISTORY:
-        if name in buffers and not isinstance(buffers[name], (list, tuple)):
-            raise EveryOError(f"LBFGS.load_state_dict: {name!r} must be a list, got "
-                              f"{type(buffers[name]).__name__}")
-    for name in ("old_dirs", "old_stps"):
         if name in buffers:
-            vectors[name] = [_vector(name, v, size, dtype) for v in buffers[name]]
-    if "ro" in buffers:
-        vectors["ro"] = [float(checked_argument("LBFGS.load_state_dict", "'ro'", v, "float",
-                                                EveryOError)) for v in buffers["ro"]]
-    return vectors
+            items = checked_list(_OWNER, repr(name), buffers[name])
+            checked[name] = ([checked_argument(_OWNER, repr(name), v, "float", EveryOError)
+                              for v in items] if name == "ro"
+                             else [_vector(name, v, size, dtype) for v in items])
+            lengths.add(len(items))
+    if len(lengths) > 1 or max(lengths, default=0) > history_size:
+        raise EveryOError(f"{_OWNER}: the curvature history {_HISTORY} has lengths "
+                          f"{sorted(lengths)}; they must be equal and at most history_size "
+                          f"{history_size}")
+    missing = [name for name in _ITERATION if name not in buffers]
+    if checked.get("n_iter", 0) >= 1 and missing:
+        raise EveryOError(f"{_OWNER}: the state has run {checked['n_iter']} iterations but "
+                          f"lacks {missing}, which the next one reads")
+    return checked
 
 
 def _vector(name: str, value, size: int, dtype) -> np.ndarray:
     try:
         array = np.asarray(value)
-        if array.dtype.kind not in "iuf":  # (a complex value would lose its imaginary part)
-            raise TypeError
-        array = array.astype(dtype).reshape(-1)
     except (TypeError, ValueError):
-        raise EveryOError(f"LBFGS.load_state_dict: {name!r} is not a vector of real "
-                          f"numbers") from None
+        array = np.asarray(None)
+    if array.dtype.kind not in "biuf" and array.dtype != BFLOAT16:
+        raise EveryOError(f"{_OWNER}: {name!r} is not a vector of real numbers (dtype "
+                          f"{array.dtype})")
+    array = array.astype(dtype).reshape(-1)
     if array.size != size:
-        raise EveryOError(f"LBFGS.load_state_dict: {name!r} has {array.size} entries, the "
+        raise EveryOError(f"{_OWNER}: {name!r} has {array.size} entries, the "
                           f"parameters {size}")
     return array

@@ -18,7 +18,7 @@ from typing import Callable
 
 import numpy as np
 
-from everyo.dtypes import BFLOAT16
+from everyo.dtypes import BFLOAT16, is_floating
 from everyo.errors import EveryOError
 from everyo.grad_mode import enable_grad
 from everyo.module import Module
@@ -402,17 +402,21 @@ def checkpoint_arrays(torch_state) -> dict:
 
 def _torch_numpy(key, value) -> np.ndarray:
     """A torch tensor's values as NumPy's; bfloat16, which NumPy lacks, through its bits."""
-    value = value.detach().cpu()
+    try:
+        value = value.detach().cpu()
+    except (RuntimeError, NotImplementedError) as exc:  # a meta tensor: no values at all
+        raise EveryOError(f"convert_state_dict: {key!r} (a torch tensor on {value.device}) "
+                          f"has no values to copy: {exc}") from None
     if str(value.dtype) == "torch.bfloat16":
         import torch  # the value is torch's, so torch is importable
 
         return value.view(torch.int16).numpy().view(BFLOAT16)
     try:
         return value.numpy()
-    except TypeError:  # float8, complex32, quantized...: no NumPy dtype holds them
+    except TypeError:  # float8, complex32, quantized, sparse...: NumPy cannot hold them
         raise EveryOError(f"convert_state_dict: {key!r} is a torch tensor of dtype "
-                          f"{value.dtype}, which NumPy cannot hold; convert it first "
-                          f"(e.g. .float())") from None
+                          f"{value.dtype}, which NumPy cannot hold (layout {value.layout}); "
+                          f"convert it first (e.g. .float(), .to_dense())") from None
 
 
 def _as_array(key, value) -> np.ndarray:
@@ -423,4 +427,7 @@ def _as_array(key, value) -> np.ndarray:
     if not isinstance(value, (np.ndarray, np.generic, int, float)):
         raise EveryOError(f"convert_state_dict: {key!r} is a {type(value).__name__}, not an "
                           f"array")
-    return np.asarray(value)
+    array = np.asarray(value)
+    if not (array.dtype.kind in "biu" or is_floating(array.dtype) or array.dtype.kind == "c"):
+        raise EveryOError(f"convert_state_dict: {key!r} has dtype {array.dtype}, not numbers")
+    return array

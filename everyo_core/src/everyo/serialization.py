@@ -3,8 +3,10 @@
 :mod:`everyo.safetensors_format`).
 
 The tree's structure (keys, lists, scalars, strings) is stored as a JSON document inside the
-archive; every array is its own ``.npy`` member. Loading uses ``allow_pickle=False``, so a
-checkpoint from anywhere can be opened without running code.
+archive; every array is its own ``.npy`` member. Loading reads each member's header itself and
+accepts only the numeric dtypes :func:`save` writes, with exactly the bytes the header declares
+(never pickle, never an allocation the file does not back), so a checkpoint from anywhere can
+be opened without running code.
 
 A dtype that ``.npy`` cannot describe without pickle (``bfloat16``, which NumPy knows only
 through ml_dtypes) is stored as its raw 16-bit payload (``uint16``) with the dtype's name in the
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
 import re
 import tokenize
@@ -131,6 +134,8 @@ def _decode(node, archive):
         if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], (str, int))
                 and not isinstance(item[0], bool)):
             raise _Corrupt(f"a dict item is {str(item)[:40]}, not a [key, node] pair")
+        if item[0] in decoded:
+            raise _Corrupt(f"a dict names the key {str(item[0])[:40]!r} twice")
         decoded[item[0]] = _decode(item[1], archive)
     return decoded
 
@@ -140,6 +145,9 @@ def _decode_array(node: dict, archive: dict) -> np.ndarray:
     if not isinstance(ref, str) or ref not in archive:
         raise _Corrupt(f"an array node names {str(ref)[:40]!r}, which the archive lacks")
     array = archive[ref]
+    if array is None:  # eo.save stores each array once: one shared by two names would alias
+        raise _Corrupt(f"array {ref} is named by two nodes")
+    archive[ref] = None
     if "dtype" not in node:
         return array
     dtype, payload = _RAW_BY_NAME.get(node["dtype"], (None, None)) if isinstance(
@@ -208,39 +216,51 @@ def load(path):
 
 
 def _read_archive(raw: bytes) -> dict:
-    """Every member of the archive ``raw``, after bounding what they expand to."""
-    with zipfile.ZipFile(io.BytesIO(raw)) as listing:
-        expanded = sum(info.file_size for info in listing.infolist())
+    """Every member of the archive ``raw``, after bounding what they expand to; each is an
+    ``.npy`` array of a dtype :func:`save` writes, whose header is checked against its data
+    before anything is allocated."""
+    with zipfile.ZipFile(io.BytesIO(raw)) as archive:
+        members = archive.infolist()
+        expanded = sum(info.file_size for info in members)
         if expanded > len(raw) + MAX_EXPANSION_BYTES:
             raise _Corrupt(f"its members would expand to {expanded} bytes from a file of "
                            f"{len(raw)}")
-        for info in listing.infolist():
-            with listing.open(info) as member:
-                _check_array_header(info, member)
-    with np.load(io.BytesIO(raw), allow_pickle=False) as npz:
-        if _STRUCTURE_KEY not in npz.files:
-            raise _Corrupt("it has no EveryO structure")
-        return {name: npz[name] for name in npz.files}
+        arrays: dict = {}
+        for info in members:
+            name = info.filename
+            if not name.endswith(".npy") or name[:-4] in arrays:
+                raise _Corrupt(f"its member {name[:60]!r} is not one .npy array (a name "
+                               f"without .npy, or one given twice)")
+            arrays[name[:-4]] = _read_member(archive.read(info), name)
+    if _STRUCTURE_KEY not in arrays:
+        raise _Corrupt("it has no EveryO structure")
+    return arrays
 
 
-def _check_array_header(info: zipfile.ZipInfo, member) -> None:
-    """Refuse a ``.npy`` member whose header does not parse, or declares more bytes than the
-    member holds, before NumPy allocates the array it declares."""
+def _read_member(data: bytes, name: str) -> np.ndarray:
+    """The array in the ``.npy`` bytes ``data`` (a native-order, writable copy)."""
+    handle = io.BytesIO(data)
     try:
         # (a version 3.0 header differs from 2.0 only in its text's encoding)
         read_header = (np.lib.format.read_array_header_1_0
-                       if np.lib.format.read_magic(member) == (1, 0)
+                       if np.lib.format.read_magic(handle) == (1, 0)
                        else np.lib.format.read_array_header_2_0)
-        shape, _, dtype = read_header(member)
-        declared = int(np.prod(shape, dtype=object)) * dtype.itemsize
+        shape, fortran_order, dtype = read_header(handle)
     # NOTE: NumPy's header parser raises tokenize.TokenError (not a ValueError) on an
     # unbalanced header, and what ast.literal_eval and np.dtype raise on a crafted one
     except (ValueError, TypeError, SyntaxError, OverflowError, EOFError,
             tokenize.TokenError) as exc:
-        raise _Corrupt(f"member {info.filename} has an unreadable array header ({exc})") from exc
-    if declared > info.file_size:
-        raise _Corrupt(f"member {info.filename} declares shape {shape} of {dtype} "
-                       f"({declared} bytes) but holds {info.file_size} bytes")
+        raise _Corrupt(f"member {name[:60]} has an unreadable array header ({exc})") from exc
+    if dtype.kind not in "biufc" or dtype.fields is not None or dtype.subdtype is not None:
+        raise _Corrupt(f"its member {name[:60]!r} has dtype {dtype}, which eo.save never "
+                       f"writes")
+    declared = math.prod(shape) * dtype.itemsize
+    if declared != len(data) - handle.tell():
+        raise _Corrupt(f"its member {name[:60]!r} declares shape {shape[:8]} ({declared} "
+                       f"bytes) but holds {len(data) - handle.tell()} bytes of data")
+    flat = np.frombuffer(data, dtype=dtype, count=math.prod(shape), offset=handle.tell())
+    array = flat.reshape(shape, order="F" if fortran_order else "C")
+    return array.astype(dtype.newbyteorder("="), order="K", copy=True)
 
 
 def _read_structure(member: np.ndarray) -> dict:
@@ -258,6 +278,8 @@ def _read_structure(member: np.ndarray) -> dict:
     version = structure.get("version", 0)
     if isinstance(version, bool) or not isinstance(version, int) or "tree" not in structure:
         raise _Corrupt(f"its structure has version {version!r} and keys {sorted(structure)}")
+    if version < 1:
+        raise _Corrupt(f"its format version is {version}")
     if version > VERSION:
         raise _Corrupt(f"written by a newer EveryO (format version {version})")
     return structure["tree"]

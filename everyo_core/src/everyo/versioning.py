@@ -79,16 +79,20 @@ def _array_written_since(array: np.ndarray, stamp: int) -> bool:
     return entry is not None and entry[0] > stamp
 
 
-def check_saved(op, output=None) -> None:
+def check_saved(op, output=None, every_operand: bool = False) -> None:
     """Raise if a tensor ``op`` saved for backward was written in place after its forward.
 
     Called by the engine only when the clock moved since ``op``'s forward. ``op``'s class
     declares what it saved: ``saved_inputs`` (operand indices, None for all),
     ``saves_output`` and ``saved_attributes`` (arrays it keeps that are not operands).
+    ``every_operand``: check all operands whatever ``saved_inputs`` says (a second derivative
+    through ``op.composite`` recomputes the forward from them).
     """
     stamp = op.epoch
     parents = op.parents
     indices, output_read = _read_by_backward(op)
+    if every_operand:
+        indices = None
     for i in range(len(parents)) if indices is None else indices:
         if i < len(parents) and _written_since(parents[i], stamp):
             _raise(op, parents[i], f"its operand {i}")

@@ -11,8 +11,10 @@ so the exported model runs at any size. A Python decision on one (a comparison, 
 traced answer into the graph, so it is refused, naming the comparison (the answer is still
 given, so the trace goes on and finds every refusal), unless its answer is the same at every
 size (a size compared with itself; an axis's size, never negative, with ``-1`` or ``>= 0``).
-Anything else (``/``, ``%``, ``float()``) gives a plain number, baked into the graph; the
-exporter catches the difference by tracing at two sizes and comparing the two graphs.
+Arithmetic giving a plain number (``/``, ``%``, ``**``, ``float()``, ``round()``, bit
+operations) is refused the same way: its result would be baked into the graph, and the two
+traced sizes can agree on it (``int(n / 2)`` at 2 and 3). What still escapes (``range(n)``, a
+NumPy array of that size) is caught by tracing at two sizes and comparing the two graphs.
 """
 
 from __future__ import annotations
@@ -48,6 +50,12 @@ class SymInt(int):
     def __repr__(self) -> str:
         return f"SymInt({int(self)})"
 
+    def __str__(self) -> str:  # the number's text, as an int's (the traces compare it)
+        return str(int(self))
+
+    def __format__(self, spec: str) -> str:
+        return format(int(self), spec)
+
     def __reduce__(self):  # a SymInt copied or pickled is just its value
         return int, (int(self),)
 
@@ -73,6 +81,50 @@ for _name in ONNX_ARITHMETIC:
 SymInt.__neg__ = lambda self: SymInt(-int(self), ("sub", 0, self.expr))
 SymInt.__pos__ = lambda self: self
 del _name
+
+#: Arithmetic that gives a plain number (not a size the graph can compute): its result would
+#: be baked into the graph, and it can be the same at both traced sizes (``int(n / 2)`` is 1
+#: at 2 and 3), so it is refused by name (the answer is still given).
+_PLAIN_BINARY = {"truediv": "/", "mod": "%", "pow": "**", "divmod": "divmod", "and": "&",
+                 "or": "|", "xor": "^", "lshift": "<<", "rshift": ">>"}
+
+
+def _plain_binary(name: str, reflected: bool = False):
+    compute = getattr(int, f"__{'r' if reflected else ''}{name}__")
+    symbol = _PLAIN_BINARY[name]
+
+    def method(self, other):
+        if not isinstance(other, numbers.Number):
+            return NotImplemented
+        left, right = (other, self) if reflected else (self, other)
+        text = (f"divmod({describe(left)}, {describe(right)})" if name == "divmod"
+                else f"{describe(left)} {symbol} {describe(right)}")
+        refuse_decision(text)
+        return compute(int(self), other if not isinstance(other, SymInt) else int(other))
+
+    return method
+
+
+def _plain_unary(name: str):
+    compute = getattr(int, f"__{name}__")
+
+    def method(self, *args):
+        refuse_decision(f"{name.strip('_')}({describe(self)})")
+        return compute(int(self), *args)
+
+    return method
+
+
+for _name in _PLAIN_BINARY:
+    setattr(SymInt, f"__{_name}__", _plain_binary(_name))
+    setattr(SymInt, f"__r{_name}__", _plain_binary(_name, reflected=True))
+for _name in ("float", "complex", "round", "trunc", "floor", "ceil", "invert"):
+    if hasattr(int, f"__{_name}__"):
+        setattr(SymInt, f"__{_name}__", _plain_unary(_name))
+del _name
+# NOTE: an axis's size is never negative: abs() keeps it (and its expression)
+SymInt.__abs__ = lambda self: (self if self.expr[0] == "dim"
+                               else _plain_unary("abs")(self))
 
 #: Comparisons a SymInt refuses to decide, with how they read in a message.
 DECISIONS = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}

@@ -83,7 +83,7 @@ def array_function(tensor_class, func, args: tuple, kwargs: dict):
     the arrays."""
     translated = FUNCTION_OPS.get(func)
     arguments = None if translated is None else _bound(func, translated, args, kwargs)
-    if arguments is not None:
+    if translated is not None and arguments is not None:
         try:
             return translated(**arguments)
         except TypeError:  # a value EveryO's function does not take

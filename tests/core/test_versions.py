@@ -293,3 +293,40 @@ def test_a_composite_second_derivative_refuses_an_operand_written_after_the_forw
     np.testing.assert_array_equal(eo.grad(y.sum(), x, retain_graph=True)[0].data, [3.0, 12.0])
     with pytest.raises(eo.EveryOError, match=r"'Cube'.*operand 0.*modified in place"):
         eo.grad(y.sum(), x, create_graph=True)
+
+
+def test_augmented_assignment_under_no_grad_writes_the_parameter_in_place():
+    # PyTorch's manual SGD step; before, `p -= ...` rebound the loop variable and the model's
+    # parameters never changed
+    model = eo.Linear(3, 2, seed=0)
+    params = list(model.parameters())
+    before = [p.data.copy() for p in params]
+    eo.mean(model(eo.ones((4, 3))) ** 2).backward()
+    with eo.no_grad():
+        for p in params:
+            p -= 0.1 * p.grad
+    for p, old in zip(model.parameters(), before):
+        np.testing.assert_array_equal(p.data, old - np.float32(0.1) * p.grad)
+        assert p._version == 1
+
+
+@pytest.mark.parametrize("operator, expected", [("+=", [3.0, 4.0]), ("-=", [-1.0, 0.0]),
+                                                ("*=", [2.0, 4.0]), ("/=", [0.5, 1.0])])
+def test_augmented_assignment_of_plain_tensors_writes_in_place_as_pytorch(operator, expected):
+    a = eo.tensor([1.0, 2.0])
+    alias = a
+    exec(f"alias {operator} 2.0")
+    assert alias is a
+    np.testing.assert_array_equal(a.data, np.float32(expected))
+
+
+def test_augmented_assignment_that_records_gradients_computes_out_of_place():
+    # a training forward's residual `out += identity`: the in-place write would be refused, so
+    # the name is rebound to the recorded sum and the gradient flows through both terms
+    x = eo.tensor([1.0, 2.0], requires_grad=True)
+    out = x * 2.0
+    first = out
+    out += x
+    assert out is not first
+    out.sum().backward()
+    np.testing.assert_array_equal(x.grad, np.float32([3.0, 3.0]))

@@ -15,6 +15,7 @@ from everyo.devices import check_device, is_device
 from everyo.dispatch import dispatch, shape_hook
 from everyo.dtypes import BFLOAT16, is_floating, resolve_dtype
 from everyo.errors import EveryOError
+from everyo.grad_mode import is_grad_enabled
 from everyo.random import resolve_generator
 from everyo.shape_args import Size, sizes
 
@@ -336,6 +337,32 @@ class Tensor:
     def __ne__(self, other) -> Tensor:  # type: ignore[override]
         return dispatch("ne", self, other) if _comparable(other) else NotImplemented
 
+    # -- augmented assignment: in place where an in-place write is allowed -------------------
+    # NOTE: PyTorch's `t += x` always writes t. Here it writes in place exactly where `t.add_(x)`
+    # would be allowed (neither side records gradients: under eo.no_grad(), or neither requires
+    # grad), so the manual SGD step `with eo.no_grad(): p -= lr * p.grad` updates the parameter;
+    # where the write would be refused (a training forward's `out += identity`), it computes out
+    # of place and rebinds the name, as Python does for a class without these methods.
+    def __iadd__(self, other) -> Tensor:
+        if _records_gradients(self, other):
+            return dispatch("add", self, other)
+        return dispatch("add_", self, other)
+
+    def __isub__(self, other) -> Tensor:
+        if _records_gradients(self, other):
+            return dispatch("sub", self, other)
+        return dispatch("sub_", self, other)
+
+    def __imul__(self, other) -> Tensor:
+        if _records_gradients(self, other):
+            return dispatch("mul", self, other)
+        return dispatch("mul_", self, other)
+
+    def __itruediv__(self, other) -> Tensor:
+        if _records_gradients(self, other):
+            return dispatch("div", self, other)
+        return dispatch("div_", self, other)
+
     # -- in-place writes: dispatched, versioned, never recorded (see everyo.ops.inplace) -------
     def add_(self, other, alpha=1) -> Tensor:
         """``self += alpha * other`` in place (not recorded for autograd); returns ``self``.
@@ -547,6 +574,13 @@ class Tensor:
                               "squeeze", self.shape)
             axis = tuple(a for a in axes if self.ndim and self.shape[a] == 1)
         return dispatch("reshape", self, shape=np.squeeze(self.data, axis).shape)
+
+
+def _records_gradients(target: Tensor, value) -> bool:
+    """Whether an in-place write of ``value`` into ``target`` would take part in gradient
+    recording (and so be refused by the in-place ops)."""
+    return is_grad_enabled() and (target.requires_grad or (
+        isinstance(value, Tensor) and value.requires_grad))
 
 
 def _comparable(other) -> bool:

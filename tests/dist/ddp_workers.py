@@ -315,3 +315,77 @@ def zero_against_plain(group, name: str):
     plain = train_zero(group, name, False)
     return {**{f"sharded{i}": w for i, w in enumerate(sharded)},
             **{f"plain{i}": w for i, w in enumerate(plain)}}
+
+
+# -- the constructor's broadcast of rank 0's module states --------------------------------
+class SeededNet(eo.Module):
+    """Parameters drawn from ``seed`` (float32, a float64 one, a frozen layer whose bias is
+    read-only), a BatchNorm's running statistics (float32, int64), a bfloat16 buffer and a
+    read-only int8 one."""
+
+    def __init__(self, seed: int):
+        super().__init__()
+        rng = np.random.default_rng(seed)
+        self.first = eo.Linear(48, 8, seed=seed)
+        self.norm = eo.BatchNorm1D(8)
+        self.norm.weight.data[...] = rng.uniform(0.5, 2.0, 8)
+        self.norm.bias.data[...] = rng.standard_normal(8)
+        self.frozen = eo.Linear(8, 8, seed=seed + 1)
+        for p in self.frozen.parameters():
+            p.requires_grad = False
+        self.frozen.bias.data.flags.writeable = False  # (as if memory-mapped from a file)
+        self.head = eo.Linear(8, 1, seed=seed + 2)
+        self.offset = eo.Parameter(rng.standard_normal(1))  # float64
+        self.register_buffer("table", rng.standard_normal(5).astype("bfloat16"))
+        mask = rng.integers(-100, 100, 7).astype(np.int8)
+        mask.flags.writeable = False
+        self.register_buffer("mask", mask)
+
+    def forward(self, x, use_extra: bool = False):
+        out = self.head(eo.tanh(self.frozen(self.norm(self.first(x)))))
+        return out.astype("float64") + self.offset
+
+
+def _bits(array) -> np.ndarray:
+    array = np.asarray(array)
+    return array.view(np.uint16) if array.dtype.name == "bfloat16" else array
+
+
+def _states(model, prefix: str) -> dict:
+    return {f"{prefix}:{name}": _bits(value) for name, value in model.state_dict().items()}
+
+
+def different_seeds(group, steps: int = 3):
+    """Each rank builds :class:`SeededNet` from its own seed and runs ``rank + 1`` forwards
+    (moving the BatchNorm's statistics) before wrapping it; returns the states before and
+    after the wrapper is built, the parameters' version counters then, and the parameters
+    after ``steps`` DDP steps of SGD with momentum on this rank's own batches."""
+    model = SeededNet(seed=10 * group.rank)
+    for step in range(group.rank + 1):
+        model(eo.tensor(batch(group.rank, 100 + step)[0]))
+    out = _states(model, "before")
+    versions = [p._version for p in model.parameters()]
+    ddp = DistributedDataParallel(model, group, bucket_cap_mb=0.0001)
+    out.update(_states(model, "after"))
+    out["versions"] = np.array([p._version - v for p, v in zip(model.parameters(), versions)])
+    optimizer = eo.SGD([p for p in model.parameters() if p.requires_grad], lr=0.05,
+                       momentum=0.9)
+    for step in range(steps):
+        optimizer.zero_grad()
+        x, y = batch(group.rank, step)
+        residual = ddp(eo.tensor(x)) - eo.tensor(y.astype(np.float64))
+        eo.mean(residual * residual).backward()
+        optimizer.step()
+    ddp.close()
+    out.update({f"trained:{name}": _bits(p.data) for name, p in model.named_parameters()})
+    return out
+
+
+def different_modules(group):
+    """DDP of modules that differ between the ranks (rank 1's has a wider layer): the
+    error of the constructor's broadcast."""
+    try:
+        DistributedDataParallel(eo.Linear(4, 3 + group.rank, seed=0), group)
+        return "no error"
+    except DistributedError as exc:
+        return str(exc)

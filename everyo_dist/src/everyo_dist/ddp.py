@@ -21,6 +21,10 @@ the average, as ``average_gradients`` does; one whose ``requires_grad`` was turn
 wrapping gets no gradient from backward, so it is not waited for and its ``.grad`` is left
 alone. Segments are all-reduced strictly in order on every rank, so ranks whose backward
 finishes parameters in a different order still match.
+
+As PyTorch's constructor (``_sync_module_states``), the constructor first gives every rank
+rank 0's parameters (frozen ones too) and buffers, written in place: one broadcast per dtype,
+of all the states of that dtype in one flat vector (none on a group of one).
 """
 
 from __future__ import annotations
@@ -33,11 +37,13 @@ import threading
 
 import numpy as np
 
-from everyo import is_grad_enabled
+from everyo import bump_version, is_grad_enabled
+from everyo.dtypes import is_floating
 from everyo.kernels import row_block_stops
 from everyo_dist.buckets import DEFAULT_BUCKET_CAP_MB, FIRST_BUCKET_BYTES, buckets, segments
 from everyo_dist.comm_hooks import allreduce_hook, call_hook
-from everyo_dist.errors import DistributedError
+from everyo_dist.errors import CollectiveMismatchError, DistributedError
+from everyo_dist.fingerprint import DTYPE_CODES
 from everyo_dist.overlap import GraphUses, OverlappedStep, checked_optimizer
 
 
@@ -81,6 +87,9 @@ def _tensors_in(value) -> list:
 
 class DistributedDataParallel:
     """Wrap ``module`` so that ``backward()`` leaves every gradient averaged over ``group``.
+
+    Building it is a collective (every rank builds one): each rank's ``module`` receives rank
+    0's parameters and buffers, in place (:func:`sync_module_states`).
 
     Args:
         module: the model (an ``eo.Module``); call the wrapper instead of the module.
@@ -126,6 +135,9 @@ class DistributedDataParallel:
         self._hook, self._hook_state = None, None  # (register_comm_hook)
         self._untracked: str | None = None  # a forward's output type holding no Tensor found
         checked_optimizer(optimizer, self._by_id)
+        # NOTE: after every check (a rank refusing alone would leave its peers waiting in the
+        # broadcast), before the thread and the hooks (nothing to undo when it fails)
+        sync_module_states(module, group)
         self._overlap = OverlappedStep(optimizer, self._names) if optimizer is not None \
             else None
         self._uses: GraphUses | None = None
@@ -472,6 +484,63 @@ class DistributedDataParallel:
                 # the vector is never recycled (see Bucket)
                 del item, job
                 segment.done.set()
+
+
+def sync_module_states(module, group, src: int = 0) -> None:
+    """Write rank ``src``'s parameters (frozen ones too) and buffers into every other rank's
+    ``module``, in place (PyTorch's ``_sync_module_states``): one ``broadcast`` per dtype, of
+    all the states of that dtype packed into one flat vector; nothing on a group of one.
+
+    A dtype the wire has no code for (bfloat16) travels as its bytes; a read-only array is
+    replaced by a new one. Modules whose states differ in dtypes or sizes between the ranks
+    raise ``CollectiveMismatchError`` on every rank, naming both sides.
+    """
+    if group.world_size == 1:
+        return
+    owners = dict(module.named_modules())
+    # id(array) -> (array, its parameter or None, a buffer's module and name)
+    states: dict[int, tuple] = {}
+    for p in module.parameters():  # (each shared parameter once)
+        states.setdefault(id(p.data), (p.data, p, None, None))
+    for dotted, array in module.named_buffers():
+        if isinstance(array, np.ndarray) and (array.dtype.kind in "biufc"
+                                              or is_floating(array.dtype)):  # (bfloat16)
+            path, _, name = dotted.rpartition(".")
+            states.setdefault(id(array), (array, None, owners[path], name))
+    by_dtype: dict[np.dtype, list] = {}
+    for state in states.values():
+        if state[0].size:
+            by_dtype.setdefault(state[0].dtype.newbyteorder("="), []).append(state)
+    for dtype in sorted(by_dtype, key=str):
+        group_states = by_dtype[dtype]
+        flat = np.empty(sum(state[0].size for state in group_states), dtype)
+        if group.rank == src:
+            offset = 0
+            for array, *_ in group_states:
+                flat[offset:offset + array.size] = array.reshape(-1)
+                offset += array.size
+        wire = flat if dtype.name in DTYPE_CODES else flat.view(np.uint8)
+        try:
+            received = group.broadcast(wire, src=src).view(dtype)
+        except CollectiveMismatchError as exc:
+            raise CollectiveMismatchError(
+                f"DistributedDataParallel: the wrapped modules differ between the ranks (their "
+                f"parameters and buffers of each dtype, packed into one vector per dtype, must "
+                f"have the same sizes and dtypes on every rank): {exc}") from exc
+        if group.rank == src:
+            continue
+        offset = 0
+        for array, param, owner, name in group_states:
+            values = received[offset:offset + array.size].reshape(array.shape)
+            offset += array.size
+            if array.flags.writeable:
+                array[...] = values
+            elif param is not None:  # (e.g. a frozen weight memory-mapped from a file)
+                param.data = values.astype(array.dtype)
+            else:
+                owner.register_buffer(name, values.astype(array.dtype))
+            if param is not None:
+                bump_version(param)
 
 
 def _gradient_dtype(param) -> np.dtype:

@@ -344,24 +344,16 @@ class Tensor:
     # where the write would be refused (a training forward's `out += identity`), it computes out
     # of place and rebinds the name, as Python does for a class without these methods.
     def __iadd__(self, other) -> Tensor:
-        if _records_gradients(self, other):
-            return dispatch("add", self, other)
-        return dispatch("add_", self, other)
+        return dispatch(*_augmented("add", self, other))
 
     def __isub__(self, other) -> Tensor:
-        if _records_gradients(self, other):
-            return dispatch("sub", self, other)
-        return dispatch("sub_", self, other)
+        return dispatch(*_augmented("sub", self, other))
 
     def __imul__(self, other) -> Tensor:
-        if _records_gradients(self, other):
-            return dispatch("mul", self, other)
-        return dispatch("mul_", self, other)
+        return dispatch(*_augmented("mul", self, other))
 
     def __itruediv__(self, other) -> Tensor:
-        if _records_gradients(self, other):
-            return dispatch("div", self, other)
-        return dispatch("div_", self, other)
+        return dispatch(*_augmented("div", self, other))
 
     # -- in-place writes: dispatched, versioned, never recorded (see everyo.ops.inplace) -------
     def add_(self, other, alpha=1) -> Tensor:
@@ -576,11 +568,12 @@ class Tensor:
         return dispatch("reshape", self, shape=np.squeeze(self.data, axis).shape)
 
 
-def _records_gradients(target: Tensor, value) -> bool:
-    """Whether an in-place write of ``value`` into ``target`` would take part in gradient
-    recording (and so be refused by the in-place ops)."""
-    return is_grad_enabled() and (target.requires_grad or (
+def _augmented(op: str, target: Tensor, value) -> tuple:
+    """``target op= value``'s dispatch: the in-place op (``add_``) unless that write would take
+    part in gradient recording (and so be refused), else the out-of-place op (``add``)."""
+    records = is_grad_enabled() and (target.requires_grad or (
         isinstance(value, Tensor) and value.requires_grad))
+    return (op if records else op + "_"), target, value
 
 
 def _comparable(other) -> bool:

@@ -38,8 +38,7 @@ import threading
 import numpy as np
 
 from everyo import bump_version, is_grad_enabled
-from everyo.dtypes import is_floating
-from everyo.kernels import row_block_stops
+from everyo.kernels import is_floating, row_block_stops
 from everyo_dist.buckets import DEFAULT_BUCKET_CAP_MB, FIRST_BUCKET_BYTES, buckets, segments
 from everyo_dist.comm_hooks import allreduce_hook, call_hook
 from everyo_dist.errors import CollectiveMismatchError, DistributedError

@@ -13,6 +13,7 @@ they are (its sub-modules are converted by theirs). docs/porting.md describes th
 from __future__ import annotations
 
 import os
+import sys
 from collections import OrderedDict
 from typing import Callable
 
@@ -408,8 +409,8 @@ def _torch_numpy(key, value) -> np.ndarray:
         raise EveryOError(f"convert_state_dict: {key!r} (a torch tensor on {value.device}) "
                           f"has no values to copy: {exc}") from None
     if str(value.dtype) == "torch.bfloat16":
-        import torch  # the value is torch's, so torch is importable
-
+        # the value is torch's, so torch is loaded: no import (and no type stubs) needed
+        torch = sys.modules[type(value).__module__.partition(".")[0]]
         return value.view(torch.int16).numpy().view(BFLOAT16)
     try:
         return value.numpy()

@@ -6,10 +6,8 @@ float64 with the float32 mean's rounding residue subtracted, the same elementwis
 in the same order. The statistics' and the input gradient's sums are formed in float64 here
 (the reference sums gradients in the computation dtype), so results agree to within the
 reference's own rounding of those sums; a LayerNorm row's sums run in SIMD lanes
-(:data:`everyo_numba.jit.njit_sum`). The weight's and bias's gradients: LayerNorm's summed as
-the reference sums them (the computation dtype, row after row: its bits, and 15% faster than
-float64 accumulators), BatchNorm's and GroupNorm's in float64 (more accurate than the
-reference's, which loses tens of ulps over 32k positions).
+(:data:`everyo_numba.jit.njit_sum`). The weight's and bias's gradients are summed in float64
+too: the reference's float32 sums, row after row, drift by tens of ulps over 32k rows.
 
 A missing weight is passed to the loops as ones and a missing bias as negative zeros: ``v * 1``
 and ``v + (-0.0)`` are ``v`` exactly (signed zeros, infinities and NaN included), and one
@@ -137,15 +135,14 @@ def _layer_norm_backward(gy, xhat, inv_std, weight, need_x, gx, gw, gb):
     # the row's two sums, one pass for the input gradient.
     m, d = gy.shape
     t = gy.dtype.type
-    for k in range(d):
-        gw[k] = 0.0
-        gb[k] = 0.0
+    acc_w = np.zeros(d)
+    acc_b = np.zeros(d)
     for r in range(m):
         g, xh, grad = gy[r], xhat[r], gx[r]
         for k in range(d):
             value = g[k]
-            gw[k] += value * xh[k]
-            gb[k] += value
+            acc_w[k] += value * xh[k]
+            acc_b[k] += value
             grad[k] = value * weight[k]
         if need_x:
             s_g, s_gx = _sum_and_dot(grad, xh)
@@ -154,6 +151,9 @@ def _layer_norm_backward(gy, xhat, inv_std, weight, need_x, gx, gw, gb):
             inv = inv_std[r]
             for k in range(d):
                 grad[k] = ((grad[k] - mean_g) - xh[k] * mean_gx) * inv
+    for k in range(d):
+        gw[k] = acc_w[k]
+        gb[k] = acc_b[k]
 
 
 def layer_norm_backward(g, xhat, inv_std, weight, ndims, needs):

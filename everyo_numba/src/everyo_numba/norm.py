@@ -27,13 +27,17 @@ from everyo_numba.jit import native, njit, njit_sum
 
 _COMPUTE = {"float16": np.float32, "bfloat16": np.float32, "float32": np.float32,
             "float64": np.float64}
+#: The same by dtype, for the native ones: ``dtype.name`` costs 2 µs a call.
+_COMPUTE_NATIVE = {np.dtype(name): compute for name, compute in _COMPUTE.items()
+                   if name != "bfloat16"}
+_COMPILED = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 def _compute_dtype(*arrays):
     """The loops' dtype for these operands (None: leave the call to the reference): every
     operand's dtype maps to one compute dtype, and parameters already have it."""
     x = arrays[0]
-    compute = _COMPUTE.get(x.dtype.name)
+    compute = _COMPUTE_NATIVE.get(x.dtype) or _COMPUTE.get(x.dtype.name)
     if compute is None:
         return None
     for a in arrays[1:]:
@@ -158,7 +162,7 @@ def _layer_norm_backward(gy, xhat, inv_std, weight, need_x, gx, gw, gb):
 
 def layer_norm_backward(g, xhat, inv_std, weight, ndims, needs):
     compute = xhat.dtype
-    if compute.name not in ("float32", "float64") or not native(xhat, inv_std) or (
+    if compute not in _COMPILED or not native(xhat, inv_std) or (
             weight is not None and weight.dtype != compute):
         return NotImplemented
     shape = g.shape[g.ndim - ndims:]
@@ -267,7 +271,7 @@ def _batch_norm_backward(gy, xhat, scale, training, need_x, gx, sum_gy, sum_gy_x
 def batch_norm_backward(g, xhat, inv_std, weight, training, needs):
     compute = xhat.dtype
     c = g.shape[-1]
-    if compute.name not in ("float32", "float64") or not native(xhat) \
+    if compute not in _COMPILED or not native(xhat) \
             or inv_std.dtype != compute or not g.size or (
             weight is not None and (weight.dtype != compute or weight.shape != (c,))):
         return NotImplemented
@@ -455,7 +459,7 @@ def _group_norm_backward(gy, xhat, inv_std, groups, weight, need_x, gx, gw, gb):
 def group_norm_backward(g, xhat, inv_std, weight, groups, needs):
     compute = xhat.dtype
     c = g.shape[-1]
-    if compute.name not in ("float32", "float64") or not native(xhat, inv_std) \
+    if compute not in _COMPILED or not native(xhat, inv_std) \
             or inv_std.dtype != compute or not g.size or (
             weight is not None and (weight.dtype != compute or weight.shape != (c,))):
         return NotImplemented

@@ -28,11 +28,21 @@ def _cell_step(a, c_prev, c):
             c[b, k] = a[b, 2 * hidden + k] * c_prev[b, k] + a[b, hidden + k] * a[b, 3 * hidden + k]
 
 
+@njit
+def _output_step(a, tanh_c, h):
+    """``h = o * tanh(c)``: the output gate is a strided slice of ``a``, on which NumPy's
+    multiply runs row by row (~2x this compiled pass)."""
+    batch, hidden = h.shape
+    for b in range(batch):
+        ab, sb, hb = a[b], tanh_c[b], h[b]
+        for k in range(hidden):
+            hb[k] = ab[k] * sb[k]
+
+
 def lstm_forward_steps(acts, scaled_w_hh, hs, cs, tanh_c):
     if acts.dtype.name not in COMPILED_DTYPES or not native(acts, scaled_w_hh, hs, cs, tanh_c):
         return NotImplemented
     steps, batch, four = acts.shape
-    hidden = four // 4
     product = np.empty((batch, four), acts.dtype)
     for t in range(steps):
         a = acts[t]
@@ -41,7 +51,7 @@ def lstm_forward_steps(acts, scaled_w_hh, hs, cs, tanh_c):
         np.tanh(a, out=a)  # (NumPy's vectorised tanh: Numba's scalar one is ~20x slower)
         _cell_step(a, cs[t], cs[t + 1])
         np.tanh(cs[t + 1], out=tanh_c[t])
-        np.multiply(a[:, :hidden], tanh_c[t], out=hs[t + 1])
+        _output_step(a, tanh_c[t], hs[t + 1])
     return None
 
 

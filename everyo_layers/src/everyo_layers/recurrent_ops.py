@@ -219,14 +219,6 @@ class LSTMOp(_FusedRecurrentOp):
                 out[..., target] = w[..., source]
         return out
 
-    def _hidden_weight_t(self, w_hh: np.ndarray) -> np.ndarray:
-        """The unscaled hidden weight in the internal order, transposed, C-contiguous (BLAS
-        is ~30% faster on it than on a transposed view)."""
-        out = np.empty(w_hh.shape[::-1], w_hh.dtype)
-        for target, source in _gate_blocks(self.ORDER, w_hh.shape[0]):
-            out[target] = w_hh[:, source].T
-        return out
-
     def _restored(self, grad: np.ndarray) -> np.ndarray:
         """A gradient's last axis back in PyTorch's gate order."""
         out = np.empty(grad.shape, grad.dtype)
@@ -263,7 +255,7 @@ class LSTMOp(_FusedRecurrentOp):
         d_pre = SCRATCH.take(acts.shape, acts.dtype)
         work = SCRATCH.take(tanh_c.shape, tanh_c.dtype)
         dc = np.array(gt[steps], copy=True)  # gradient reaching the final cell state
-        w_hh_t = self._hidden_weight_t(w_hh)
+        w_hh_t = self._internal(w_hh, w_hh.dtype, scaled=False).T  # (a view: see the kernel)
         dh = kernel.lstm_backward_steps(gt, acts, cs, tanh_c, w_hh_t, dc, d_pre, work)
         need_c0 = self.needs_input_grad[2]
         # (the input weight in the internal order only serves dx)

@@ -16,7 +16,7 @@ from everyo import EveryOError, Module, Parameter, Tensor, concatenate, dispatch
 from everyo_layers.checks import argument, check_float
 from everyo_layers.initializers import layer_generator
 from everyo_layers.recurrent_ops import OPS as _RECURRENT_OPS
-from everyo_layers.recurrent_run import check_lengths, reverse_steps, run_direction
+from everyo_layers.recurrent_run import check_lengths, run_direction
 
 
 class _Recurrent(Module):
@@ -131,11 +131,10 @@ class _Recurrent(Module):
             outputs = []
             for d, suffix in enumerate(self.suffixes):
                 starts = [s[k * self.directions + d] for s in initial]
-                source = out if d == 0 else reverse_steps(out, lengths)
-                result, last = run_direction(self.op_name, source, starts,
+                result, last = run_direction(self.op_name, out, starts,
                                              self.layer_parameters(k, suffix), self._attrs(),
-                                             self.has_cell, lengths)
-                outputs.append(result if d == 0 else reverse_steps(result, lengths))
+                                             self.has_cell, lengths, reverse=d == 1)
+                outputs.append(result)
                 for held, value in zip(finals, last):
                     held.append(value)
             out = outputs[0] if len(outputs) == 1 else concatenate(outputs, axis=2)

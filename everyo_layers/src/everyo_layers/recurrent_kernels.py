@@ -54,6 +54,7 @@ def lstm_backward_steps(gt, acts, cs, tanh_c, w_hh_t, dc, d_pre, work) -> np.nda
     (B, H)."""
     steps, batch = acts.shape[:2]
     hidden = acts.shape[-1] // 4
+    w_hh_t = np.ascontiguousarray(w_hh_t)  # NOTE: BLAS is ~30% faster per step on it than on .T
     o, i, f, gg = (acts[..., :hidden], acts[..., hidden:2 * hidden],
                    acts[..., 2 * hidden:3 * hidden], acts[..., 3 * hidden:])
     # Per-step factors, computed for all steps at once (in place: no temporaries):
@@ -98,7 +99,8 @@ KERNELS = {
         activations, fills hs[1:T+1], cs[1:T+1] and tanh_c. Returns None."""),
     "lstm_backward_steps": Kernel(lstm_backward_steps, """
         gt (T, B, H) the outputs' gradients (any strides); acts, cs, tanh_c as
-        lstm_forward_steps left them; w_hh_t (4H, H) the unscaled hidden weight, transposed;
+        lstm_forward_steps left them; w_hh_t (4H, H) the unscaled hidden weight, transposed
+        (any strides: the op hands over a transposed view, made contiguous here once);
         dc (B, H) the final cell state's gradient, overwritten with the initial one's; d_pre
         (T, B, 4H) scratch, filled with the pre-activations' gradients; work (T, B, H)
         scratch, any contents. Returns the initial hidden state's gradient (B, H), a new

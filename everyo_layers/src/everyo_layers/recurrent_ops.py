@@ -124,7 +124,9 @@ class _FusedRecurrentOp(Op):
         if need[w_ih_i + 2]:
             db_ih = flat_x.sum(axis=0)
         if need[w_ih_i + 3]:
-            db_hh = flat_h.sum(axis=0)
+            # (one array for both: the sum once)
+            db_hh = db_ih.copy() if db_ih is not None and d_pre_h is d_pre_x else \
+                flat_h.sum(axis=0)
         return (dx, dh0 if need[1] else None, *extra, dw_ih, dw_hh, db_ih, db_hh)
 
 
@@ -178,9 +180,11 @@ class RNNOp(_FusedRecurrentOp):
         return rnn_composite(x, h0, w_ih, w_hh, b_ih, b_hh, self.batch_first, self.relu)
 
 
-def _block_columns(order, hidden: int) -> np.ndarray:
-    """Column indices that put the gate blocks of a ``(.., G*H)`` matrix in ``order``."""
-    return np.concatenate([np.arange(b * hidden, (b + 1) * hidden) for b in order])
+def _gate_blocks(order, hidden: int):
+    """``(target, source)`` slice pairs that put the gate blocks of a ``(.., G*H)`` axis in
+    ``order``: target block ``j`` is source block ``order[j]``."""
+    return [(slice(j * hidden, (j + 1) * hidden), slice(b * hidden, (b + 1) * hidden))
+            for j, b in enumerate(order)]
 
 
 class LSTMOp(_FusedRecurrentOp):
@@ -196,51 +200,71 @@ class LSTMOp(_FusedRecurrentOp):
     by 1/2 one ``tanh`` over the whole block activates all four gates
     (``sigmoid(z) = (1 + tanh(z/2)) / 2``), and in backward the three gates driven by the
     cell gradient (``i, f, g``) are contiguous too. Per step that is ~10 ufunc calls, not ~25.
+    The reordering moves whole blocks (slices, no gather), scaling as it copies.
     """
 
-    __slots__ = ("columns",)
+    __slots__ = ()
     name = "lstm"
     gates = 4
     ORDER = (3, 0, 1, 2)  # o, i, f, g from PyTorch's i, f, g, o
 
+    def _internal(self, w: np.ndarray, dtype, scaled: bool) -> np.ndarray:
+        """``w``'s last axis in the internal gate order, the sigmoid gates' columns times
+        1/2 when ``scaled`` (exact: a power of two)."""
+        out = np.empty(w.shape, dtype)
+        for block, (target, source) in enumerate(_gate_blocks(self.ORDER, w.shape[-1] // 4)):
+            if scaled and block < 3:
+                np.multiply(w[..., source], 0.5, out=out[..., target])
+            else:
+                out[..., target] = w[..., source]
+        return out
+
+    def _restored(self, grad: np.ndarray) -> np.ndarray:
+        """A gradient's last axis back in PyTorch's gate order."""
+        out = np.empty(grad.shape, grad.dtype)
+        for target, source in _gate_blocks(self.ORDER, grad.shape[-1] // 4):
+            out[..., source] = grad[..., target]
+        return out
+
     def forward(self, x, h0, c0, w_ih, w_hh, b_ih, b_hh, batch_first=True):
         self.batch_first = batch_first
         H = w_hh.shape[0]
-        self.columns = columns = _block_columns(self.ORDER, H)
-        half = np.ones(4 * H, np.result_type(w_ih, w_hh))
-        half[:3 * H] = 0.5  # pre-scaling of the sigmoid gates' pre-activations
-        w_ih_k, w_hh_k = w_ih[:, columns], w_hh[:, columns]
-        bias = (b_ih + b_hh)[columns] * half
-        xt, acts, _ = self._project(x, w_ih_k * half, w_hh, bias, None, h0, False)
+        dtype = np.result_type(w_ih, w_hh)
+        bias = b_ih + b_hh
+        bias = self._internal(bias, np.result_type(bias, dtype), scaled=True)
+        xt, acts, _ = self._project(x, self._internal(w_ih, dtype, scaled=True), w_hh, bias,
+                                    None, h0, False)
         if c0.shape != h0.shape:
             raise EveryOError(f"lstm: cell state shape {c0.shape} != hidden state {h0.shape}")
         steps, batch = xt.shape[:2]
-        scaled_w_hh = w_hh_k * half
+        scaled_w_hh = self._internal(w_hh, dtype, scaled=True)
         hs = np.empty((steps + 2, batch, H), acts.dtype)  # h0, h_1..h_T, then c_T
         cs = np.empty((steps + 1, batch, H), acts.dtype)
         tanh_c = np.empty((steps, batch, H), acts.dtype)
         hs[0], cs[0] = h0, c0
         kernel.lstm_forward_steps(acts, scaled_w_hh, hs, cs, tanh_c)
         hs[steps + 1] = cs[steps]
-        self.saved = (xt, hs, cs, acts, tanh_c, w_ih_k, w_hh_k)
+        self.saved = (xt, hs, cs, acts, tanh_c, w_ih, w_hh)
         out = hs[1:]
         return out.transpose(1, 0, 2) if batch_first else out
 
     def backward(self, g):
-        xt, hs, cs, acts, tanh_c, w_ih_k, w_hh_k = self.saved
+        xt, hs, cs, acts, tanh_c, w_ih, w_hh = self.saved
         gt = _time_major(g, self.batch_first)
         steps = acts.shape[0]
         d_pre = SCRATCH.take(acts.shape, acts.dtype)
         work = SCRATCH.take(tanh_c.shape, tanh_c.dtype)
         dc = np.array(gt[steps], copy=True)  # gradient reaching the final cell state
-        w_hh_t = np.ascontiguousarray(w_hh_k.T)  # NOTE: BLAS is ~30% faster on it than on .T
+        w_hh_t = self._internal(w_hh, w_hh.dtype, scaled=False).T  # (a view: see the kernel)
         dh = kernel.lstm_backward_steps(gt, acts, cs, tanh_c, w_hh_t, dc, d_pre, work)
         need_c0 = self.needs_input_grad[2]
-        grads = self._gradients(xt, hs, w_ih_k, w_hh_k, d_pre, d_pre, dh,
+        # (the input weight in the internal order only serves dx)
+        w_ih_k = self._internal(w_ih, w_ih.dtype, scaled=False) if self.needs_input_grad[0] \
+            else None
+        grads = self._gradients(xt, hs, w_ih_k, None, d_pre, d_pre, dh,
                                 extra=(dc if need_c0 else None,))
         SCRATCH.give(d_pre, work)  # _gradients copied out what it needed
-        inverse = np.argsort(self.columns)
-        return tuple(grad if grad is None or k < 3 else grad[..., inverse]
+        return tuple(grad if grad is None or k < 3 else self._restored(grad)
                      for k, grad in enumerate(grads))
 
     def composite(self, x, h0, c0, w_ih, w_hh, b_ih, b_hh):

@@ -49,23 +49,35 @@ def reverse_steps(x, lengths):
     return x[reverse_index(lengths, x.shape[1])]
 
 
-def _call(op: str, x, states: list, params: tuple, attrs: dict, has_cell: bool):
-    """One fused-op call: ``(outputs (B, T, H), final states)``."""
+def _call(op: str, x, states: list, params: tuple, attrs: dict, has_cell: bool,
+          reversed_outputs: bool = False):
+    """One fused-op call: ``(outputs (B, T, H), final states)``; with ``reversed_outputs`` the
+    outputs come last step first (one slice: no separate reversal, whose gradient would be
+    one more scatter into zeros)."""
     steps = x.shape[1]
     out = dispatch(op, x, *states, *params, batch_first=True, **attrs)
+    outputs = out[:, steps - 1::-1] if reversed_outputs else \
+        (out[:, :steps] if has_cell else out)
     if has_cell:  # the op appends the final cell state as one more step
-        return out[:, :steps], [out[:, steps - 1], out[:, steps]]
-    return out, [out[:, steps - 1]]
+        return outputs, [out[:, steps - 1], out[:, steps]]
+    return outputs, [out[:, steps - 1]]
 
 
 def run_direction(op: str, x, states: list, params: tuple, attrs: dict, has_cell: bool,
-                  lengths=None):
-    """Run one direction over batch-first ``x`` from ``states`` (each (B, H)).
+                  lengths=None, reverse: bool = False):
+    """Run one direction over batch-first ``x`` from ``states`` (each (B, H)); ``reverse``:
+    over ``x``'s steps in reverse order, the outputs put back in ``x``'s order.
 
     Returns:
         ``(outputs (B, T, H), final states)``; with ``lengths``, outputs are zero past each
         sample's length and the final states are taken at each sample's last real step.
     """
+    if reverse:
+        source = reverse_steps(x, lengths)
+        if lengths is None:
+            return _call(op, source, states, params, attrs, has_cell, reversed_outputs=True)
+        outputs, finals = run_direction(op, source, states, params, attrs, has_cell, lengths)
+        return reverse_steps(outputs, lengths), finals
     if lengths is None or not len(lengths):  # an empty batch has nothing to cut by length
         return _call(op, x, states, params, attrs, has_cell)
     batch, steps = x.shape[:2]

@@ -15,7 +15,6 @@ import numpy as np
 
 from everyo_numba.jit import COMPILED_DTYPES, njit
 
-
 #: COMPILED_DTYPES as dtypes: ``dtype.name`` is Python code in NumPy (~1 us a read).
 _COMPILED = frozenset(np.dtype(name) for name in COMPILED_DTYPES)
 

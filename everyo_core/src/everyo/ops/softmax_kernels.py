@@ -24,8 +24,9 @@ def log_softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
 KERNELS = {
     "log_softmax": Kernel(log_softmax, """
         x: a float32 or float64 array (the ops widen 16-bit input first), any shape and
-        strides, its axis non-empty unless x is empty; axis: an int in [-x.ndim, x.ndim). Returns a new array of x's shape and dtype:
-        x - max - log(sum(exp(x - max))) along axis, summed in x's dtype (a NaN in a row makes
-        the row NaN; a row of -inf is NaN, as 0/0). Overwrites nothing. Within a few ulps of
-        the largest magnitude (exp, log and the order of the sum differ)."""),
+        strides, its axis non-empty unless x is empty; axis: an int in [-x.ndim, x.ndim).
+        Returns a new array of x's shape and dtype: x - max - log(sum(exp(x - max))) along
+        axis, summed in x's dtype (a NaN in a row makes the row NaN; a row of -inf, or one
+        with +inf, is NaN, as 0/0). Overwrites nothing. Within a few ulps of the largest
+        magnitude (exp, log and the order of the sum differ)."""),
 }

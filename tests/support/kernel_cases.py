@@ -398,6 +398,39 @@ def _table() -> list:
     return cases
 
 
+# -- overhead (#25): log_softmax ---------------------------------------------------------------
+
+ULPS["log_softmax"] = 8
+_LOG_SOFTMAX_SHAPES = [(4, 3, 6), (5, 200), (7,), (3, 1)]
+
+
+def _log_softmax(shape, dtype, how, axis=-1, specials=False):
+    def build(rng):
+        x = values(rng, shape, np.float64) * 4
+        if specials:  # a row with a NaN, a row of -inf, a row with +inf: NaN rows, as 0/0
+            rows = x.reshape(-1, shape[-1])
+            rows[0, -1], rows[1], rows[2, 0] = np.nan, -np.inf, np.inf
+        return layout(x.astype(dtype), how), axis
+    return build
+
+
+def _log_softmax_cases() -> list:
+    cases = []
+    for dtype in DTYPES[:2]:  # (the ops widen 16-bit input first: the contract's dtypes)
+        for how in LAYOUTS:
+            for shape in _LOG_SOFTMAX_SHAPES:
+                label = f"{'x'.join(map(str, shape))}-{dtype.name}-{how}"
+                if how == "empty" and len(shape) == 1:
+                    continue  # (an empty reduced axis is outside the contract)
+                cases.append(("log_softmax", _log_softmax(shape, dtype, how), label))
+                if how != "empty":
+                    cases.append(("log_softmax", _log_softmax(shape, dtype, how, axis=0),
+                                  f"axis0-{label}"))
+            cases.append(("log_softmax", _log_softmax((4, 5), dtype, how, specials=True),
+                          f"specials-{dtype.name}-{how}"))
+    return cases
+
+
 def _swap_bytes(arg):
     """``arg`` with every floating array (in lists and tuples too) in non-native byte order:
     the same values, as NumPy loads them from a file written on the other endianness."""
@@ -418,7 +451,7 @@ def _with_swapped(cases: list) -> list:
                     for name, build, label in cases if "-contiguous" in label]
 
 
-_ALL = _with_swapped(_table())
+_ALL = _with_swapped(_table() + _log_softmax_cases())
 CASES = [(name, build) for name, build, _ in _ALL]
 
 

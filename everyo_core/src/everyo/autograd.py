@@ -229,8 +229,8 @@ def unbroadcast(grad: np.ndarray, shape: tuple) -> np.ndarray:
         # NOTE: 16-bit gradients are summed in float32 and rounded once, as tensor cores do.
         if grad.dtype in HALF_DTYPES:
             grad = narrow(widen(grad).sum(axis=axes, keepdims=True), grad.dtype)
-        else:
-            grad = grad.sum(axis=axes, keepdims=True)
+        else:  # (ndarray.sum is a Python wrapper around this)
+            grad = np.add.reduce(grad, axis=axes, keepdims=True)
     return grad.reshape(shape)
 
 

@@ -5,6 +5,7 @@ from everyo.half_precision import KERNELS as CONVERSION_KERNELS
 from everyo.hookspecs import hookimpl
 from everyo.ops import core_ops
 from everyo.ops.activation_kernels import KERNELS as ACTIVATION_KERNELS
+from everyo.ops.softmax_kernels import KERNELS as SOFTMAX_KERNELS
 
 # NOTE: not `from everyo import optim_kernels`: while the package is still being built, that
 # first asks everyo's module __getattr__, which computes install hints (importing every
@@ -20,6 +21,6 @@ def everyo_register_ops(register):
 
 @hookimpl
 def everyo_register_kernels(register):
-    for table in (ACTIVATION_KERNELS, OPTIM_KERNELS, CONVERSION_KERNELS):
+    for table in (ACTIVATION_KERNELS, OPTIM_KERNELS, CONVERSION_KERNELS, SOFTMAX_KERNELS):
         for name, kernel in table.items():
             register(name, kernel)

@@ -17,6 +17,7 @@ from everyo_layers.loss_reduction import (
     reduce_array,
     reduce_tensor,
     spread_array,
+    spread_factor,
     spread_tensor,
 )
 from everyo_layers.loss_weights import class_weights, weighted_class_loss, weighted_elementwise_loss
@@ -27,6 +28,18 @@ def gather_last(t, index: np.ndarray):
     """``t[..., index]`` per position (Tensors): the entry of the last axis ``index`` names."""
     full = tuple(np.indices(index.shape, sparse=True)) + (index,)
     return dispatch("getitem", t, index=full)
+
+
+def rows_and_classes(array: np.ndarray, index: np.ndarray) -> tuple:
+    """``(array as (positions, C), (row numbers, index flattened))``: the flat fancy index of
+    the entries ``array[..., index]`` names, one per position (``array`` (..., C), ``index``
+    (...)); ``array``'s 2-D form is a view when it is contiguous.
+
+    NOTE: ~5x cheaper than ``np.take_along_axis``/``put_along_axis`` (their index building is
+    Python): a few microseconds of every classification step.
+    """
+    rows = index.size
+    return array.reshape(rows, array.shape[-1]), (np.arange(rows), index.reshape(rows))
 
 
 def softplus_neg(x):
@@ -63,13 +76,17 @@ class CrossEntropyOp(_LossOp):
         eps = self.smoothing = label_smoothing
         if target.dtype.kind in "iu":
             kept = target != ignore_index
-            safe = np.where(kept, target, 0)
-            loss = -np.take_along_axis(logp, safe[..., None], -1)[..., 0]
+            count = np.count_nonzero(kept)
+            every = count == kept.size  # (no target ignored: nothing to mask)
+            safe = target.copy() if every else np.where(kept, target, 0)
+            flat, entries = rows_and_classes(logp, safe)
+            loss = -flat[entries].reshape(safe.shape)
             if eps:
                 # NOTE: PyTorch's smoothing: (1-eps) * nll + eps * mean over classes of -logp.
                 loss = (1 - eps) * loss - eps * logp.mean(axis=-1)
-            loss = np.where(kept, loss, 0).astype(z.dtype, copy=False)
-            count = np.count_nonzero(kept)
+            if not every:
+                loss = np.where(kept, loss, 0)
+            loss = loss.astype(z.dtype, copy=False)
             self.saved = (logp, safe, kept)
         else:
             q = target.astype(z.dtype, copy=False)
@@ -83,8 +100,7 @@ class CrossEntropyOp(_LossOp):
 
     def backward(self, g):
         logp, target, kept = self.saved
-        up = self.spread(g)[..., None]
-        grad = np.exp(logp)
+        grad = np.exp(logp, order="C")  # (C order: the one-hot is subtracted through a view)
         if kept is None:  # probability targets: softmax * sum(q) - q
             grad *= target.sum(axis=-1, keepdims=True)
             grad -= target
@@ -92,9 +108,11 @@ class CrossEntropyOp(_LossOp):
             eps = self.smoothing
             if eps:
                 grad -= eps / logp.shape[-1]
-            index = target[..., None]
-            np.put_along_axis(grad, index, np.take_along_axis(grad, index, -1) - (1 - eps), -1)
-            grad *= kept[..., None]
+            flat, entries = rows_and_classes(grad, target)
+            flat[entries] -= 1 - eps
+            if self.count != kept.size:
+                grad *= kept[..., None]
+        up = spread_factor(g, self.reduction, self.count)[..., None]
         return ((grad * up).astype(g.dtype, copy=False),)
 
     def backward_graph(self, g, out):
@@ -262,6 +280,11 @@ def _class_targets(name: str, scores: np.ndarray, target, ignore_index: int) -> 
     if t.shape != scores.shape[:-1]:
         raise EveryOError(f"{name}: input of shape {scores.shape} (classes on the last axis) "
                           f"needs targets of shape {scores.shape[:-1]}, got {t.shape}")
+    # NOTE: one comparison on the unsigned view first (a negative class wraps to a huge one);
+    # the exact test, which lets ignore_index through, runs only when that finds one
+    unsigned = t.view(t.dtype.str.replace("i", "u"))
+    if not np.count_nonzero(unsigned >= classes):
+        return t
     bad = (t != ignore_index) & ((t < 0) | (t >= classes))
     if bad.any():
         raise EveryOError(f"{name}: target {int(t[bad].flat[0])} is outside the {classes} "

@@ -13,16 +13,21 @@ from __future__ import annotations
 
 import numpy as np
 
-from everyo_numba.jit import COMPILED_DTYPES, native, njit
+from everyo_numba.jit import COMPILED_DTYPES, njit
+
+#: COMPILED_DTYPES as dtypes: ``dtype.name`` is Python code in NumPy (~1 us a read).
+_COMPILED = frozenset(np.dtype(name) for name in COMPILED_DTYPES)
 
 
-def _flat(arrays, dtype):
+def _flat(arrays, dtype, like=None):
     """``arrays`` as a tuple of flat views, or None when one is not a writeable C-contiguous
     ``dtype`` array (no copy: the kernels write through these views; and Numba types a
-    read-only array apart, so one read-only gradient among writeable ones is a typing error)."""
+    read-only array apart, so one read-only gradient among writeable ones is a typing error),
+    or (``like``: the weights) not of its weight's shape."""
     flat = []
-    for a in arrays:
-        if a.dtype != dtype or not a.flags.c_contiguous or not a.flags.writeable:
+    for i, a in enumerate(arrays):
+        if a.dtype != dtype or not a.flags.c_contiguous or not a.flags.writeable or (
+                like is not None and a.shape != like[i].shape):
             return None
         flat.append(a.reshape(-1))
     return tuple(flat)
@@ -48,21 +53,35 @@ def _sgd(weights, grads, buffers, has_buffer, lr, momentum, dampening, nesterov,
 def _python_numbers(*values) -> bool:
     """True when every value is a Python int or float: NumPy then converts it to the array's
     dtype (a NumPy float64 scalar would widen the reference's arithmetic instead)."""
-    return all(type(v) in (int, float, bool) for v in values)
+    for v in values:
+        if type(v) not in _PYTHON_NUMBERS:
+            return False
+    return True
+
+
+_PYTHON_NUMBERS = frozenset({int, float, bool})
+
+
+#: ``has_buffer`` without momentum (not read then).
+_NO_BUFFERS = np.zeros(0, np.bool_)
 
 
 def sgd_step(weights, grads, buffers, lr, momentum, dampening, nesterov, weight_decay):
     dtype = weights[0].dtype if weights else None
-    if dtype is None or dtype.name not in COMPILED_DTYPES or not native(weights[0]) or not _python_numbers(
-            lr, momentum, dampening, weight_decay):
+    if dtype not in _COMPILED or not dtype.isnative or \
+            not _python_numbers(lr, momentum, dampening, weight_decay):
         return NotImplemented
-    fresh = [np.empty_like(w) if buf is None else buf for w, buf in zip(weights, buffers)] \
-        if momentum else list(weights)  # (without momentum the buffers are not read)
-    flat_w, flat_g, flat_b = _flat(weights, dtype), _flat(grads, dtype), _flat(fresh, dtype)
-    if flat_w is None or flat_g is None or flat_b is None or any(
-            w.shape != g.shape for w, g in zip(weights, grads)):
+    flat_w, flat_g = _flat(weights, dtype), _flat(grads, dtype, like=weights)
+    if flat_w is None or flat_g is None:
         return NotImplemented
-    has_buffer = np.array([buf is not None for buf in buffers], np.bool_)
+    if momentum:
+        fresh = [np.empty_like(w) if buf is None else buf for w, buf in zip(weights, buffers)]
+        flat_b = _flat(fresh, dtype, like=weights)
+        if flat_b is None:
+            return NotImplemented
+        has_buffer = np.array([buf is not None for buf in buffers], np.bool_)
+    else:  # (the buffers are not read: the weights stand in for them)
+        flat_b, has_buffer = flat_w, _NO_BUFFERS
     _sgd(flat_w, flat_g, flat_b, has_buffer, float(lr), float(momentum), float(dampening),
          bool(nesterov), float(weight_decay))
     return fresh if momentum else list(buffers)
@@ -100,13 +119,13 @@ def _adam(weights, grads, exp_avgs, exp_avg_sqs, maxima, amsgrad, step_sizes, co
 def adam_step(weights, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, lr, beta1, beta2,
               eps, weight_decay, decoupled):
     dtype = weights[0].dtype if weights else None
-    if dtype is None or dtype.name not in COMPILED_DTYPES or not native(weights[0]) or not _python_numbers(
+    if dtype not in _COMPILED or not dtype.isnative or not _python_numbers(
             lr, beta1, beta2, eps, weight_decay):
         return NotImplemented
     amsgrad = max_exp_avg_sqs is not None
-    groups = [_flat(arrays, dtype) for arrays in (
+    groups = [_flat(arrays, dtype, like=weights) for arrays in (
         weights, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs if amsgrad else exp_avgs)]
-    if any(g is None for g in groups) or any(w.shape != g.shape for w, g in zip(weights, grads)):
+    if any(g is None for g in groups):
         return NotImplemented
     # NOTE: per parameter, the Python scalars the reference computes (its own step count).
     step_sizes = np.array([lr / (1 - beta1 ** t) for t in steps])

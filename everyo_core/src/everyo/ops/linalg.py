@@ -233,7 +233,7 @@ class MatMul(Op):
 
     def _a_grad(self, a2, b2, g2) -> np.ndarray:
         a = self.saved[0]
-        ga = unbroadcast(blas_matmul(g2, np.swapaxes(b2, -1, -2)), a2.shape)
+        ga = unbroadcast(blas_matmul(g2, b2.swapaxes(-1, -2)), a2.shape)  # (the method: C)
         return ga.reshape(a.shape) if ga.shape != a.shape else ga
 
     def _b_grad_rows(self, a2, b2, g2) -> tuple | None:
@@ -264,7 +264,7 @@ class MatMul(Op):
             rows = a2.size // a2.shape[-1] if a2.shape[-1] else int(np.prod(a2.shape[:-1]))
             gb = blas_matmul(a2.reshape(rows, a2.shape[-1]).T, g2.reshape(rows, g2.shape[-1]))
         else:
-            gb = unbroadcast(blas_matmul(np.swapaxes(a2, -1, -2), g2), b2.shape)
+            gb = unbroadcast(blas_matmul(a2.swapaxes(-1, -2), g2), b2.shape)
         # NOTE: a same-shape reshape is a view, which the engine would copy again before
         # storing it in a leaf's .grad
         return gb.reshape(b.shape) if gb.shape != b.shape else gb

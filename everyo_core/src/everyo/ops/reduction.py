@@ -10,6 +10,7 @@ from everyo.dispatch import dispatch
 from everyo.dtypes import HALF_DTYPES
 from everyo.errors import EveryOError
 from everyo.half_precision import narrow, widen
+from everyo.kernel_registry import kernel
 from everyo.ops.graph_math import expand_reduced
 from everyo.ops.unary import floating
 
@@ -219,9 +220,9 @@ class Softmax(Op):
 
 
 def log_softmax_array(x: np.ndarray, axis: int = -1) -> np.ndarray:
-    """Numerically stable log(softmax(x)) on a plain array."""
-    shifted = x - x.max(axis=axis, keepdims=True)
-    return shifted - np.log(np.exp(shifted).sum(axis=axis, keepdims=True))
+    """Numerically stable log(softmax(x)) on a plain float32/float64 array (the ``log_softmax``
+    kernel, see everyo.ops.softmax_kernels)."""
+    return kernel.log_softmax(x, axis)
 
 
 class LogSoftmax(Op):

@@ -33,6 +33,8 @@ IMPLEMENTATIONS = {
     "group_norm_backward": "everyo_numba.norm:group_norm_backward",
     "lstm_forward_steps": "everyo_numba.recurrent:lstm_forward_steps",
     "lstm_backward_steps": "everyo_numba.recurrent:lstm_backward_steps",
+    # dist: the distributed backends' float64 reduction
+    "reduce_rows": "everyo_numba.reduce:reduce_rows",
 }
 
 

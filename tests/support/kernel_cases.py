@@ -457,3 +457,70 @@ CASES = [(name, build) for name, build, _ in _ALL]
 
 def case_ids() -> list:
     return [f"{name}-{label}" for name, _, label in _ALL]
+
+
+# -- dist: the distributed backends' float64 reduction (reduce_rows) ---------------------------
+EXACT = EXACT | {"reduce_rows"}  # every backend's results agree bit for bit
+_REDUCE_DTYPES = (*DTYPES, np.dtype(np.int32), np.dtype(np.int64))
+
+
+def _reduce_rows(dtype, how, ranks, divisor, length, in_place=False, out_dtype=None):
+    """``ranks`` rows (one in layout ``how``) with ties, signed zeros, NaN, infinities and sums
+    past float32's and float16's range, reduced into a fresh ``out`` (or the first row)."""
+    def build(rng):
+        rows = []
+        for rank in range(ranks):
+            row = _signed(rng, (length,), np.float64) * (1 + rank)
+            if length > 12:
+                row[8:12] = [3e38, 6e4, -3e38, 1e308]  # float64 sums still finite (1e308 too)
+            rows.append(_integers(rng, length, dtype, row))
+        if how == "empty":
+            rows = [row[:0] for row in rows]
+        else:
+            rows[-1] = layout(rows[-1], how)
+        out = rows[0] if in_place else np.empty(len(rows[0]), out_dtype or dtype)
+        return rows, out, divisor, None
+    return build
+
+
+def _integers(rng, length, dtype, row):
+    """``row`` in ``dtype``; for an integer dtype, random integers whose sums may wrap."""
+    if dtype.kind not in "iu":
+        with np.errstate(over="ignore"):  # (3e38 is inf in float16: on purpose)
+            return row.astype(dtype)
+    info = np.iinfo(dtype)
+    return rng.integers(info.min // 2, info.max // 2, length, dtype=dtype, endpoint=True)
+
+
+def _stacked(rows, out, divisor, scratch):
+    return np.stack(rows), out, divisor, scratch
+
+
+def _reduce_rows_table() -> list:
+    cases = []
+    for dtype in _REDUCE_DTYPES:
+        for how in LAYOUTS:
+            for ranks, divisor in ((1, 1), (2, 1), (2, 2), (3, 3), (4, 4), (5, 1)):
+                if dtype.kind in "iu" and divisor != 1:
+                    continue  # (integers are summed, never averaged: a mean would truncate)
+                cases.append(("reduce_rows", _reduce_rows(dtype, how, ranks, divisor, 37),
+                              f"{dtype.name}-{how}-ranks{ranks}-divisor{divisor}"))
+        for ranks in (2, 3):  # past the compiled loops' blocks; in place, as a backend may do
+            divisor = 1 if dtype.kind in "iu" else ranks
+            cases.append(("reduce_rows", _reduce_rows(dtype, "contiguous", ranks, divisor, 3001),
+                          f"{dtype.name}-contiguous-ranks{ranks}-long"))
+            cases.append(("reduce_rows", _reduce_rows(dtype, "contiguous", ranks, divisor, 3001,
+                                                      in_place=True),
+                          f"{dtype.name}-contiguous-ranks{ranks}-in-place"))
+    cases.append(("reduce_rows", _reduce_rows(np.dtype(np.float32), "contiguous", 2, 2, 37,
+                                              out_dtype=np.float64),
+                  "float32-into-float64-contiguous"))
+    for ranks in (2, 3):  # the rows as one 2-D array (the mpi backend receives them so)
+        stacked = _reduce_rows(np.dtype(np.float32), "contiguous", ranks, ranks, 37)
+        cases.append(("reduce_rows", lambda rng, build=stacked: _stacked(*build(rng)),
+                      f"float32-stacked-ranks{ranks}-contiguous"))
+    return cases
+
+
+_ALL += _with_swapped(_reduce_rows_table())
+CASES = [(name, build) for name, build, _ in _ALL]

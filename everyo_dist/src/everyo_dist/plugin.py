@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from everyo import hookimpl
 from everyo_dist.backend import Backend
+from everyo_dist.reduction_kernels import KERNELS
 
 BACKENDS = (
     Backend("shm", "everyo_dist.backends.shm.group:create_shm_group",
@@ -29,6 +30,12 @@ BACKENDS = (
 def everyo_register_backends(register):
     for backend in BACKENDS:
         register(backend.name, backend)
+
+
+@hookimpl
+def everyo_register_kernels(register):
+    for name, kernel in KERNELS.items():
+        register(name, kernel)
 
 
 @hookimpl

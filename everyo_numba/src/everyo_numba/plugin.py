@@ -35,6 +35,8 @@ IMPLEMENTATIONS = {
     "lstm_backward_steps": "everyo_numba.recurrent:lstm_backward_steps",
     # overhead (#25: a small classifier's loss)
     "log_softmax": "everyo_numba.softmax:log_softmax",
+    # dist: the distributed backends' float64 reduction
+    "reduce_rows": "everyo_numba.reduce:reduce_rows",
 }
 
 

@@ -16,9 +16,10 @@ waiting polls the peers' counters — spinning briefly (``SPIN_SECONDS``), then 
 passes, or a peer's process is found dead. x86-64 keeps stores in order, so data written
 before the counter is visible to a peer that sees the counter.
 
-``all_reduce`` is reduce-scatter style: every rank writes its vector into its slot; after a
-barrier each rank reduces its own chunk of all slots (in float64, rank order) into the result
-slot; after a second barrier every rank copies the whole result. Each element is reduced
+``all_reduce`` is reduce-scatter style: every rank writes its vector into its slot (all but its
+own chunk, which only it reads, from its own array); after a barrier each rank reduces its own
+chunk of all ranks' vectors (in float64, rank order: the ``reduce_rows`` kernel) into the
+result slot; after a second barrier every rank copies the whole result. Each element is reduced
 exactly once, so all ranks receive the same bits. Vectors under ``SMALL_BYTES`` skip the second
 barrier: every rank reduces the whole vector itself, with the same arithmetic in the same rank
 order, which gives the same bits too. The next collective's fingerprint exchange is
@@ -302,15 +303,24 @@ class ShmTransport:
             return
         self._ensure_capacity(call, flat.nbytes)
         slots = [self._slot(r, flat.dtype, flat.size) for r in range(self.world_size)]
-        np.copyto(slots[self.rank], flat)
-        self._arrive_and_wait(call, "every rank to write its vector")
         if flat.nbytes <= SMALL_BYTES:  # latency-bound: every rank reduces it all, one barrier
+            np.copyto(slots[self.rank], flat)
+            self._arrive_and_wait(call, "every rank to write its vector")
             reduce_rows(slots, out, divisor, self._scratch)
             return
-        result = self._slot(self.world_size, flat.dtype, flat.size)
         low, high = self._chunk(self.rank, flat.size, flat.dtype.itemsize)
+        # the peers read only their own chunks of this rank's slot; this rank reads its own
+        # chunk straight from flat (flat may be out: the reduction reads an element of every
+        # row before it writes that element)
+        mine = slots[self.rank]
+        mine[:low] = flat[:low]
+        mine[high:] = flat[high:]
+        self._arrive_and_wait(call, "every rank to write its vector")
+        rows = [flat[low:high] if r == self.rank else slot[low:high]
+                for r, slot in enumerate(slots)]
+        result = self._slot(self.world_size, flat.dtype, flat.size)
         # own chunk straight into out, then (still in cache) into the result slot for the peers
-        reduce_rows([slot[low:high] for slot in slots], out[low:high], divisor, self._scratch)
+        reduce_rows(rows, out[low:high], divisor, self._scratch)
         result[low:high] = out[low:high]
         self._arrive_and_wait(call, "every rank to reduce its chunk")
         out[:low] = result[:low]

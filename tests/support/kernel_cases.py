@@ -25,7 +25,8 @@ LAYOUTS = ("contiguous", "strided", "reversed", "readonly", "broadcast", "empty"
 EXACT = frozenset({"max_pool2d_forward", "max_pool2d_backward", "relu_forward", "sgd_step",
                    "adam_step", "unscale_all_finite", "depthwise_conv2d_forward",
                    "float16_to_float32", "float32_to_float16", "conv2d_columns",
-                   "conv2d_transpose_interleave", "conv2d_transpose_phase_rows"})
+                   "conv2d_transpose_interleave", "conv2d_transpose_phase_rows",
+                   "conv_bias_grad"})
 #: Kernels that call BLAS (whose bits may depend on the thread count).
 USES_BLAS = frozenset({"conv2d_input_grad", "lstm_forward_steps", "lstm_backward_steps"})
 #: Arguments that are scratch (contents left open by the contract), by position.
@@ -386,8 +387,21 @@ def _transpose_phase_rows(stride, crop, out_hw, q, dtype, how):
     return build
 
 
+def _bias_grad(rows, channels, dtype, how):
+    """An output gradient's (rows, channels) matrix with ties, NaN, -inf and a -0.0 first row
+    entry (which an added 0.0 would turn into +0.0)."""
+    def build(rng):
+        g2 = values(rng, (rows, channels), dtype, specials=rows * channels >= 8)
+        if g2.size:
+            g2[0, -1] = -0.0
+        return (layout(g2, how),)
+    return build
+
+
 def _conv_movement_cases(dtype, how) -> list:
-    cases = []
+    cases = [("conv_bias_grad", _bias_grad(rows, channels, dtype, how),
+              f"{rows}x{channels}-{dtype.name}-{how}")
+             for rows, channels in ((1, 3), (3, 1), (37, 5), (300, 16), (4100, 3))]
     for conv in CONVS:
         for channels in (4, 9):
             cases.append(("conv2d_columns", _conv_columns(*conv, channels, dtype, how),

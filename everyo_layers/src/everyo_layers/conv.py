@@ -32,12 +32,6 @@ from everyo_layers.windows import (
 )
 
 
-def _sum_rows(g2: np.ndarray) -> np.ndarray:
-    if g2.dtype in HALF_DTYPES:
-        return narrow(widen(g2).sum(axis=0), g2.dtype)
-    return g2.sum(axis=0)
-
-
 class Conv2DOp(Op):
     """2-D cross-correlation of NHWC ``x`` with ``weight`` (kh, kw, in, out), plus ``bias``.
 
@@ -110,7 +104,7 @@ class Conv2DOp(Op):
         needs = self.needs_input_grad
         g2 = g.reshape(-1, g.shape[-1])
         if len(needs) > 2 and needs[2]:
-            yield 2, _sum_rows(g2)
+            yield 2, kernel.conv_bias_grad(g2)
         if needs[1]:
             check_operand_unchanged(self, 0)  # (hooks run on the bias's part may write)
             if g.dtype in HALF_DTYPES:  # cols holds the 16-bit input: regather it in float32

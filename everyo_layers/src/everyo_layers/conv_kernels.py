@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from everyo.kernels import Kernel, narrow, widen
+from everyo.kernels import HALF_DTYPES, Kernel, narrow, widen
 from everyo_layers.precision import accumulation_dtype
 from everyo_layers.windows import pad_hw, window_slices, window_view
 
@@ -23,6 +23,14 @@ def conv2d_columns(x: np.ndarray, kernel: tuple, stride: tuple, dilation: tuple,
     when the windows are its pixels: a 1x1 kernel, stride 1, no padding)."""
     views = window_view(pad_hw(x, pads), kernel, stride, dilation, out_hw)
     return views.reshape(-1, kernel[0] * kernel[1] * x.shape[3])
+
+
+def conv_bias_grad(g2: np.ndarray) -> np.ndarray:
+    """A convolution bias's gradient: the column sums of the output gradient's ``(rows,
+    channels)`` matrix; 16-bit rows summed in float32 and rounded once."""
+    if g2.dtype in HALF_DTYPES:
+        return narrow(widen(g2).sum(axis=0), g2.dtype)
+    return g2.sum(axis=0)
 
 
 def _phase_extent(q: tuple, stride: tuple, crop: tuple, out_hw: tuple) -> tuple:
@@ -89,6 +97,11 @@ def conv2d_input_grad(g2: np.ndarray, w2: np.ndarray, x_shape: tuple, w_shape: t
 
 
 KERNELS = {
+    "conv_bias_grad": Kernel(conv_bias_grad, """
+        g2: (rows, channels), any floating dtype, any strides. Returns the (channels,) column
+        sums in g2's dtype (float16/bfloat16 summed in float32, rounded once): the reference's
+        bits (NumPy adds a C-contiguous matrix's rows one after the other, as a loop can).
+        Overwrites nothing."""),
     "conv2d_columns": Kernel(conv2d_columns, """
         x: NHWC, any floating dtype, any strides; kernel, stride, dilation: positive int
         pairs; pads ((top, bottom), (left, right)); out_hw (Ho, Wo), the windows that fit.

@@ -175,7 +175,7 @@ class Conv2DTransposeOp(Op):
             gw = np.ascontiguousarray(self._weight_grad(np.matmul(cols.T, g_rows)),
                                       dtype=g.dtype)
         if len(needs) > 2 and needs[2]:
-            gb = g.reshape(-1, cout).sum(axis=0, dtype=compute).astype(g.dtype)
+            gb = kernel.conv_bias_grad(g.reshape(-1, cout))  # (16-bit: summed in float32)
         return gx, gw, gb
 
 

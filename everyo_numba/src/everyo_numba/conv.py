@@ -183,3 +183,31 @@ def _phase_rows(g, sh, sw, top, left, rows):
                                 part[ch] = source[ch]
                         else:
                             part[:] = 0.0
+
+
+# -- the bias's gradient ---------------------------------------------------------------------
+
+def conv_bias_grad(g2):
+    """Column sums, rows added one after the other to zeros (NumPy's order for a C-contiguous
+    matrix, so the reference's bits), ~4x faster than NumPy's axis-0 reduction,
+    which walks the few channels of every row as a separate short loop."""
+    if g2.ndim != 2 or g2.dtype.kind not in "fV" or not native(g2):
+        return NotImplemented
+    source = widen(g2)
+    if (source.dtype.name not in COMPILED_DTYPES or not source.flags.c_contiguous
+            or g2.shape[1] < 2):  # (one channel: NumPy sums the column pairwise)
+        return NotImplemented
+    sums = np.zeros(g2.shape[1], source.dtype)
+    _column_sums(source, sums)
+    return narrow(sums, g2.dtype)
+
+
+@njit
+def _column_sums(g, sums):
+    """``sums`` (zeros) += every row in turn. (NumPy's reduction starts from its identity 0.0
+    too, as a -0.0 alone shows: summed it comes out +0.0.)"""
+    rows, c = g.shape
+    for i in range(rows):
+        row = g[i]
+        for j in range(c):
+            sums[j] += row[j]

@@ -125,7 +125,8 @@ def _conv_input_grad(kernel, stride, dilation, pads, dtype, how):
 
 #: (kernel, stride, dilation, outputs per input channel) of the depthwise cases.
 DEPTHWISE = [((3, 3), (1, 1), (1, 1), 1), ((3, 3), (2, 2), (1, 1), 1),
-             ((2, 3), (1, 2), (2, 1), 1), ((3, 3), (1, 1), (1, 1), 2)]
+             ((2, 3), (1, 2), (2, 1), 1), ((3, 3), (1, 1), (1, 1), 2),
+             ((3, 2), (2, 1), (1, 2), 1)]  # (the whole-row loops: a row stride, a dilation)
 
 
 def _depthwise(kernel, stride, dilation, mult, dtype, how, backward):

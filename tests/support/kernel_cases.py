@@ -24,7 +24,9 @@ LAYOUTS = ("contiguous", "strided", "reversed", "readonly", "broadcast", "empty"
 #: Kernels whose implementations must give the reference's bits.
 EXACT = frozenset({"max_pool2d_forward", "max_pool2d_backward", "relu_forward", "sgd_step",
                    "adam_step", "unscale_all_finite", "depthwise_conv2d_forward",
-                   "float16_to_float32", "float32_to_float16"})
+                   "float16_to_float32", "float32_to_float16", "conv2d_columns",
+                   "conv2d_transpose_interleave", "conv2d_transpose_phase_rows",
+                   "conv_bias_grad"})
 #: Kernels that call BLAS (whose bits may depend on the thread count).
 USES_BLAS = frozenset({"conv2d_input_grad", "lstm_forward_steps", "lstm_backward_steps"})
 #: Arguments that are scratch (contents left open by the contract), by position.
@@ -123,7 +125,8 @@ def _conv_input_grad(kernel, stride, dilation, pads, dtype, how):
 
 #: (kernel, stride, dilation, outputs per input channel) of the depthwise cases.
 DEPTHWISE = [((3, 3), (1, 1), (1, 1), 1), ((3, 3), (2, 2), (1, 1), 1),
-             ((2, 3), (1, 2), (2, 1), 1), ((3, 3), (1, 1), (1, 1), 2)]
+             ((2, 3), (1, 2), (2, 1), 1), ((3, 3), (1, 1), (1, 1), 2),
+             ((3, 2), (2, 1), (1, 2), 1)]  # (the whole-row loops: a row stride, a dilation)
 
 
 def _depthwise(kernel, stride, dilation, mult, dtype, how, backward):
@@ -348,6 +351,73 @@ def _conversion_cases() -> list:
     return cases
 
 
+# -- conv (#25): the window matrix and the transposed convolution's data movements ----------
+
+def _conv_columns(kernel, stride, dilation, pads, channels, dtype, how):
+    """An NHWC input in layout ``how`` and a geometry (4 channels: the provider leaves them to
+    the reference; 9: its loop runs)."""
+    def build(rng):
+        x = layout(values(rng, (3, 7, 6, channels), dtype), how)
+        out_hw = tuple(output_size(x.shape[1 + a], kernel[a], stride[a], dilation[a], pads[a])
+                       for a in (0, 1))
+        return x, kernel, stride, dilation, pads, out_hw
+    return build
+
+
+#: (stride, crop, out_hw, phase positions q) of the transposed-convolution cases: "same" 4x4
+#: stride 2, "valid" 3x3 stride 2, "same" 3x3 stride 1, and outputs past the phases' reach
+#: (PyTorch's output_padding: a zero row and column plus the bias).
+TRANSPOSES = [((2, 2), (1, 1), (8, 8), (5, 5)), ((2, 2), (0, 0), (9, 9), (5, 5)),
+              ((1, 1), (1, 1), (4, 4), (6, 6)), ((2, 3), (1, 0), (10, 14), (5, 5))]
+
+
+def _transpose_interleave(stride, crop, out_hw, q, bias, dtype, how):
+    """Phases in the op's compute dtype (float32 for the 16-bit formats, whose bias widens into
+    them) in layout ``how``, and a bias or None."""
+    def build(rng):
+        compute = np.dtype(np.float64 if dtype == np.float64 else np.float32)
+        phases = layout(values(rng, (3,) + q + (stride[0] * stride[1] * 5,), compute), how)
+        return phases, stride, crop, out_hw, values(rng, (5,), dtype) if bias else None
+    return build
+
+
+def _transpose_phase_rows(stride, crop, out_hw, q, dtype, how):
+    def build(rng):
+        compute = np.dtype(np.float64 if dtype == np.float64 else np.float32)
+        return layout(values(rng, (3,) + out_hw + (5,), dtype), how), stride, crop, q, compute
+    return build
+
+
+def _bias_grad(rows, channels, dtype, how):
+    """An output gradient's (rows, channels) matrix with ties, NaN, -inf and a -0.0 first row
+    entry (which an added 0.0 would turn into +0.0)."""
+    def build(rng):
+        g2 = values(rng, (rows, channels), dtype, specials=rows * channels >= 8)
+        if g2.size:
+            g2[0, -1] = -0.0
+        return (layout(g2, how),)
+    return build
+
+
+def _conv_movement_cases(dtype, how) -> list:
+    cases = [("conv_bias_grad", _bias_grad(rows, channels, dtype, how),
+              f"{rows}x{channels}-{dtype.name}-{how}")
+             for rows, channels in ((1, 3), (3, 1), (37, 5), (300, 16), (4100, 3))]
+    for conv in CONVS:
+        for channels in (4, 9):
+            cases.append(("conv2d_columns", _conv_columns(*conv, channels, dtype, how),
+                          f"k{conv[0]}s{conv[1]}d{conv[2]}c{channels}-{dtype.name}-{how}"))
+    for geometry in TRANSPOSES:
+        label = f"s{geometry[0]}crop{geometry[1]}out{geometry[2]}-{dtype.name}-{how}"
+        for bias in (True, False):
+            cases.append(("conv2d_transpose_interleave",
+                          _transpose_interleave(*geometry, bias, dtype, how),
+                          f"{label}-{'bias' if bias else 'nobias'}"))
+        cases.append(("conv2d_transpose_phase_rows", _transpose_phase_rows(*geometry, dtype, how),
+                      label))
+    return cases
+
+
 def _table() -> list:
     cases = _conversion_cases()
     for dtype in DTYPES:
@@ -381,6 +451,7 @@ def _table() -> list:
                               _batch_norm(dtype, how, affine, True, training=False),
                               f"eval-{label}"))
             cases.append(("relu_forward", _relu(dtype, how), f"{dtype.name}-{how}"))
+            cases += _conv_movement_cases(dtype, how)
             for k, options in enumerate(SGD_OPTIONS):
                 for first in (True, False):
                     cases.append(("sgd_step", _sgd(dtype, how, options, first),

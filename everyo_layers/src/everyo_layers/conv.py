@@ -26,18 +26,10 @@ from everyo_layers.initializers import fan_in_bound, layer_generator, uniform_pa
 from everyo_layers.padding import output_size, resolve_padding
 from everyo_layers.windows import (
     check_geometry,
-    pad_hw,
     pad_hw_tensor,
     window_arguments,
     window_tensors,
-    window_view,
 )
-
-
-def _sum_rows(g2: np.ndarray) -> np.ndarray:
-    if g2.dtype in HALF_DTYPES:
-        return narrow(widen(g2).sum(axis=0), g2.dtype)
-    return g2.sum(axis=0)
 
 
 class Conv2DOp(Op):
@@ -89,16 +81,16 @@ class Conv2DOp(Op):
             self.saved = (x if needs[1] else None, w2 if needs[0] else None)
         else:
             cols = self._columns(x)
-            out = blas_matmul(cols, w2, bias)
+            out = blas_matmul(cols, w2)
+            if bias is not None:  # (in place when it keeps the dtype: the same bits, no copy)
+                out = np.add(out, bias, out=out) if bias.dtype == out.dtype else out + bias
             self.saved = (cols if needs[1] else None, w2 if needs[0] else None)
         return out.reshape(n, out_hw[0], out_hw[1], cout)
 
     def _columns(self, x: np.ndarray) -> np.ndarray:
         """The ``(N*Ho*Wo, kh*kw*in)`` window matrix of ``x`` (one gathering copy)."""
-        kh, kw, cin, _ = self.w_shape
-        views = window_view(pad_hw(x, self.pads), (kh, kw), self.stride, self.dilation,
-                            self.out_hw)
-        return views.reshape(-1, kh * kw * cin)
+        return kernel.conv2d_columns(x, self.w_shape[:2], self.stride, self.dilation,
+                                     self.pads, self.out_hw)
 
     def backward(self, g):
         return gradients_from_parts(self, g)
@@ -112,7 +104,7 @@ class Conv2DOp(Op):
         needs = self.needs_input_grad
         g2 = g.reshape(-1, g.shape[-1])
         if len(needs) > 2 and needs[2]:
-            yield 2, _sum_rows(g2)
+            yield 2, kernel.conv_bias_grad(g2)
         if needs[1]:
             check_operand_unchanged(self, 0)  # (hooks run on the bias's part may write)
             if g.dtype in HALF_DTYPES:  # cols holds the 16-bit input: regather it in float32

@@ -108,7 +108,7 @@ class GroupedConv2DOp(Op):
         xp, w = self.saved
         needs = self.needs_input_grad
         gc = g.astype(xp.dtype, copy=False)
-        gb = gc.reshape(-1, g.shape[-1]).sum(axis=0).astype(g.dtype) if (
+        gb = kernel.conv_bias_grad(gc.reshape(-1, g.shape[-1])).astype(g.dtype) if (
             len(needs) > 2 and needs[2]) else None
         if self.w_shape[2] == 1:
             gx, gw = kernel.depthwise_conv2d_backward(gc, xp, w, self.stride, self.dilation,

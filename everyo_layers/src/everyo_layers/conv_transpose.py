@@ -11,10 +11,11 @@ from __future__ import annotations
 import numpy as np
 
 from everyo import EveryOError, Module, Op, dispatch
+from everyo.kernels import kernel
 from everyo_layers.checks import LayerArgumentError, argument, check_float, pair
 from everyo_layers.initializers import fan_in_bound, layer_generator, uniform_parameter
 from everyo_layers.precision import accumulation_dtype
-from everyo_layers.windows import check_geometry, pad_hw, window_view
+from everyo_layers.windows import check_geometry
 
 
 def transpose_output_size(size: int, kernel: int, stride: int, padding,
@@ -95,15 +96,11 @@ class Conv2DTransposeOp(Op):
                        max(q[1] * stride[1], crop[1] + out_hw[1]))
         dtype = np.result_type(x, weight) if bias is None else np.result_type(x, weight, bias)
         compute = accumulation_dtype(dtype)
-        xp = pad_hw(x.astype(compute, copy=False), ((taps[0] - 1,) * 2, (taps[1] - 1,) * 2))
-        cols = window_view(xp, taps, (1, 1), (1, 1), q).reshape(-1, taps[0] * taps[1] * cin)
+        cols = kernel.conv2d_columns(x.astype(compute, copy=False), taps, (1, 1), (1, 1),
+                                     ((taps[0] - 1,) * 2, (taps[1] - 1,) * 2), q)
         w_sub = self._phase_weight(weight.astype(compute, copy=False))
-        phases = np.matmul(cols, w_sub).reshape(n, q[0], q[1], stride[0], stride[1], cout)
-        full = np.zeros((n,) + self.ext_hw + (cout,), compute)
-        full[:, :q[0] * stride[0], :q[1] * stride[1]].reshape(
-            n, q[0], stride[0], q[1], stride[1], cout)[...] = phases.transpose(0, 1, 3, 2, 4, 5)
-        out = full[:, crop[0]:crop[0] + out_hw[0], crop[1]:crop[1] + out_hw[1], :]
-        out = out + bias if bias is not None else np.ascontiguousarray(out)
+        phases = np.matmul(cols, w_sub).reshape(n, q[0], q[1], -1)
+        out = kernel.conv2d_transpose_interleave(phases, stride, self.crop, self.out_hw, bias)
         needs = self.needs_input_grad
         self.saved = (cols if needs[1] else None, w_sub if needs[0] else None)
         return out.astype(dtype, copy=False)
@@ -162,15 +159,10 @@ class Conv2DTransposeOp(Op):
         needs = self.needs_input_grad
         n, h, w, cin = self.x_shape
         cout = self.w_shape[2]
-        (ah, aw), (sh, sw) = self.taps, self.stride
+        ah, aw = self.taps
         q = (h + ah - 1, w + aw - 1)
         compute = accumulation_dtype(g.dtype)
-        (top, left), (ho, wo) = self.crop, self.out_hw
-        gfull = np.zeros((n,) + self.ext_hw + (cout,), compute)
-        gfull[:, top:top + ho, left:left + wo, :] = g
-        g_phases = gfull[:, :q[0] * sh, :q[1] * sw].reshape(n, q[0], sh, q[1], sw, cout)
-        g_rows = np.ascontiguousarray(g_phases.transpose(0, 1, 3, 2, 4, 5)).reshape(
-            -1, sh * sw * cout)
+        g_rows = kernel.conv2d_transpose_phase_rows(g, self.stride, self.crop, q, compute)
         gx = gw = gb = None
         if needs[0]:
             blocks = np.matmul(g_rows, w_sub.T).reshape(n, q[0], q[1], ah, aw, cin)
@@ -183,7 +175,7 @@ class Conv2DTransposeOp(Op):
             gw = np.ascontiguousarray(self._weight_grad(np.matmul(cols.T, g_rows)),
                                       dtype=g.dtype)
         if len(needs) > 2 and needs[2]:
-            gb = g.reshape(-1, cout).sum(axis=0, dtype=compute).astype(g.dtype)
+            gb = kernel.conv_bias_grad(g.reshape(-1, cout))  # (16-bit: summed in float32)
         return gx, gw, gb
 
 

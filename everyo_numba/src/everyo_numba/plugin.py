@@ -23,6 +23,11 @@ IMPLEMENTATIONS = {
     "max_pool2d_forward": "everyo_numba.pool:max_pool2d_forward",
     "max_pool2d_backward": "everyo_numba.pool:max_pool2d_backward",
     "conv2d_input_grad": "everyo_numba.conv:conv2d_input_grad",
+    # conv (#25): the window matrix and the transposed convolution's data movements
+    "conv2d_columns": "everyo_numba.conv:conv2d_columns",
+    "conv2d_transpose_interleave": "everyo_numba.conv:conv2d_transpose_interleave",
+    "conv2d_transpose_phase_rows": "everyo_numba.conv:conv2d_transpose_phase_rows",
+    "conv_bias_grad": "everyo_numba.conv:conv_bias_grad",
     "depthwise_conv2d_forward": "everyo_numba.conv_depthwise:depthwise_conv2d_forward",
     "depthwise_conv2d_backward": "everyo_numba.conv_depthwise:depthwise_conv2d_backward",
     "layer_norm_forward": "everyo_numba.norm:layer_norm_forward",

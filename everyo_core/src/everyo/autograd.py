@@ -372,3 +372,15 @@ def accumulate_leaf(t: Tensor, g: Any, copy: bool) -> None:
         t.grad = np.array(g, copy=True) if copy else g
     else:
         t.grad += g
+
+
+def zero_gradients(params, set_to_none, owner: str) -> None:
+    """``zero_grad(set_to_none)`` of ``owner`` (a Module or an optimizer), PyTorch's meaning:
+    every ``.grad`` becomes None, or with ``set_to_none=False`` zeros of its shape and dtype
+    (a new array, so what recorded the old one, as a step inside backward does, sees a new
+    gradient; a ``.grad`` that is None stays None)."""
+    if not isinstance(set_to_none, (bool, np.bool_)):
+        raise EveryOError(f"{owner}.zero_grad: set_to_none must be True or False, got "
+                          f"{set_to_none!r} ({type(set_to_none).__name__})")
+    for p in params:
+        p.grad = None if set_to_none or p.grad is None else np.zeros_like(p.grad)

@@ -9,6 +9,7 @@ from typing import Iterable, Iterator, NamedTuple
 
 import numpy as np
 
+from everyo.autograd import zero_gradients
 from everyo.devices import check_device, is_device
 from everyo.dtypes import is_floating, resolve_dtype
 from everyo.errors import EveryOError
@@ -154,10 +155,10 @@ class Module:
     def eval(self) -> "Module":
         return self.train(False)
 
-    def zero_grad(self) -> None:
-        """Forget accumulated gradients (sets every ``.grad`` to None, as PyTorch 2 does)."""
-        for param in self.parameters():
-            param.grad = None
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Forget accumulated gradients: every ``.grad`` becomes None (PyTorch 2's default),
+        or zeros with ``set_to_none=False``."""
+        zero_gradients(self.parameters(), set_to_none, type(self).__name__)
 
     def apply(self, fn) -> "Module":
         """Call ``fn(module)`` on every sub-module (children first) and then on this one, as

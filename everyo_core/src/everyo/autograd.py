@@ -33,7 +33,7 @@ from everyo.dtypes import HALF_DTYPES, is_floating
 from everyo.errors import EveryOError
 from everyo.grad_mode import _grad_enabled
 from everyo.half_precision import narrow, widen
-from everyo.tensor import DEFAULT_FLOAT, Tensor
+from everyo.tensor import DEFAULT_FLOAT, Tensor, _check_numeric
 from everyo.versioning import check_saved, clock
 
 #: Put in ``op.saved`` when a backward without ``retain_graph`` has freed the op.
@@ -108,7 +108,7 @@ class Op:
     @classmethod
     def apply(cls, *operands, **attrs) -> Tensor:
         """Run the op on ``operands`` (Tensors, arrays or scalars) and record it if needed."""
-        tensors = _as_tensors(operands)
+        tensors = _as_tensors(operands, cls.name)
         op = object.__new__(cls)
         needs = tuple([t.requires_grad for t in tensors])
         record = True in needs and _grad_enabled.get()
@@ -162,8 +162,9 @@ def _no_common_dtype(name: str, tensors: tuple) -> str:
             f"convert one first, e.g. x.to('float32')")
 
 
-def _as_tensors(operands) -> tuple:
-    """Operands as Tensors; Python scalars take the dtype of the tensor they meet."""
+def _as_tensors(operands, name: str = "op") -> tuple:
+    """Operands as Tensors; Python scalars take the dtype of the tensor they meet. An operand
+    that is not numbers (None, a string, an object array) is an error naming op ``name``."""
     if len(operands) == 2:  # NOTE: the hot case, a floating tensor (op) a Python float
         a, b = operands
         if type(b) is float and type(a) is Tensor and a.data.dtype.kind == "f":
@@ -186,13 +187,13 @@ def _as_tensors(operands) -> tuple:
             if like is None:
                 like = o.data.dtype
     out = []
-    for o in operands:
+    for i, o in enumerate(operands):
         if isinstance(o, Tensor):
             out.append(o)
         elif isinstance(o, np.ndarray):
-            out.append(Tensor._make(o, False, None))
+            out.append(Tensor._make(_check_numeric(o, f"{name}: operand {i}"), False, None))
         else:
-            out.append(Tensor._make(_constant(o, like), False, None))
+            out.append(Tensor._make(_constant(o, like, f"{name}: operand {i}"), False, None))
     if like is not None and like.kind in "iub" and any(
             isinstance(o, float) for o in operands):
         # NOTE: int tensor (op) Python float gives the default float (PyTorch), not float64.
@@ -201,10 +202,15 @@ def _as_tensors(operands) -> tuple:
     return tuple(out)
 
 
-def _constant(value, like: np.dtype | None) -> np.ndarray:
+def _constant(value, like: np.dtype | None, what: str = "op") -> np.ndarray:
     if type(value) is float and like is not None and like.kind == "f":
         return np.array(value, like)  # the common case below, in one NumPy call
-    array = np.asarray(value)
+    try:
+        array = np.asarray(value)
+    except (TypeError, ValueError) as exc:  # (ragged nested lists)
+        raise EveryOError(f"{what} is not numeric: {exc}") from None
+    # NOTE: checked before the cast below: NumPy casts a None object to NaN, silently
+    _check_numeric(array, what)
     if like is not None and array.ndim == 0:
         # NOTE: PyTorch's rule: a Python scalar never widens a tensor (float16 * 2.5 stays
         # float16); an int tensor meeting a float scalar becomes the default float.
@@ -350,7 +356,12 @@ def root_gradient(root: Tensor, grad) -> np.ndarray:
                 f"{root.shape}; pass grad= with that shape"
             )
         return np.ones_like(root.data)
-    grad = np.asarray(grad.data if isinstance(grad, Tensor) else grad, dtype=root.data.dtype)
+    try:
+        grad = np.asarray(grad.data if isinstance(grad, Tensor) else grad)
+    except (TypeError, ValueError) as exc:  # (ragged nested lists)
+        raise EveryOError(f"backward(grad): grad is not an array of numbers: {exc}") from None
+    # NOTE: checked before the cast: NumPy casts None objects to NaN, strings raise
+    grad = _check_numeric(grad, "backward(grad)").astype(root.data.dtype, copy=False)
     if grad.shape != root.shape:
         raise EveryOError(f"backward(grad): grad shape {grad.shape} != tensor shape {root.shape}")
     return grad

@@ -25,6 +25,7 @@ Example op::
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import numpy as np
@@ -118,6 +119,9 @@ class Op:
             out = op.forward(*[t.data for t in tensors], **attrs)
         except np.exceptions.DTypePromotionError:
             raise EveryOError(_no_common_dtype(cls.name, tensors)) from None
+        except TypeError as exc:
+            _refuse_a_call_forward_cannot_take(cls, len(tensors), attrs, exc)
+            raise
         if type(out) is not np.ndarray:  # NumPy's 0-d results are scalars: a Tensor holds an
             out = np.asarray(out)  # array (writable in place, versioned by its storage)
         # NOTE: an integer or boolean result (a cast to int32, a comparison) has no gradient,
@@ -154,6 +158,28 @@ def gradients_from_parts(op: Any, g: np.ndarray) -> tuple:
     for part in op.backward_parts(g):  # (a gradient in row blocks: the last part's array)
         grads[part[0]] = part[1]
     return tuple(grads)
+
+
+def _refuse_a_call_forward_cannot_take(cls, count: int, attrs: dict, exc: TypeError) -> None:
+    """After ``forward`` raised ``exc``: an ``EveryOError`` naming the op when the call does
+    not fit its ``forward`` (too many operands or an unknown attribute, as ``eo.dropout(x,
+    0.5)`` passes ``p`` as an operand), or when an operand took the place of an attribute
+    (a parameter whose default is not None: operands have none, or None). Otherwise the
+    ``TypeError`` is forward's own and is left alone."""
+    signature = inspect.signature(cls.forward)
+    try:
+        bound = signature.bind(None, *range(count), **attrs)
+    except TypeError:
+        misplaced = True
+    else:
+        positional = list(bound.arguments)[1:1 + count]
+        misplaced = any(signature.parameters[p].default not in (None, inspect.Parameter.empty)
+                        for p in positional)
+    if misplaced:
+        shown = str(signature).replace("(self, ", "(", 1)
+        raise EveryOError(f"{cls.name}: called with {count} operand(s) and attributes "
+                          f"{sorted(attrs)}, but the op takes {shown} (operands positionally, "
+                          f"attributes by name): {exc}") from None
 
 
 def _no_common_dtype(name: str, tensors: tuple) -> str:

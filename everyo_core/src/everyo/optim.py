@@ -17,6 +17,7 @@ import numpy as np
 
 from everyo.autograd import zero_gradients
 from everyo.errors import EveryOError
+from everyo.grad_mode import enable_grad
 from everyo.kernel_registry import kernel
 from everyo.tensor import Tensor
 from everyo.validation import (
@@ -105,6 +106,9 @@ class Optimizer:
             raise EveryOError(f"{type(self).__name__} takes an iterable of parameters (or of "
                               f"dicts), got a single tensor of shape {params.shape}; wrap it "
                               f"in a list")
+        if isinstance(params, (str, bytes, dict)) or not hasattr(params, "__iter__"):
+            raise EveryOError(f"{type(self).__name__} takes an iterable of parameters (or of "
+                              f"parameter-group dicts), got a {type(params).__name__}")
         groups = list(params)
         if not groups:
             raise EveryOError(f"{type(self).__name__} got an empty parameter list")
@@ -207,9 +211,15 @@ class Optimizer:
         """Set every parameter's ``.grad`` to None (or to zeros: ``set_to_none=False``)."""
         zero_gradients(self.params, set_to_none, type(self).__name__)
 
-    def step(self) -> None:
-        """Apply one update to every parameter that has a gradient."""
+    def step(self, closure=None):
+        """Apply one update to every parameter that has a gradient.
+
+        ``closure`` (PyTorch's): a function that zeroes the gradients, computes the loss and
+        calls ``backward()``; it runs first, with gradients enabled, and its loss is returned
+        (None without a closure)."""
+        loss = evaluate_closure(closure, type(self).__name__)
         self.step_parameters(self.params)
+        return loss
 
     def step_parameters(self, params, count: bool = True) -> None:
         """Update only those of ``params`` that have a gradient, exactly as :meth:`step`
@@ -345,6 +355,18 @@ class Optimizer:
         if problem:
             raise EveryOError(f"{owner}: {problem}")
         return array
+
+
+def evaluate_closure(closure, owner: str):
+    """``closure()`` with gradients enabled (None for None); a closure that cannot be called
+    is an error naming ``owner``'s step."""
+    if closure is None:
+        return None
+    if not callable(closure):
+        raise EveryOError(f"{owner}.step(closure): closure must be a function that computes "
+                          f"the loss and calls backward(), got a {type(closure).__name__}")
+    with enable_grad():
+        return closure()
 
 
 def _gradients(params: list, group: dict) -> list:

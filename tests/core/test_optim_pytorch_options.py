@@ -117,7 +117,7 @@ def test_zero_grad_set_to_none_false_zeroes(owner):
     model(np.ones((4, 3), np.float32)).sum().backward()
     first = {name: p.grad for name, p in model.named_parameters()}
     (optimizer if owner == "optimizer" else model).zero_grad(set_to_none=False)
-    for name, p in model.named_parameters():
+    for p in model.parameters():
         assert p.grad is not None and p.grad.dtype == p.data.dtype
         np.testing.assert_array_equal(p.grad, np.zeros_like(p.data))
     model(np.ones((4, 3), np.float32)).sum().backward()

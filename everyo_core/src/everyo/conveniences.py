@@ -101,7 +101,8 @@ def view(x, *shape):
 def _fill_value(value, dtype: np.dtype):
     """``value`` in the tensor's ``dtype``, as PyTorch's ``masked_fill`` casts it (a float
     into an int tensor truncates toward zero), refusing what does not fit the dtype."""
-    if value is not None and not isinstance(value, _PLAIN):  # a Tensor: cast in the graph, so it stays differentiable
+    # a Tensor: cast in the graph, so it stays differentiable (None is no number: below)
+    if value is not None and not isinstance(value, _PLAIN):
         return value if resolve_dtype(value.dtype) == dtype else dispatch("cast", value,
                                                                            dtype=dtype)
     array = np.asarray(value)

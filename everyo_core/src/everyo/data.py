@@ -10,9 +10,9 @@ import copy
 
 import numpy as np
 
+from everyo.dtypes import is_floating
 from everyo.errors import EveryOError
 from everyo.random import checked_generator_state, default_generator
-from everyo.dtypes import is_floating
 from everyo.tensor import Tensor
 from everyo.validation import checked_argument, expect_state
 

@@ -98,3 +98,11 @@ def test_data_loader_refuses_what_is_not_a_dataset(dataset):
 def test_an_op_called_with_the_wrong_arguments_is_named(call):
     with pytest.raises(EveryOError, match="takes|axis"):
         call(eo.ones(2, 3, requires_grad=True))
+
+
+@pytest.mark.parametrize("loss", ["cross_entropy", "nll_loss"])
+@pytest.mark.parametrize("ignore_index", ["a", 1.5, None, True])
+def test_ignore_index_must_be_an_int(loss, ignore_index):
+    scores = eo.tensor(np.random.default_rng(0).standard_normal((2, 3)), requires_grad=True)
+    with pytest.raises(EveryOError, match="ignore_index"):
+        getattr(eo, loss)(scores, np.array([0, 1]), ignore_index=ignore_index)

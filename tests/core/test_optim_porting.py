@@ -156,11 +156,15 @@ def test_adaptive_optimizers_resume_bit_for_bit(name, options, tmp_path):
 
 def test_pytorchs_defaults():
     w = [eo.Parameter([1.0])]
+    hints = dict(foreach=None, maximize=False, differentiable=False)  # PyTorch's too
     assert eo.Adagrad(w).defaults == dict(lr=1e-2, lr_decay=0.0, weight_decay=0.0,
-                                          initial_accumulator_value=0.0, eps=1e-10)
+                                          initial_accumulator_value=0.0, eps=1e-10, fused=None,
+                                          **hints)
     assert eo.RMSprop(w).defaults == dict(lr=1e-2, alpha=0.99, eps=1e-8, weight_decay=0.0,
-                                          momentum=0.0, centered=False)
-    assert eo.Adadelta(w).defaults == dict(lr=1.0, rho=0.9, eps=1e-6, weight_decay=0.0)
+                                          momentum=0.0, centered=False, capturable=False,
+                                          **hints)
+    assert eo.Adadelta(w).defaults == dict(lr=1.0, rho=0.9, eps=1e-6, weight_decay=0.0,
+                                           capturable=False, **hints)
     lbfgs = eo.LBFGS(w).defaults
     assert (lbfgs["max_iter"], lbfgs["max_eval"], lbfgs["history_size"]) == (20, 25, 100)
     with pytest.raises(eo.EveryOError, match="rho must be in"):

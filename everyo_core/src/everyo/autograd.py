@@ -25,6 +25,7 @@ Example op::
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import numpy as np
@@ -33,7 +34,7 @@ from everyo.dtypes import HALF_DTYPES, is_floating
 from everyo.errors import EveryOError
 from everyo.grad_mode import _grad_enabled
 from everyo.half_precision import narrow, widen
-from everyo.tensor import DEFAULT_FLOAT, Tensor
+from everyo.tensor import DEFAULT_FLOAT, Tensor, _check_numeric
 from everyo.versioning import check_saved, clock
 
 #: Put in ``op.saved`` when a backward without ``retain_graph`` has freed the op.
@@ -108,7 +109,7 @@ class Op:
     @classmethod
     def apply(cls, *operands, **attrs) -> Tensor:
         """Run the op on ``operands`` (Tensors, arrays or scalars) and record it if needed."""
-        tensors = _as_tensors(operands)
+        tensors = _as_tensors(operands, cls.name)
         op = object.__new__(cls)
         needs = tuple([t.requires_grad for t in tensors])
         record = True in needs and _grad_enabled.get()
@@ -118,6 +119,9 @@ class Op:
             out = op.forward(*[t.data for t in tensors], **attrs)
         except np.exceptions.DTypePromotionError:
             raise EveryOError(_no_common_dtype(cls.name, tensors)) from None
+        except TypeError as exc:
+            _refuse_a_call_forward_cannot_take(cls, len(tensors), attrs, exc)
+            raise
         if type(out) is not np.ndarray:  # NumPy's 0-d results are scalars: a Tensor holds an
             out = np.asarray(out)  # array (writable in place, versioned by its storage)
         # NOTE: an integer or boolean result (a cast to int32, a comparison) has no gradient,
@@ -156,14 +160,37 @@ def gradients_from_parts(op: Any, g: np.ndarray) -> tuple:
     return tuple(grads)
 
 
+def _refuse_a_call_forward_cannot_take(cls, count: int, attrs: dict, exc: TypeError) -> None:
+    """After ``forward`` raised ``exc``: an ``EveryOError`` naming the op when the call does
+    not fit its ``forward`` (too many operands or an unknown attribute, as ``eo.dropout(x,
+    0.5)`` passes ``p`` as an operand), or when an operand took the place of an attribute
+    (a parameter whose default is not None: operands have none, or None). Otherwise the
+    ``TypeError`` is forward's own and is left alone."""
+    signature = inspect.signature(cls.forward)
+    try:
+        bound = signature.bind(None, *range(count), **attrs)
+    except TypeError:
+        misplaced = True
+    else:
+        positional = list(bound.arguments)[1:1 + count]
+        misplaced = any(signature.parameters[p].default not in (None, inspect.Parameter.empty)
+                        for p in positional)
+    if misplaced:
+        shown = str(signature).replace("(self, ", "(", 1)
+        raise EveryOError(f"{cls.name}: called with {count} operand(s) and attributes "
+                          f"{sorted(attrs)}, but the op takes {shown} (operands positionally, "
+                          f"attributes by name): {exc}") from None
+
+
 def _no_common_dtype(name: str, tensors: tuple) -> str:
     dtypes = sorted({t.data.dtype.name for t in tensors})
     return (f"op {name!r} cannot combine dtypes {dtypes}: NumPy has no common type for them; "
             f"convert one first, e.g. x.to('float32')")
 
 
-def _as_tensors(operands) -> tuple:
-    """Operands as Tensors; Python scalars take the dtype of the tensor they meet."""
+def _as_tensors(operands, name: str = "op") -> tuple:
+    """Operands as Tensors; Python scalars take the dtype of the tensor they meet. An operand
+    that is not numbers (None, a string, an object array) is an error naming op ``name``."""
     if len(operands) == 2:  # NOTE: the hot case, a floating tensor (op) a Python float
         a, b = operands
         if type(b) is float and type(a) is Tensor and a.data.dtype.kind == "f":
@@ -186,13 +213,13 @@ def _as_tensors(operands) -> tuple:
             if like is None:
                 like = o.data.dtype
     out = []
-    for o in operands:
+    for i, o in enumerate(operands):
         if isinstance(o, Tensor):
             out.append(o)
         elif isinstance(o, np.ndarray):
-            out.append(Tensor._make(o, False, None))
+            out.append(Tensor._make(_check_numeric(o, f"{name}: operand {i}"), False, None))
         else:
-            out.append(Tensor._make(_constant(o, like), False, None))
+            out.append(Tensor._make(_constant(o, like, f"{name}: operand {i}"), False, None))
     if like is not None and like.kind in "iub" and any(
             isinstance(o, float) for o in operands):
         # NOTE: int tensor (op) Python float gives the default float (PyTorch), not float64.
@@ -201,10 +228,15 @@ def _as_tensors(operands) -> tuple:
     return tuple(out)
 
 
-def _constant(value, like: np.dtype | None) -> np.ndarray:
+def _constant(value, like: np.dtype | None, what: str = "op") -> np.ndarray:
     if type(value) is float and like is not None and like.kind == "f":
         return np.array(value, like)  # the common case below, in one NumPy call
-    array = np.asarray(value)
+    try:
+        array = np.asarray(value)
+    except (TypeError, ValueError) as exc:  # (ragged nested lists)
+        raise EveryOError(f"{what} is not numeric: {exc}") from None
+    # NOTE: checked before the cast below: NumPy casts a None object to NaN, silently
+    _check_numeric(array, what)
     if like is not None and array.ndim == 0:
         # NOTE: PyTorch's rule: a Python scalar never widens a tensor (float16 * 2.5 stays
         # float16); an int tensor meeting a float scalar becomes the default float.
@@ -350,7 +382,12 @@ def root_gradient(root: Tensor, grad) -> np.ndarray:
                 f"{root.shape}; pass grad= with that shape"
             )
         return np.ones_like(root.data)
-    grad = np.asarray(grad.data if isinstance(grad, Tensor) else grad, dtype=root.data.dtype)
+    try:
+        grad = np.asarray(grad.data if isinstance(grad, Tensor) else grad)
+    except (TypeError, ValueError) as exc:  # (ragged nested lists)
+        raise EveryOError(f"backward(grad): grad is not an array of numbers: {exc}") from None
+    # NOTE: checked before the cast: NumPy casts None objects to NaN, strings raise
+    grad = _check_numeric(grad, "backward(grad)").astype(root.data.dtype, copy=False)
     if grad.shape != root.shape:
         raise EveryOError(f"backward(grad): grad shape {grad.shape} != tensor shape {root.shape}")
     return grad
@@ -372,3 +409,15 @@ def accumulate_leaf(t: Tensor, g: Any, copy: bool) -> None:
         t.grad = np.array(g, copy=True) if copy else g
     else:
         t.grad += g
+
+
+def zero_gradients(params, set_to_none, owner: str) -> None:
+    """``zero_grad(set_to_none)`` of ``owner`` (a Module or an optimizer), PyTorch's meaning:
+    every ``.grad`` becomes None, or with ``set_to_none=False`` zeros of its shape and dtype
+    (a new array, so what recorded the old one, as a step inside backward does, sees a new
+    gradient; a ``.grad`` that is None stays None)."""
+    if not isinstance(set_to_none, (bool, np.bool_)):
+        raise EveryOError(f"{owner}.zero_grad: set_to_none must be True or False, got "
+                          f"{set_to_none!r} ({type(set_to_none).__name__})")
+    for p in params:
+        p.grad = None if set_to_none or p.grad is None else np.zeros_like(p.grad)

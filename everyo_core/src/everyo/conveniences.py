@@ -101,7 +101,8 @@ def view(x, *shape):
 def _fill_value(value, dtype: np.dtype):
     """``value`` in the tensor's ``dtype``, as PyTorch's ``masked_fill`` casts it (a float
     into an int tensor truncates toward zero), refusing what does not fit the dtype."""
-    if not isinstance(value, _PLAIN):  # a Tensor: cast in the graph, so it stays differentiable
+    # a Tensor: cast in the graph, so it stays differentiable (None is no number: below)
+    if value is not None and not isinstance(value, _PLAIN):
         return value if resolve_dtype(value.dtype) == dtype else dispatch("cast", value,
                                                                            dtype=dtype)
     array = np.asarray(value)
@@ -152,12 +153,12 @@ def masked_fill(x, mask, value):
 
 def tril(x, k: int = 0):
     """The lower triangle of the last two axes (on and below diagonal ``k``), zeros above."""
-    return dispatch("tril", x, k=k)
+    return dispatch("tril", x, k=_whole(k, "k", "tril"))
 
 
 def triu(x, k: int = 0):
     """The upper triangle of the last two axes (on and above diagonal ``k``), zeros below."""
-    return dispatch("triu", x, k=k)
+    return dispatch("triu", x, k=_whole(k, "k", "triu"))
 
 
 def diag(x, diagonal: int = 0):
@@ -171,7 +172,7 @@ def diag(x, diagonal: int = 0):
                [0., 0., 2.],
                [0., 0., 0.]], dtype=float32)
     """
-    return dispatch("diag", x, diagonal=diagonal)
+    return dispatch("diag", x, diagonal=_whole(diagonal, "diagonal", "diag"))
 
 
 def unsqueeze(x, axis: int):

@@ -10,6 +10,7 @@ import copy
 
 import numpy as np
 
+from everyo.dtypes import is_floating
 from everyo.errors import EveryOError
 from everyo.random import checked_generator_state, default_generator
 from everyo.tensor import Tensor
@@ -30,6 +31,11 @@ class TensorDataset:
         if not arrays:
             raise EveryOError("TensorDataset needs at least one array")
         self.arrays = tuple(np.asarray(a.data if isinstance(a, Tensor) else a) for a in arrays)
+        for i, a in enumerate(self.arrays):
+            if a.ndim == 0 or not (a.dtype.kind in "biu" or is_floating(a.dtype)):
+                raise EveryOError(f"TensorDataset: array {i} must be an array of numbers with "
+                                  f"one row per example, got {type(arrays[i]).__name__} "
+                                  f"(dtype {a.dtype}, shape {a.shape})")
         lengths = {len(a) for a in self.arrays}
         if len(lengths) != 1:
             raise EveryOError(f"TensorDataset: arrays have different lengths "

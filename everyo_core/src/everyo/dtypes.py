@@ -40,6 +40,9 @@ def resolve_dtype(dtype, what: str = "dtype") -> np.dtype:
             dtype = np.dtype(dtype)
         except TypeError:
             raise EveryOError(f"{what}: unknown dtype {dtype!r}") from None
+    if dtype.kind not in "biufcV":
+        raise EveryOError(f"{what}: dtype {dtype.name} is not numeric; a tensor holds "
+                          f"booleans, integers or floating-point numbers")
     if dtype.kind == "V" and dtype != BFLOAT16:
         # NOTE: ml_dtypes also registers float8/int4 types; no EveryO op computes with them.
         raise EveryOError(f"{what}: dtype {dtype.name} is not supported; the 16-bit floats are "

@@ -56,6 +56,16 @@ def backward(root: Tensor, grad=None, retain_graph: bool | None = None,
     _execute([root], [start], retain_graph, create_graph, accumulate=True)
 
 
+def _tensors(value, what: str) -> list:
+    """``eo.grad``'s ``outputs``/``inputs``: one Tensor or a sequence of them, as a list."""
+    if isinstance(value, Tensor):
+        return [value]
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise EveryOError(f"eo.grad: {what} must be a Tensor or a sequence of Tensors, got a "
+                          f"{type(value).__name__}")
+    return list(value)
+
+
 def grad(outputs, inputs, grad_outputs=None, retain_graph: bool | None = None,
          create_graph: bool = False, allow_unused: bool = False) -> tuple:
     """Gradients of ``outputs`` with respect to ``inputs``, without touching any ``.grad``.
@@ -80,8 +90,7 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph: bool | None = None,
         >>> float(dx.data[0]), float(d2x.data[0])
         (27.0, 18.0)
     """
-    outputs = [outputs] if isinstance(outputs, Tensor) else list(outputs)
-    inputs = [inputs] if isinstance(inputs, Tensor) else list(inputs)
+    outputs, inputs = _tensors(outputs, "outputs"), _tensors(inputs, "inputs")
     if grad_outputs is None or isinstance(grad_outputs, (Tensor, np.ndarray)):
         grad_outputs = [grad_outputs] * len(outputs) if grad_outputs is None else [grad_outputs]
     grad_outputs = list(grad_outputs)

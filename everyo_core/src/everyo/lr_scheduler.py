@@ -86,6 +86,24 @@ def current_lrs(optimizer) -> list:
     return [group["lr"] for group in optimizer.param_groups]
 
 
+def set_lrs(owner: str, optimizer, values) -> None:
+    """Set each group's ``lr`` to ``values`` (one per group), after checking every one is a
+    finite number: a schedule computing NaN, inf or a string changes no group and names the
+    group. (Not refused: a negative rate, which PyTorch's three-phase linear OneCycleLR
+    computes at its end.)"""
+    values = list(values)
+    checked = [checked_argument(owner, f"the lr computed for group {i}", value, "float",
+                                EveryOError)
+               for i, value in enumerate(values)]
+    for group, lr in zip(optimizer.param_groups, checked):
+        group["lr"] = lr
+
+
+def lambda_factor(owner: str, lmbda, epoch) -> float:
+    """``lmbda(epoch)``, a scheduler's factor, checked to be a finite number."""
+    return checked_argument(owner, f"lr_lambda({epoch})", lmbda(epoch), "float", EveryOError)
+
+
 class LRScheduler:
     """Base of the schedulers: records each group's ``initial_lr`` and, on every
     :meth:`step`, sets each group's ``lr`` to what :meth:`get_lr` computes.
@@ -151,8 +169,7 @@ class LRScheduler:
             self.last_epoch = epoch
             closed_form = getattr(self, "closed_form_lr", None)
             values = closed_form() if closed_form is not None else self.get_lr()
-        for group, lr in zip(self.optimizer.param_groups, values):
-            group["lr"] = lr
+        set_lrs(type(self).__name__, self.optimizer, values)
         self._last_lr = current_lrs(self.optimizer)
 
     def get_last_lr(self) -> list:
@@ -252,7 +269,7 @@ class LambdaLR(LRScheduler):
         super().__init__(optimizer, last_epoch)
 
     def get_lr(self):
-        return [base_lr * lmbda(self.last_epoch)
+        return [base_lr * lambda_factor("LambdaLR", lmbda, self.last_epoch)
                 for lmbda, base_lr in zip(self.lr_lambdas, self.base_lrs)]
 
 
@@ -275,7 +292,7 @@ class MultiplicativeLR(LRScheduler):
     def get_lr(self):
         if self._is_initial:
             return current_lrs(self.optimizer)
-        return [group["lr"] * lmbda(self.last_epoch)
+        return [group["lr"] * lambda_factor("MultiplicativeLR", lmbda, self.last_epoch)
                 for lmbda, group in zip(self.lr_lambdas, self.optimizer.param_groups)]
 
 
@@ -506,8 +523,7 @@ class CosineAnnealingWarmRestarts(LRScheduler):
         else:
             self.T_i, self.T_cur = self.T_0, epoch
         self.last_epoch = math.floor(epoch)
-        for group, lr in zip(self.optimizer.param_groups, self.get_lr()):
-            group["lr"] = lr
+        set_lrs(type(self).__name__, self.optimizer, self.get_lr())
         self._last_lr = current_lrs(self.optimizer)
 
 

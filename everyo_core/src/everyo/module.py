@@ -9,10 +9,11 @@ from typing import Iterable, Iterator, NamedTuple
 
 import numpy as np
 
+from everyo.autograd import zero_gradients
 from everyo.devices import check_device, is_device
 from everyo.dtypes import is_floating, resolve_dtype
 from everyo.errors import EveryOError
-from everyo.tensor import DEFAULT_FLOAT, Tensor, tensor
+from everyo.tensor import DEFAULT_FLOAT, Tensor, _check_numeric, tensor
 from everyo.validation import converted_array
 from everyo.versioning import bump_version
 
@@ -92,9 +93,15 @@ class Module:
 
     def register_buffer(self, name: str, array) -> None:
         """Non-learnable state saved in ``state_dict`` (e.g. running statistics)."""
+        if array is not None:
+            try:
+                array = np.asarray(array)
+            except (TypeError, ValueError) as exc:  # (ragged nested lists)
+                raise EveryOError(f"register_buffer({name!r}): not an array: {exc}") from None
+            _check_numeric(array, f"register_buffer({name!r}): the buffer")
         if name not in self._buffer_names:
             self._buffer_names.append(name)
-        object.__setattr__(self, name, None if array is None else np.asarray(array))
+        object.__setattr__(self, name, array)
 
     def forward(self, *args, **kwargs):
         raise NotImplementedError(f"{type(self).__name__} does not implement forward()")
@@ -147,6 +154,9 @@ class Module:
 
     # -- modes and state --------------------------------------------------------------------------
     def train(self, mode: bool = True) -> "Module":
+        if not isinstance(mode, (bool, np.bool_)):
+            raise EveryOError(f"{type(self).__name__}.train: mode must be True or False, got "
+                              f"{mode!r} ({type(mode).__name__})")
         for module in self.modules():
             object.__setattr__(module, "training", mode)
         return self
@@ -154,10 +164,10 @@ class Module:
     def eval(self) -> "Module":
         return self.train(False)
 
-    def zero_grad(self) -> None:
-        """Forget accumulated gradients (sets every ``.grad`` to None, as PyTorch 2 does)."""
-        for param in self.parameters():
-            param.grad = None
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Forget accumulated gradients: every ``.grad`` becomes None (PyTorch 2's default),
+        or zeros with ``set_to_none=False``."""
+        zero_gradients(self.parameters(), set_to_none, type(self).__name__)
 
     def apply(self, fn) -> "Module":
         """Call ``fn(module)`` on every sub-module (children first) and then on this one, as

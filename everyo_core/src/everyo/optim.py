@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 import weakref
 
 import numpy as np
 
+from everyo.autograd import zero_gradients
 from everyo.errors import EveryOError
+from everyo.grad_mode import enable_grad
 from everyo.kernel_registry import kernel
 from everyo.tensor import Tensor
 from everyo.validation import (
@@ -71,6 +74,17 @@ def applied_in_backward(params) -> list:
     return found
 
 
+#: PyTorch's choices between implementations of the same arithmetic: None or a bool, kept in
+#: the groups as PyTorch keeps them, without effect (EveryO has one implementation per kernel
+#: provider, which always works on a whole group at once). docs/porting.md.
+PERFORMANCE_HINTS = ("foreach", "fused")
+#: PyTorch's options EveryO cannot honour: only their default, False, is accepted.
+REFUSED_FLAGS = {
+    "capturable": "it is for CUDA graph capture; EveryO computes on the CPU",
+    "differentiable": "EveryO does not record optimizer steps for autograd",
+}
+
+
 class Optimizer:
     """Base class: holds parameter groups and the per-parameter state.
 
@@ -92,6 +106,9 @@ class Optimizer:
             raise EveryOError(f"{type(self).__name__} takes an iterable of parameters (or of "
                               f"dicts), got a single tensor of shape {params.shape}; wrap it "
                               f"in a list")
+        if isinstance(params, (str, bytes, dict)) or not hasattr(params, "__iter__"):
+            raise EveryOError(f"{type(self).__name__} takes an iterable of parameters (or of "
+                              f"parameter-group dicts), got a {type(params).__name__}")
         groups = list(params)
         if not groups:
             raise EveryOError(f"{type(self).__name__} got an empty parameter list")
@@ -153,6 +170,13 @@ class Optimizer:
         for key, value in group.items():
             if key == "params":
                 continue
+            if key in PERFORMANCE_HINTS:
+                if value is not None:
+                    group[key] = checked_argument(name, key, value, "bool", EveryOError)
+                continue
+            if key in REFUSED_FLAGS and checked_argument(name, key, value, "bool", EveryOError):
+                raise EveryOError(f"{name}: {key}=True is not supported ({REFUSED_FLAGS[key]}); "
+                                  f"leave it False")
             default = _declared_default(type(self), key, value)
             if isinstance(default, (bool, np.bool_)):
                 group[key] = checked_argument(name, key, value, "bool", EveryOError)
@@ -183,14 +207,19 @@ class Optimizer:
             object.__setattr__(self, name, value)
 
     # -- stepping -----------------------------------------------------------------------------
-    def zero_grad(self) -> None:
-        """Set every parameter's ``.grad`` to None."""
-        for p in self.params:
-            p.grad = None
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Set every parameter's ``.grad`` to None (or to zeros: ``set_to_none=False``)."""
+        zero_gradients(self.params, set_to_none, type(self).__name__)
 
-    def step(self) -> None:
-        """Apply one update to every parameter that has a gradient."""
+    def step(self, closure=None):
+        """Apply one update to every parameter that has a gradient.
+
+        ``closure`` (PyTorch's): a function that zeroes the gradients, computes the loss and
+        calls ``backward()``; it runs first, with gradients enabled, and its loss is returned
+        (None without a closure)."""
+        loss = evaluate_closure(closure, type(self).__name__)
         self.step_parameters(self.params)
+        return loss
 
     def step_parameters(self, params, count: bool = True) -> None:
         """Update only those of ``params`` that have a gradient, exactly as :meth:`step`
@@ -210,8 +239,8 @@ class Optimizer:
     def _update_group(self, params: list, group: dict) -> None:
         """Update ``params`` (the parameters of ``group`` that have a gradient). By default one
         :meth:`_update` call each; SGD and Adam run one kernel over the whole group."""
-        for p in params:
-            self._update(p.data, p.grad, self.state.setdefault(p, {}), group)
+        for p, g in zip(params, _gradients(params, group)):
+            self._update(p.data, g, self.state.setdefault(p, {}), group)
 
     def _update(self, w: np.ndarray, g: np.ndarray, state: dict,
                 group: dict) -> None:  # pragma: no cover - interface
@@ -318,8 +347,7 @@ class Optimizer:
 
     def _checked_buffer(self, owner: str, i: int, key: str, value, p: Tensor):
         if key == "step":
-            return checked_argument(owner, f"step of parameter {i}", value, "non-negative int",
-                                    EveryOError)
+            return _saved_count(owner, f"step of parameter {i}", value)
         if key not in self.state_names:
             return _plain(value)
         array, problem = converted_array(f"buffer {key!r} of parameter {i}", value, p.data,
@@ -327,6 +355,42 @@ class Optimizer:
         if problem:
             raise EveryOError(f"{owner}: {problem}")
         return array
+
+
+def evaluate_closure(closure, owner: str):
+    """``closure()`` with gradients enabled (None for None); a closure that cannot be called
+    is an error naming ``owner``'s step."""
+    if closure is None:
+        return None
+    if not callable(closure):
+        raise EveryOError(f"{owner}.step(closure): closure must be a function that computes "
+                          f"the loss and calls backward(), got a {type(closure).__name__}")
+    with enable_grad():
+        return closure()
+
+
+def _gradients(params: list, group: dict) -> list:
+    """The gradients a step of ``group`` follows: with ``maximize``, PyTorch's rule, each
+    ``.grad`` negated before anything else (weight decay, momentum) reads it."""
+    if group.get("maximize"):
+        return [-p.grad for p in params]
+    return [p.grad for p in params]
+
+
+def _saved_count(owner: str, name: str, value) -> int:
+    """A saved step count: an int, or the 0-d float tensor PyTorch's optimizers save
+    (``tensor(3.)``) when it holds a whole number; anything else is refused by name."""
+    if not is_real(value) and not isinstance(value, (str, bytes)):
+        try:
+            array = np.asarray(value)
+        except (TypeError, ValueError, RuntimeError):
+            array = None
+        if array is not None and array.ndim == 0 and array.dtype.kind in "fiu":
+            value = array[()]
+    if isinstance(value, (float, np.floating)) and math.isfinite(value) and \
+            float(value).is_integer():
+        value = int(value)
+    return checked_argument(owner, name, value, "non-negative int", EveryOError)
 
 
 def _declared_default(cls: type, key: str, value):
@@ -373,9 +437,12 @@ class SGD(Optimizer):
     state_names = ("momentum_buffer",)
 
     def __init__(self, params, lr: float = 0.01, momentum: float = 0.0, dampening: float = 0.0,
-                 nesterov: bool = False, weight_decay: float = 0.0):
+                 weight_decay: float = 0.0, nesterov: bool = False, *, maximize: bool = False,
+                 foreach=None, differentiable: bool = False, fused=None):
         super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening,
-                                      nesterov=nesterov, weight_decay=weight_decay))
+                                      weight_decay=weight_decay, nesterov=nesterov,
+                                      maximize=maximize, foreach=foreach,
+                                      differentiable=differentiable, fused=fused))
 
     def _check_options(self, group):
         super()._check_options(group)
@@ -384,7 +451,7 @@ class SGD(Optimizer):
 
     def _update_group(self, params, group):
         states = [self.state.setdefault(p, {}) for p in params]
-        buffers = kernel.sgd_step([p.data for p in params], [p.grad for p in params],
+        buffers = kernel.sgd_step([p.data for p in params], _gradients(params, group),
                                   [state.get("momentum_buffer") for state in states],
                                   group["lr"], group["momentum"], group["dampening"],
                                   group["nesterov"], group["weight_decay"])
@@ -410,15 +477,22 @@ class Adam(Optimizer):
     """
 
     state_names = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
-    decoupled = False
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.0, amsgrad: bool = False):
-        super().__init__(params, dict(lr=lr, betas=betas, eps=eps,
-                                      weight_decay=weight_decay, amsgrad=amsgrad))
+                 weight_decay: float = 0.0, amsgrad: bool = False, *, foreach=None,
+                 maximize: bool = False, capturable: bool = False, differentiable: bool = False,
+                 fused=None, decoupled_weight_decay: bool = False):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                                      amsgrad=amsgrad, maximize=maximize, foreach=foreach,
+                                      capturable=capturable, differentiable=differentiable,
+                                      fused=fused, decoupled_weight_decay=decoupled_weight_decay))
 
     def _check_options(self, group):
         super()._check_options(group)
+        # NOTE: checked here too: AdamW's constructor does not declare it (PyTorch's neither)
+        group["decoupled_weight_decay"] = checked_argument(
+            type(self).__name__, "decoupled_weight_decay", group["decoupled_weight_decay"],
+            "bool", EveryOError)
         betas = group["betas"]
         if not isinstance(betas, (tuple, list, np.ndarray)) or len(betas) != 2:
             # NOTE: checked here, not at the first step() (which failed unpacking them)
@@ -442,11 +516,11 @@ class Adam(Optimizer):
             # parameter whose first gradient arrives late starts from t = 1.
             state["step"] = int(state.get("step", 0)) + 1
         maxima = [state["max_exp_avg_sq"] for state in states] if group["amsgrad"] else None
-        kernel.adam_step([p.data for p in params], [p.grad for p in params],
+        kernel.adam_step([p.data for p in params], _gradients(params, group),
                          [state["exp_avg"] for state in states],
                          [state["exp_avg_sq"] for state in states], maxima,
                          [state["step"] for state in states], group["lr"], beta1, beta2,
-                         group["eps"], group["weight_decay"], self.decoupled)
+                         group["eps"], group["weight_decay"], group["decoupled_weight_decay"])
 
     def _buffers_read_together(self, group):
         return ("exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if group["amsgrad"] else ())
@@ -470,9 +544,19 @@ class AdamW(Adam):
         0.0003
     """
 
-    decoupled = True
-
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.01, amsgrad: bool = False):
+                 weight_decay: float = 0.01, amsgrad: bool = False, *, maximize: bool = False,
+                 foreach=None, capturable: bool = False, differentiable: bool = False,
+                 fused=None, decoupled_weight_decay: bool = True):
+        # NOTE: decoupled_weight_decay is not PyTorch's AdamW argument, but it is in AdamW's
+        # defaults and groups (PyTorch's too), which AdamW(groups, **defaults) passes back
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-                         amsgrad=amsgrad)
+                         amsgrad=amsgrad, foreach=foreach, maximize=maximize,
+                         capturable=capturable, differentiable=differentiable, fused=fused,
+                         decoupled_weight_decay=decoupled_weight_decay)
+
+    def _check_options(self, group):
+        super()._check_options(group)
+        if not group["decoupled_weight_decay"]:
+            raise EveryOError("AdamW: decoupled_weight_decay must be True (Adam is the one "
+                              "with L2 weight decay)")

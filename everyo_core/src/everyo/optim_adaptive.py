@@ -41,10 +41,12 @@ class Adagrad(Optimizer):
 
     def __init__(self, params, lr: float = 1e-2, lr_decay: float = 0.0,
                  weight_decay: float = 0.0, initial_accumulator_value: float = 0.0,
-                 eps: float = 1e-10):
+                 eps: float = 1e-10, foreach=None, *, maximize: bool = False,
+                 differentiable: bool = False, fused=None):
         super().__init__(params, dict(lr=lr, lr_decay=lr_decay, weight_decay=weight_decay,
                                       initial_accumulator_value=initial_accumulator_value,
-                                      eps=eps))
+                                      eps=eps, foreach=foreach, maximize=maximize,
+                                      differentiable=differentiable, fused=fused))
 
     def _update(self, w, g, state, group):
         total = _zeros(state, "sum", w, group["initial_accumulator_value"])
@@ -75,9 +77,13 @@ class RMSprop(Optimizer):
     state_names = ("square_avg", "momentum_buffer", "grad_avg")
 
     def __init__(self, params, lr: float = 1e-2, alpha: float = 0.99, eps: float = 1e-8,
-                 weight_decay: float = 0.0, momentum: float = 0.0, centered: bool = False):
+                 weight_decay: float = 0.0, momentum: float = 0.0, centered: bool = False,
+                 capturable: bool = False, foreach=None, maximize: bool = False,
+                 differentiable: bool = False):
         super().__init__(params, dict(lr=lr, alpha=alpha, eps=eps, weight_decay=weight_decay,
-                                      momentum=momentum, centered=centered))
+                                      momentum=momentum, centered=centered,
+                                      capturable=capturable, foreach=foreach, maximize=maximize,
+                                      differentiable=differentiable))
 
     def _update(self, w, g, state, group):
         alpha = group["alpha"]
@@ -126,8 +132,11 @@ class Adadelta(Optimizer):
     state_names = ("square_avg", "acc_delta")
 
     def __init__(self, params, lr: float = 1.0, rho: float = 0.9, eps: float = 1e-6,
-                 weight_decay: float = 0.0):
-        super().__init__(params, dict(lr=lr, rho=rho, eps=eps, weight_decay=weight_decay))
+                 weight_decay: float = 0.0, foreach=None, *, capturable: bool = False,
+                 maximize: bool = False, differentiable: bool = False):
+        super().__init__(params, dict(lr=lr, rho=rho, eps=eps, weight_decay=weight_decay,
+                                      foreach=foreach, capturable=capturable,
+                                      maximize=maximize, differentiable=differentiable))
 
     def _update(self, w, g, state, group):
         rho, eps = group["rho"], group["eps"]

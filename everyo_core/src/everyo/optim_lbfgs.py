@@ -212,9 +212,10 @@ class LBFGS(Optimizer):
     # -- the step ---------------------------------------------------------------------------
     def step(self, closure=None):
         """Run up to ``max_iter`` L-BFGS iterations; returns the first ``closure()`` loss."""
-        if closure is None:
-            raise EveryOError("LBFGS.step needs a closure that zeroes the gradients, computes "
-                              "the loss, calls backward() and returns the loss")
+        if closure is None or not callable(closure):
+            raise EveryOError(f"LBFGS.step needs a closure that zeroes the gradients, computes "
+                              f"the loss, calls backward() and returns the loss; got "
+                              f"{type(closure).__name__}")
         group = self.param_groups[0]
         state = self.state.setdefault(group["params"][0], {})
         state.setdefault("func_evals", 0)

@@ -11,8 +11,15 @@ from everyo.validation import ARGUMENT_KINDS, ArgumentError, checked_argument, i
 
 
 def array_of(x) -> np.ndarray:
-    """The NumPy array behind ``x`` (a Tensor, an array or anything array-like)."""
-    return x.data if isinstance(x, Tensor) else np.asarray(x)
+    """The NumPy array behind ``x`` (a Tensor, an array or anything array-like); a ragged
+    nested list is an ``EveryOError``, not NumPy's ``ValueError``."""
+    if isinstance(x, Tensor):
+        return x.data
+    try:
+        return np.asarray(x)
+    except (TypeError, ValueError) as exc:
+        raise EveryOError(f"the input is not an array (nested lists of different lengths?): "
+                          f"{exc}") from None
 
 
 def check_float(layer: str, x) -> np.ndarray:

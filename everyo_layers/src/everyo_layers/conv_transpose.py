@@ -12,6 +12,7 @@ import numpy as np
 
 from everyo import EveryOError, Module, Op, dispatch
 from everyo.kernels import kernel
+from everyo.validation import is_int
 from everyo_layers.checks import LayerArgumentError, argument, check_float, pair
 from everyo_layers.initializers import fan_in_bound, layer_generator, uniform_parameter
 from everyo_layers.precision import accumulation_dtype
@@ -237,18 +238,53 @@ class Conv2DTranspose(Module):
         return [transpose_output_size(n, k, s, p, o) for n, k, s, p, o in
                 zip(input_hw, self.kernel_size, self.stride, pads, self.output_padding)]
 
-    def forward(self, x):
+    def forward(self, x, output_size=None):
+        """``x`` NHWC; ``output_size``: PyTorch's, the ``(H, W)`` (or whole NHWC shape) wanted,
+        reached with an output padding chosen for this call (only with an integer
+        ``padding``; each size within ``stride - 1`` of the smallest)."""
         data = check_float(self.label, x)
         if data.ndim != 4 or data.shape[-1] != self.in_channels or 0 in data.shape[1:3]:
             raise EveryOError(f"{self.label}: expected NHWC input with {self.in_channels} "
                               f"channels and at least one pixel, got shape {data.shape}")
-        sizes = self.output_sizes(data.shape[1:3])
+        sizes = self.output_sizes(data.shape[1:3]) if output_size is None else \
+            self._sizes_for(data.shape, output_size)
         if min(s[0] for s in sizes) <= 0:
             raise EveryOError(f"{self.label}: padding {self.padding} leaves no output for input "
                               f"{data.shape[1:3]} (output {tuple(s[0] for s in sizes)})")
         operands = (x, self.weight) if self.bias is None else (x, self.weight, self.bias)
         return dispatch("conv2d_transpose", *operands, stride=self.stride,
                         out_hw=tuple(s[0] for s in sizes), crop=tuple(s[1] for s in sizes))
+
+    def _sizes_for(self, shape: tuple, output_size) -> list:
+        """:meth:`output_sizes` with the output padding that gives ``output_size`` (PyTorch's
+        ``ConvTranspose2d._output_padding``), or an error naming what does not fit."""
+        if isinstance(self.padding, str):
+            raise LayerArgumentError(f"{self.label}: output_size needs an integer padding "
+                                     f"(PyTorch's output size), not {self.padding!r}")
+        wanted = output_size.tolist() if isinstance(output_size, np.ndarray) else output_size
+        if not (isinstance(wanted, (tuple, list)) and len(wanted) in (2, 4)
+                and all(map(is_int, wanted))):
+            raise LayerArgumentError(f"{self.label}: output_size must be (H, W) or an NHWC "
+                                     f"shape of ints, got {output_size!r}")
+        if len(wanted) == 4:
+            if wanted[0] != shape[0] or wanted[3] != self.out_channels:
+                raise LayerArgumentError(
+                    f"{self.label}: a 4-entry output_size is an NHWC shape (batch "
+                    f"{shape[0]}, H, W, {self.out_channels} channels), got {tuple(wanted)}; "
+                    f"PyTorch's NCHW sizes put the channels second: pass (H, W)")
+            wanted = wanted[1:3]
+        smallest = [transpose_output_size(n, k, s, p)[0] for n, k, s, p in
+                    zip(shape[1:3], self.kernel_size, self.stride, self.padding)]
+        largest = [low + s - 1 for low, s in zip(smallest, self.stride)]
+        if any(not low <= int(size) <= high for size, low, high in
+               zip(wanted, smallest, largest)):
+            raise LayerArgumentError(
+                f"{self.label}: output_size {tuple(wanted)} cannot be reached from input "
+                f"{tuple(shape[1:3])}: each size must lie between {tuple(smallest)} and "
+                f"{tuple(largest)} (PyTorch's rule)")
+        return [transpose_output_size(n, k, s, p, int(size) - low) for n, k, s, p, size, low
+                in zip(shape[1:3], self.kernel_size, self.stride, self.padding, wanted,
+                       smallest)]
 
     def extra_repr(self) -> str:
         extra = f", output_padding={self.output_padding}" if any(self.output_padding) else ""

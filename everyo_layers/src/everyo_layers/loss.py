@@ -273,6 +273,7 @@ class BCEWithLogitsOp(_ElementwiseLossOp):
 
 def _class_targets(name: str, scores: np.ndarray, target, ignore_index: int) -> np.ndarray:
     """Validate integer class targets against scores (..., C); returns them as an array."""
+    argument(name, "ignore_index", ignore_index, "int")  # (a string compared unequal: ignored)
     t = array_of(target)
     classes = scores.shape[-1]
     if t.dtype.kind not in "iu":

@@ -86,15 +86,24 @@ def convert_matrices_transposed(layer, entries, context) -> dict:
 
 def convert_multihead_attention(layer: MultiHeadAttention, entries, context) -> dict:
     """PyTorch's packed ``in_proj_weight`` ``(3E, E)`` / ``in_proj_bias`` ``(3E,)`` split into
-    ``q_proj``, ``k_proj``, ``v_proj`` (each transposed), and ``out_proj``."""
+    ``q_proj``, ``k_proj``, ``v_proj`` (each transposed), and ``out_proj``; with other
+    ``kdim``/``vdim``, PyTorch's separate ``q_proj_weight`` ``(E, E)``, ``k_proj_weight``
+    ``(E, kdim)``, ``v_proj_weight`` ``(E, vdim)``; no biases with ``bias=False``."""
     e = layer.embed_dim
-    weights = np.split(entries.take("in_proj_weight", (3 * e, e)), 3)
-    biases = np.split(entries.take("in_proj_bias", (3 * e,)), 3)
-    converted = {}
-    for name, weight, bias in zip(("q_proj", "k_proj", "v_proj"), weights, biases):
-        converted[f"{name}.weight"], converted[f"{name}.bias"] = weight.T, bias
+    projections = (layer.q_proj, layer.k_proj, layer.v_proj)
+    names = ("q_proj", "k_proj", "v_proj")
+    if layer.packed:
+        weights = np.split(entries.take("in_proj_weight", (3 * e, e)), 3)
+    else:
+        weights = [entries.take(f"{name}_weight", (e, proj.in_features))
+                   for name, proj in zip(names, projections)]
+    converted = {f"{name}.weight": weight.T for name, weight in zip(names, weights)}
+    if layer.q_proj.bias is not None:
+        biases = np.split(entries.take("in_proj_bias", (3 * e,)), 3)
+        converted.update({f"{name}.bias": bias for name, bias in zip(names, biases)})
     converted["out_proj.weight"] = entries.take("out_proj.weight", (e, e)).T
-    converted["out_proj.bias"] = entries.take("out_proj.bias", (e,))
+    if layer.out_proj.bias is not None:
+        converted["out_proj.bias"] = entries.take("out_proj.bias", (e,))
     return converted
 
 

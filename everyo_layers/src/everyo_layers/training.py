@@ -42,6 +42,10 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0,
     """
     parameters = [parameters] if isinstance(parameters, Tensor) else list(parameters)
     p = _check_norm_type(norm_type)
+    if isinstance(max_norm, (bool, np.bool_)) or not isinstance(
+            max_norm, (int, float, np.integer, np.floating)) or not max_norm >= 0:
+        raise EveryOError(f"clip_grad_norm_: max_norm must be a non-negative number "
+                          f"(float('inf') only measures the norm), got {max_norm!r}")
     applied = applied_in_backward(parameters)
     if applied:
         raise EveryOError(f"clip_grad_norm_: the gradients of {len(applied)} parameter(s) "

@@ -17,7 +17,7 @@ import warnings
 import numpy as np
 
 from everyo import EveryOError, Module, Sequential, dispatch, relu
-from everyo_layers.attention import MultiHeadAttention
+from everyo_layers.attention import MultiHeadAttention, batch_major
 from everyo_layers.checks import LayerArgumentError, argument, check_float
 from everyo_layers.dropout import Dropout
 from everyo_layers.initializers import layer_generator
@@ -49,12 +49,6 @@ def _check_sequence(layer: str, x, d_model: int, name: str = "input",
                           f"got {data.shape}" + ("" if batch_first else
                                                  " (batch_first=False, PyTorch's default)"))
     return data
-
-
-def batch_major(x, batch_first: bool):
-    """``x`` as ``(batch, seq, features)``: itself, or the swap of its first two axes (its own
-    inverse, so it also turns a result back into the sequence-first layout)."""
-    return x if batch_first else dispatch("transpose", x, axes=(1, 0, 2))
 
 
 def number_of_heads(layer: str, nhead, num_heads, batch_first: bool) -> int:

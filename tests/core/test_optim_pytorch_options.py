@@ -185,3 +185,16 @@ def test_adamw_refuses_coupled_weight_decay_from_a_state():
     with pytest.raises(EveryOError, match="decoupled_weight_decay"):
         eo.AdamW([w], decoupled_weight_decay=False)
     assert eo.AdamW([w], **optimizer.defaults).defaults == optimizer.defaults
+
+
+@pytest.mark.parametrize("name", NAMES + ("LBFGS",))
+def test_every_default_is_pytorchs(name, torch):
+    """A port that leaves an argument out trains as it did under PyTorch (SGD's lr is 1e-3
+    since PyTorch 2.x: an unspecified lr must not silently be ten times larger)."""
+    ours = inspect.signature(getattr(eo, name).__init__).parameters
+    theirs = inspect.signature(getattr(torch.optim, name).__init__).parameters
+    for argument, parameter in theirs.items():
+        if argument in ("self", "params") or parameter.default is inspect.Parameter.empty:
+            continue
+        assert argument in ours, f"{name} lacks PyTorch's {argument}="
+        assert ours[argument].default == parameter.default, (name, argument)

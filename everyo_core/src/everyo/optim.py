@@ -436,7 +436,7 @@ class SGD(Optimizer):
 
     state_names = ("momentum_buffer",)
 
-    def __init__(self, params, lr: float = 0.01, momentum: float = 0.0, dampening: float = 0.0,
+    def __init__(self, params, lr: float = 1e-3, momentum: float = 0.0, dampening: float = 0.0,
                  weight_decay: float = 0.0, nesterov: bool = False, *, maximize: bool = False,
                  foreach=None, differentiable: bool = False, fused=None):
         super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening,

@@ -241,3 +241,18 @@ def test_a_big_endian_or_fortran_member_loads_as_native_values(tmp_path):
     for array in loaded.values():
         np.testing.assert_array_equal(array, values)
         assert array.dtype == np.float64 and array.dtype.isnative and array.flags.writeable
+
+
+@pytest.mark.parametrize("path", [None, 3, 2.5, object()])
+@pytest.mark.parametrize("call", ["save", "load"])
+def test_a_path_that_is_no_path_is_named(call, path):
+    arguments = ({"w": np.ones(2)}, path) if call == "save" else (path,)
+    with pytest.raises(eo.EveryOSerializationError, match=f"{call}: a path must be a str"):
+        getattr(eo, call)(*arguments)
+
+
+@pytest.mark.parametrize("name", ["missing.npz", "missing.safetensors"])
+def test_a_missing_file_is_an_everyo_error_and_a_file_not_found_error(tmp_path, name):
+    with pytest.raises(eo.EveryOFileNotFoundError, match="no such file") as caught:
+        eo.load(tmp_path / name)
+    assert isinstance(caught.value, FileNotFoundError)

@@ -44,6 +44,7 @@ from everyo.dispatch import dispatch
 from everyo.engine import grad
 from everyo.errors import (
     EveryOError,
+    EveryOFileNotFoundError,
     EveryOIndexError,
     EveryOSerializationError,
     MissingDistributionError,

@@ -15,6 +15,8 @@ import socket
 import time
 from typing import BinaryIO, Callable
 
+from everyo.errors import EveryOFileNotFoundError, EveryOSerializationError
+
 _HOST = socket.gethostname().replace("-", "_")
 _PREFIX, _SUFFIX = ".everyo-", ".tmp"
 #: A temporary file this old is abandoned whoever wrote it (another host, an older EveryO).
@@ -67,11 +69,28 @@ def _create_temporary(directory: str) -> tuple[int, str]:
             continue
 
 
+def file_path(path, caller: str) -> str:
+    """``path`` (a ``str``, ``bytes`` or ``os.PathLike``) as a string; anything else (``None``,
+    a number, an open file) is an ``EveryOSerializationError`` naming ``caller`` and the type."""
+    try:
+        path = os.fspath(path)
+    except TypeError:
+        raise EveryOSerializationError(f"{caller}: a path must be a str or os.PathLike, got "
+                                       f"{type(path).__name__}") from None
+    return os.fsdecode(path)
+
+
+def require_file(path: str, caller: str) -> None:
+    """Refuse a ``path`` that names no file, with an error that is also ``FileNotFoundError``."""
+    if not os.path.exists(path):
+        raise EveryOFileNotFoundError(f"{caller}: no such file: {path}")
+
+
 def write_atomically(path, write: Callable[[BinaryIO], object]) -> None:
     """Call ``write(file)`` on a new temporary file beside ``path``, then rename it over
     ``path``; on any failure (or interruption) the temporary file is removed and ``path`` is
     left as it was. Sweeps the directory's stale temporaries first."""
-    path = os.fspath(path)
+    path = file_path(path, "save")
     directory = os.path.dirname(os.path.abspath(path))
     remove_stale_temporaries(directory)
     fd, temporary = _create_temporary(directory)

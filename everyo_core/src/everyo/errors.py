@@ -12,6 +12,10 @@ class EveryOSerializationError(EveryOError):
     """Saving, loading or exporting a model failed (corrupt file, unsupported layer, ...)."""
 
 
+class EveryOFileNotFoundError(EveryOSerializationError, FileNotFoundError):
+    """A file to load does not exist (also a ``FileNotFoundError``, as PyTorch raises)."""
+
+
 class EveryOIndexError(EveryOError, IndexError):
     """An index is out of range or malformed for the tensor's shape."""
 

@@ -10,12 +10,11 @@ those in EveryO's ``.npz``. The library is an optional dependency:
 
 from __future__ import annotations
 
-import os
 from collections import OrderedDict
 
 import numpy as np
 
-from everyo.atomic_files import write_atomically
+from everyo.atomic_files import require_file, write_atomically
 from everyo.errors import EveryOSerializationError
 from everyo.tensor import Tensor
 
@@ -77,8 +76,7 @@ def save_safetensors(obj, path: str) -> None:
 def load_safetensors(path: str) -> OrderedDict:
     """The arrays of the ``.safetensors`` file at ``path``, by name, in the file's order."""
     safetensors = _library("load")
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"load: no such file: {path}")
+    require_file(path, "load")
     try:
         with safetensors.safe_open(path, framework="np") as handle:
             return OrderedDict((key, _tensor(handle, key, path)) for key in handle.keys())

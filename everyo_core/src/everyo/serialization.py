@@ -19,7 +19,6 @@ from __future__ import annotations
 import io
 import json
 import math
-import os
 import re
 import tokenize
 import zipfile
@@ -28,7 +27,13 @@ from collections import OrderedDict
 
 import numpy as np
 
-from everyo.atomic_files import STALE_AFTER_SECONDS, remove_stale_temporaries, write_atomically
+from everyo.atomic_files import (
+    STALE_AFTER_SECONDS,
+    file_path,
+    remove_stale_temporaries,
+    require_file,
+    write_atomically,
+)
 from everyo.dtypes import BFLOAT16
 from everyo.errors import EveryOSerializationError
 from everyo.safetensors_format import is_safetensors_path, load_safetensors, save_safetensors
@@ -179,7 +184,7 @@ def save(obj, path) -> None:
         >>> eo.load(path)["step"]
         7
     """
-    path = os.fspath(path)
+    path = file_path(path, "save")
     if is_safetensors_path(path):
         save_safetensors(obj, path)
         return
@@ -196,11 +201,10 @@ def save(obj, path) -> None:
 def load(path):
     """Read what :func:`save` wrote; raises ``EveryOSerializationError`` on a damaged,
     crafted or foreign file (its size, nesting and every node are checked)."""
-    path = os.fspath(path)
+    path = file_path(path, "load")
     if is_safetensors_path(path):
         return load_safetensors(path)
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"load: no such file: {path}")
+    require_file(path, "load")
     try:
         with open(path, "rb") as f:
             raw = f.read()

@@ -24,7 +24,8 @@ LAYOUTS = ("contiguous", "strided", "reversed", "readonly", "broadcast", "empty"
 #: Kernels whose implementations must give the reference's bits.
 EXACT = frozenset({"max_pool2d_forward", "max_pool2d_backward", "relu_forward", "sgd_step",
                    "adam_step", "unscale_all_finite", "depthwise_conv2d_forward",
-                   "float16_to_float32", "float32_to_float16"})
+                   "float16_to_float32", "float32_to_float16", "round_to_float16_values",
+                   "round_to_bfloat16_values"})
 #: Kernels that call BLAS (whose bits may depend on the thread count).
 USES_BLAS = frozenset({"conv2d_input_grad", "lstm_forward_steps", "lstm_backward_steps"})
 #: Arguments that are scratch (contents left open by the contract), by position.
@@ -348,8 +349,51 @@ def _conversion_cases() -> list:
     return cases
 
 
+def _rounding_values(name: str):
+    """float32 values on and around every rounding boundary of the kernel's 16-bit format."""
+    if name == "round_to_float16_values":
+        return _float16_boundaries()
+    kept = np.arange(1 << 16, dtype=np.uint32) << 16  # every bfloat16 value, as float32 bits
+    ties = kept | 0x8000
+    bits = np.concatenate([kept, ties, ties + 1, ties - 1, kept + 1, kept - 1])
+    finite = bits.view(np.float32)
+    return finite[~np.isnan(finite)]
+
+
+def _rounding(name: str, how: str, special=None):
+    """``(x, out)`` of a ``round_to_*_values`` kernel: C-ordered (the contract), read-only,
+    empty, or in place (``out`` is ``x``); ``special`` put in one element."""
+    def build(rng):
+        x = _rounding_values(name)
+        x = x[:x.size // 4 * 4].reshape(4, -1).copy()
+        rng.shuffle(x, axis=1)
+        if special is not None:
+            x[1, 5] = special
+        if how == "empty":
+            x = x[:0]
+        if how == "in-place":
+            return x, x
+        if how == "readonly":
+            x.flags.writeable = False
+        return x, np.full(x.shape, np.float32(7.0))
+    return build
+
+
+def _rounding_cases() -> list:
+    # (labels without "-contiguous": the contract takes native float32 only, not swapped bytes)
+    cases = []
+    for name in ("round_to_float16_values", "round_to_bfloat16_values"):
+        for how in ("c-order", "readonly", "empty", "in-place"):
+            cases.append((name, _rounding(name, how), how))
+        for how in ("c-order", "in-place"):
+            for payload in (np.nan, np.float32(np.uint32(0xFF800001).view(np.float32)), np.inf):
+                cases.append((name, _rounding(name, how, payload),
+                              f"{how}-special-{np.float32(payload).view(np.uint32):x}"))
+    return cases
+
+
 def _table() -> list:
-    cases = _conversion_cases()
+    cases = _conversion_cases() + _rounding_cases()
     for dtype in DTYPES:
         for how in LAYOUTS:
             for pool in POOLS:

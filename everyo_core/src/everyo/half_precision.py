@@ -119,15 +119,32 @@ def rounded_float32(x: np.ndarray, dtype: np.dtype, out: np.ndarray | None = Non
             return rounded
         out[...] = rounded
         return out
-    source = np.ascontiguousarray(x).reshape(-1)
     if out is None:
         out = np.empty(x.shape, FLOAT32)
-    target = out.reshape(-1)
+    # NOTE: a kernel (one compiled pass with a provider; the reference below otherwise)
+    rounding = kernel.round_to_float16_values if dtype == FLOAT16 \
+        else kernel.round_to_bfloat16_values
+    rounding(np.ascontiguousarray(x), out)
+    return out
+
+
+def round_to_float16_values(x: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """The ``round_to_float16_values`` kernel's reference: eight in-cache passes per block."""
+    return _round_in_blocks(x, out, _round_block_float16)
+
+
+def round_to_bfloat16_values(x: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """The ``round_to_bfloat16_values`` kernel's reference: the bit rounding per block."""
+    return _round_in_blocks(x, out, _round_block_bfloat16)
+
+
+def _round_in_blocks(x: np.ndarray, out: np.ndarray, round_block) -> np.ndarray:
+    source, target = x.reshape(-1), out.reshape(-1)
     in_place = np.may_share_memory(source, target)  # (bounds only: cheap, conservative)
-    exponents = np.empty(BLOCK, np.uint32)
+    exponents = np.empty(min(BLOCK, source.size), np.uint32)
     # (rounding in place needs the source's signs until the last pass: a scratch block)
-    scratch = np.empty(BLOCK, FLOAT32) if in_place and dtype == FLOAT16 else None
-    round_block = _round_block_float16 if dtype == FLOAT16 else _round_block_bfloat16
+    scratch = np.empty(exponents.size, FLOAT32) \
+        if in_place and round_block is _round_block_float16 else None
     for start in range(0, source.size, BLOCK):
         stop = start + BLOCK
         size = min(BLOCK, source.size - start)
@@ -242,4 +259,15 @@ KERNELS = {
         x: a float32 array, any shape and strides. Returns a new float16 array: exactly
         astype(float16)'s bits (round to nearest, ties to even; overflow to inf; NaN payloads
         as astype keeps them). Overwrites nothing."""),
+    "round_to_float16_values": Kernel(round_to_float16_values, """
+        x: a C-contiguous float32 array, any shape; out: a C-contiguous float32 array of x's
+        shape, or x itself (rounded in place; no other overlap). Writes into out exactly
+        x.astype(float16).astype(float32)'s bits (round to nearest, ties to even, at float16's
+        spacing, subnormals included; 65520 and above to inf; NaN payloads as astype keeps
+        them) and returns out. Overwrites nothing else."""),
+    "round_to_bfloat16_values": Kernel(round_to_bfloat16_values, """
+        x: a C-contiguous float32 array, any shape; out: a C-contiguous float32 array of x's
+        shape, or x itself (rounded in place; no other overlap). Writes into out exactly
+        x.astype(bfloat16).astype(float32)'s bits (round to nearest, ties to even; NaN
+        payloads as astype keeps them) and returns out. Overwrites nothing else."""),
 }

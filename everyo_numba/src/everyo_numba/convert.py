@@ -1,4 +1,4 @@
-"""The float16 <-> float32 conversions in compiled loops, bit for bit ``astype``'s.
+"""The 16-bit <-> float32 conversions in compiled loops, bit for bit ``astype``'s.
 
 - float16 -> float32: the reference's table lookup (the 65,536 patterns' float32 values, built
   with ``astype``) as one compiled gather, without ``np.take``'s widening of every index to
@@ -9,6 +9,18 @@
   integer shift with its remainder rounded. The same cost for every value, where ``astype``
   slows down several times on subnormal results (what scaled float16 gradients are full of).
   An array holding a NaN goes to the reference (``astype`` decides NaN payloads).
+
+- float32 -> float32 holding a float16 or bfloat16 value (``round_to_*_values``, the rounding
+  a folded weight cast makes, forward on the weight and backward on its gradient): one pass
+  on the bits where the reference makes eight (float16) or four (bfloat16) in-cache passes.
+  float16: the bits below float16's spacing at the value's exponent (13, more for results in
+  float16's subnormal range, capped at 25: everything rounds to 0 there) are rounded off, ties
+  to even, the carry running into the exponent; 65520 and above become inf. bfloat16: the
+  reference's integer rounding. NaNs are left untouched and the call goes to the reference
+  (``astype`` decides NaN payloads); values already rounded round to themselves, so a call
+  in place that met a NaN can be redone.
+- bfloat16 <-> float32: bfloat16 is the upper half of a float32, the way down the reference's
+  integer rounding; a NaN sends the way down to the reference.
 
 Checked against ``astype`` in the test suite: every float16 pattern, and the float32 values on
 and around each float16 rounding boundary (ties, one ulp either side, overflow, underflow).
@@ -75,3 +87,79 @@ def _round_to_float16(source, target):
         nan |= magnitude > np.uint32(0x7F800000)
         target[k] = np.uint16(((bits >> 16) & np.uint32(0x8000)) | result)
     return nan
+
+
+def round_to_float16_values(x, out):
+    return _rounded(x, out, _float16_value)
+
+
+def round_to_bfloat16_values(x, out):
+    return _rounded(x, out, _bfloat16_value)
+
+
+def _rounded(x, out, rounding):
+    if not (x.dtype == np.float32 and out.dtype == np.float32 and x.shape == out.shape
+            and x.flags.c_contiguous and out.flags.c_contiguous and out.flags.writeable):
+        return NotImplemented
+    source, target = x.reshape(-1).view(np.uint32), out.reshape(-1).view(np.uint32)
+    # NOTE: in place through a loop over one array: two arrays that overlap make LLVM's
+    # vectorised loop fall back to its scalar copy (an alias check at run time), ~10x slower
+    if np.may_share_memory(source, target):
+        if source.ctypes.data != target.ctypes.data:
+            return NotImplemented  # (a partial overlap: outside the contract)
+        nan = _round_in_place(target, rounding)
+    else:
+        nan = _round_into(source, target, rounding)
+    return NotImplemented if nan else out  # a NaN (left as it was): astype's payload rules
+
+
+#: (every constant of the rounding loops a uint32: a comparison or shift that mixes in a
+#: Python int is done in int64 or float64, which kept LLVM from vectorising the loop, ~10x)
+_U32 = np.uint32
+
+
+@njit
+def _float16_value(bits):
+    """float32 bits -> float32 bits of the nearest float16 value (a NaN: its own bits)."""
+    one = _U32(1)
+    magnitude = bits & _U32(0x7FFFFFFF)
+    exponent = magnitude >> _U32(23)
+    # bits dropped: 13 for float16's normal range (exponent 2**-14 and up), one more per
+    # binade below it; 25 already rounds every float32 mantissa to 0
+    drop = min(max(_U32(13), _U32(126) - min(exponent, _U32(126))), _U32(25))
+    mantissa = (magnitude & _U32(0x7FFFFF)) | _U32(0x800000)
+    kept = ((mantissa + ((one << (drop - one)) - one) + ((mantissa >> drop) & one))
+            >> drop) << drop
+    # (kept * 2**(exponent - 150); a rounded-up mantissa carries into the exponent)
+    rounded = ((exponent - one) << _U32(23)) + kept
+    rounded = rounded if kept != _U32(0) else _U32(0)
+    rounded = _U32(0x7F800000) if magnitude >= _U32(0x477FF000) else rounded
+    return bits if magnitude > _U32(0x7F800000) else (bits & _U32(0x80000000)) | rounded
+
+
+@njit
+def _bfloat16_value(bits):
+    """float32 bits -> float32 bits of the nearest bfloat16 value (a NaN: its own bits)."""
+    rounded = (bits + _U32(0x7FFF) + ((bits >> _U32(16)) & _U32(1))) & _U32(0xFFFF0000)
+    return bits if (bits & _U32(0x7FFFFFFF)) > _U32(0x7F800000) else rounded
+
+
+@njit
+def _round_into(source, target, rounding):
+    """``rounding`` of every element; True when a NaN was met."""
+    nan = _U32(0)
+    for k in range(source.size):
+        bits = source[k]
+        nan |= _U32((bits & _U32(0x7FFFFFFF)) > _U32(0x7F800000))
+        target[k] = rounding(bits)
+    return nan != _U32(0)
+
+
+@njit
+def _round_in_place(data, rounding):
+    nan = _U32(0)
+    for k in range(data.size):
+        bits = data[k]
+        nan |= _U32((bits & _U32(0x7FFFFFFF)) > _U32(0x7F800000))
+        data[k] = rounding(bits)
+    return nan != _U32(0)

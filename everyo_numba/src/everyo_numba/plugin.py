@@ -33,6 +33,9 @@ IMPLEMENTATIONS = {
     "group_norm_backward": "everyo_numba.norm:group_norm_backward",
     "lstm_forward_steps": "everyo_numba.recurrent:lstm_forward_steps",
     "lstm_backward_steps": "everyo_numba.recurrent:lstm_backward_steps",
+    # amp: the folded weight casts' rounding, bfloat16 conversions
+    "round_to_float16_values": "everyo_numba.convert:round_to_float16_values",
+    "round_to_bfloat16_values": "everyo_numba.convert:round_to_bfloat16_values",
 }
 
 

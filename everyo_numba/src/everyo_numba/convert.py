@@ -13,10 +13,10 @@
 - float32 -> float32 holding a float16 or bfloat16 value (``round_to_*_values``, the rounding
   a folded weight cast makes, forward on the weight and backward on its gradient): one pass
   on the bits where the reference makes eight (float16) or four (bfloat16) in-cache passes.
-  float16: the bits below float16's spacing at the value's exponent (13, more for results in
-  float16's subnormal range, capped at 25: everything rounds to 0 there) are rounded off, ties
-  to even, the carry running into the exponent; 65520 and above become inf. bfloat16: the
-  reference's integer rounding. NaNs are left untouched and the call goes to the reference
+  float16: the reference's magic-constant addition, in registers (a bit cast between uint32
+  and float32 is an LLVM intrinsic here; a variable-shift version on the integer bits ran
+  2x slower, compute-bound); 65520 and above become inf. bfloat16: the reference's integer
+  rounding. NaNs are left untouched and the call goes to the reference
   (``astype`` decides NaN payloads); values already rounded round to themselves, so a call
   in place that met a NaN can be redone.
 - bfloat16 <-> float32: bfloat16 is the upper half of a float32, the way down the reference's
@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from everyo_numba.jit import njit
+from everyo_numba.jit import as_float32, as_uint32, njit
 
 #: float16 bit pattern -> its float32 value, from NumPy's own conversion.
 _FLOAT16_VALUES = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(
@@ -120,19 +120,16 @@ _U32 = np.uint32
 
 @njit
 def _float16_value(bits):
-    """float32 bits -> float32 bits of the nearest float16 value (a NaN: its own bits)."""
-    one = _U32(1)
+    """float32 bits -> float32 bits of the nearest float16 value (a NaN: its own bits).
+
+    NOTE: the reference's rounding in registers: adding C = 2**(max(e, -14) + 13) puts |x| in
+    the binade where float32's spacing is float16's at |x| (e: |x|'s exponent), so the float32
+    addition rounds |x| to nearest, ties to even, at float16's spacing, subnormals included;
+    subtracting C again is exact. 65520 and above (inf included) become inf.
+    """
     magnitude = bits & _U32(0x7FFFFFFF)
-    exponent = magnitude >> _U32(23)
-    # bits dropped: 13 for float16's normal range (exponent 2**-14 and up), one more per
-    # binade below it; 25 already rounds every float32 mantissa to 0
-    drop = min(max(_U32(13), _U32(126) - min(exponent, _U32(126))), _U32(25))
-    mantissa = (magnitude & _U32(0x7FFFFF)) | _U32(0x800000)
-    kept = ((mantissa + ((one << (drop - one)) - one) + ((mantissa >> drop) & one))
-            >> drop) << drop
-    # (kept * 2**(exponent - 150); a rounded-up mantissa carries into the exponent)
-    rounded = ((exponent - one) << _U32(23)) + kept
-    rounded = rounded if kept != _U32(0) else _U32(0)
+    magic = as_float32(max(magnitude & _U32(0x7F800000), _U32(113 << 23)) + _U32(13 << 23))
+    rounded = as_uint32((as_float32(magnitude) + magic) - magic)
     rounded = _U32(0x7F800000) if magnitude >= _U32(0x477FF000) else rounded
     return bits if magnitude > _U32(0x7F800000) else (bits & _U32(0x80000000)) | rounded
 

@@ -25,7 +25,7 @@ LAYOUTS = ("contiguous", "strided", "reversed", "readonly", "broadcast", "empty"
 EXACT = frozenset({"max_pool2d_forward", "max_pool2d_backward", "relu_forward", "sgd_step",
                    "adam_step", "unscale_all_finite", "depthwise_conv2d_forward",
                    "float16_to_float32", "float32_to_float16", "round_to_float16_values",
-                   "round_to_bfloat16_values"})
+                   "round_to_bfloat16_values", "float32_to_bfloat16"})
 #: Kernels that call BLAS (whose bits may depend on the thread count).
 USES_BLAS = frozenset({"conv2d_input_grad", "lstm_forward_steps", "lstm_backward_steps"})
 #: Arguments that are scratch (contents left open by the contract), by position.
@@ -392,8 +392,28 @@ def _rounding_cases() -> list:
     return cases
 
 
+def _float32_to_bfloat16(how, special=None):
+    def build(rng):
+        x = _rounding_values("round_to_bfloat16_values")
+        x = x[:x.size // 2 * 2].reshape(2, -1).copy()
+        if special is not None:
+            x[1, 5] = special
+        return (layout(x, how),)
+    return build
+
+
+def _bfloat16_conversion_cases() -> list:
+    cases = [("float32_to_bfloat16", _float32_to_bfloat16(how), f"boundaries-{how}")
+             for how in LAYOUTS]
+    for payload in (np.nan, np.float32(np.uint32(0x7F800001).view(np.float32)),
+                    np.float32(np.uint32(0xFFFFFFFF).view(np.float32))):
+        cases.append(("float32_to_bfloat16", _float32_to_bfloat16("contiguous", payload),
+                      f"nan-{np.float32(payload).view(np.uint32):x}"))
+    return cases
+
+
 def _table() -> list:
-    cases = _conversion_cases() + _rounding_cases()
+    cases = _conversion_cases() + _rounding_cases() + _bfloat16_conversion_cases()
     for dtype in DTYPES:
         for how in LAYOUTS:
             for pool in POOLS:

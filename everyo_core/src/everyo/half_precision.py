@@ -90,7 +90,7 @@ def narrow(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
         return widen(x)  # (e.g. a 16-bit gradient reaching a float32 weight through its cast)
     if x.dtype == FLOAT32 and x.size >= 2 * BLOCK:
         if dtype == BFLOAT16:
-            return _float32_to_bfloat16(x)
+            return kernel.float32_to_bfloat16(x)
         if dtype == FLOAT16:
             return kernel.float32_to_float16(x)
     return x.astype(dtype, copy=False)
@@ -190,7 +190,7 @@ def _round_block_float16(source, target, exponents, scratch) -> None:
 
 def _round_block_bfloat16(source, target, exponents, scratch) -> None:
     """One block of ``rounded_float32(..., BFLOAT16)``: the bit rounding of
-    ``_float32_to_bfloat16`` with the lower half cleared instead of shifted out."""
+    ``float32_to_bfloat16`` with the lower half cleared instead of shifted out."""
     if np.isnan(source.max()):  # (a NaN payload could carry into the sign: astype)
         target[...] = source.astype(BFLOAT16)
         return
@@ -228,10 +228,12 @@ def _blockwise_astype(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return out
 
 
-def _float32_to_bfloat16(x: np.ndarray) -> np.ndarray:
-    """Round to nearest, ties to even, on the bits: ``(b + 0x7FFF + ((b >> 16) & 1)) >> 16``."""
+def float32_to_bfloat16(x: np.ndarray) -> np.ndarray:
+    """The ``float32_to_bfloat16`` kernel's reference. Round to nearest, ties to even, on the
+    bits: ``(b + 0x7FFF + ((b >> 16) & 1)) >> 16``."""
     out = np.empty(x.shape, BFLOAT16)
-    bits = np.ascontiguousarray(x).reshape(-1).view(np.uint32)
+    # (native float32 bits: a byte-swapped array, as loaded from a foreign file, is copied)
+    bits = np.ascontiguousarray(x, dtype=FLOAT32).reshape(-1).view(np.uint32)
     target = out.reshape(-1).view(np.uint16)
     scratch = np.empty(min(BLOCK, bits.size), np.uint32)
     for start in range(0, bits.size, BLOCK):
@@ -243,7 +245,7 @@ def _float32_to_bfloat16(x: np.ndarray) -> np.ndarray:
         rounded += block
         rounded >>= 16
         target[start:start + BLOCK] = rounded
-    if np.isnan(x.max()):  # max propagates NaN: one read pass, no mask unless needed
+    if x.size and np.isnan(x.max()):  # max propagates NaN: one pass, no mask unless needed
         nan = np.isnan(x)
         out[nan] = x[nan].astype(BFLOAT16)
     return out
@@ -258,6 +260,10 @@ KERNELS = {
     "float32_to_float16": Kernel(float32_to_float16, """
         x: a float32 array, any shape and strides. Returns a new float16 array: exactly
         astype(float16)'s bits (round to nearest, ties to even; overflow to inf; NaN payloads
+        as astype keeps them). Overwrites nothing."""),
+    "float32_to_bfloat16": Kernel(float32_to_bfloat16, """
+        x: a float32 array, any shape and strides. Returns a new bfloat16 array: exactly
+        astype(bfloat16)'s bits (round to nearest, ties to even; overflow to inf; NaN payloads
         as astype keeps them). Overwrites nothing."""),
     "round_to_float16_values": Kernel(round_to_float16_values, """
         x: a C-contiguous float32 array, any shape; out: a C-contiguous float32 array of x's

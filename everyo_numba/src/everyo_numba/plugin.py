@@ -36,6 +36,7 @@ IMPLEMENTATIONS = {
     # amp: the folded weight casts' rounding, bfloat16 conversions
     "round_to_float16_values": "everyo_numba.convert:round_to_float16_values",
     "round_to_bfloat16_values": "everyo_numba.convert:round_to_bfloat16_values",
+    "float32_to_bfloat16": "everyo_numba.convert:float32_to_bfloat16",
 }
 
 

@@ -26,7 +26,8 @@ EXACT = frozenset({"max_pool2d_forward", "max_pool2d_backward", "relu_forward", 
                    "adam_step", "unscale_all_finite", "depthwise_conv2d_forward",
                    "float16_to_float32", "float32_to_float16", "conv2d_columns",
                    "conv2d_transpose_interleave", "conv2d_transpose_phase_rows",
-                   "conv_bias_grad"})
+                   "conv_bias_grad", "round_to_float16_values", "round_to_bfloat16_values",
+                   "float32_to_bfloat16"})
 #: Kernels that call BLAS (whose bits may depend on the thread count).
 USES_BLAS = frozenset({"conv2d_input_grad", "lstm_forward_steps", "lstm_backward_steps"})
 #: Arguments that are scratch (contents left open by the contract), by position.
@@ -307,11 +308,14 @@ def _unscale(dtype, how, special, inverse):
     return build
 
 
-def _float16_patterns(how):
-    """Every float16 bit pattern (NaNs, infinities, subnormals, both zeros), in a 2-D array."""
+def _float16_patterns(how, with_nans: bool = True):
+    """Every float16 bit pattern (NaNs, infinities, subnormals, both zeros), in a 2-D array;
+    without the NaNs (which a provider may leave to the reference), those that are not NaN."""
     def build(rng):
-        bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).reshape(256, 256)
-        return (layout(bits, how),)
+        bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+        if not with_nans:
+            bits = bits[~np.isnan(bits.view(np.float16))]
+        return (layout(bits.reshape(2, -1), how),)
     return build
 
 
@@ -343,6 +347,8 @@ def _conversion_cases() -> list:
     cases = []
     for how in LAYOUTS:
         cases.append(("float16_to_float32", _float16_patterns(how), f"every-pattern-{how}"))
+        cases.append(("float16_to_float32", _float16_patterns(how, with_nans=False),
+                      f"every-non-nan-pattern-{how}"))
         cases.append(("float32_to_float16", _float32_to_float16(how),
                       f"boundaries-{how}"))
     for payload in (np.nan, np.float32(np.uint32(0x7F800001).view(np.float32))):
@@ -418,8 +424,71 @@ def _conv_movement_cases(dtype, how) -> list:
     return cases
 
 
+def _rounding_values(name: str):
+    """float32 values on and around every rounding boundary of the kernel's 16-bit format."""
+    if name == "round_to_float16_values":
+        return _float16_boundaries()
+    kept = np.arange(1 << 16, dtype=np.uint32) << 16  # every bfloat16 value, as float32 bits
+    ties = kept | 0x8000
+    bits = np.concatenate([kept, ties, ties + 1, ties - 1, kept + 1, kept - 1])
+    finite = bits.view(np.float32)
+    return finite[~np.isnan(finite)]
+
+
+def _rounding(name: str, how: str, special=None):
+    """``(x, out)`` of a ``round_to_*_values`` kernel: C-ordered (the contract), read-only,
+    empty, or in place (``out`` is ``x``); ``special`` put in one element."""
+    def build(rng):
+        x = _rounding_values(name)
+        x = x[:x.size // 4 * 4].reshape(4, -1).copy()
+        rng.shuffle(x, axis=1)
+        if special is not None:
+            x[1, 5] = special
+        if how == "empty":
+            x = x[:0]
+        if how == "in-place":
+            return x, x
+        if how == "readonly":
+            x.flags.writeable = False
+        return x, np.full(x.shape, np.float32(7.0))
+    return build
+
+
+def _rounding_cases() -> list:
+    # (labels without "-contiguous": the contract takes native float32 only, not swapped bytes)
+    cases = []
+    for name in ("round_to_float16_values", "round_to_bfloat16_values"):
+        for how in ("c-order", "readonly", "empty", "in-place"):
+            cases.append((name, _rounding(name, how), how))
+        for how in ("c-order", "in-place"):
+            for payload in (np.nan, np.float32(np.uint32(0xFF800001).view(np.float32)), np.inf):
+                cases.append((name, _rounding(name, how, payload),
+                              f"{how}-special-{np.float32(payload).view(np.uint32):x}"))
+    return cases
+
+
+def _float32_to_bfloat16(how, special=None):
+    def build(rng):
+        x = _rounding_values("round_to_bfloat16_values")
+        x = x[:x.size // 2 * 2].reshape(2, -1).copy()
+        if special is not None:
+            x[1, 5] = special
+        return (layout(x, how),)
+    return build
+
+
+def _bfloat16_conversion_cases() -> list:
+    cases = [("float32_to_bfloat16", _float32_to_bfloat16(how), f"boundaries-{how}")
+             for how in LAYOUTS]
+    for payload in (np.nan, np.float32(np.uint32(0x7F800001).view(np.float32)),
+                    np.float32(np.uint32(0xFFFFFFFF).view(np.float32))):
+        cases.append(("float32_to_bfloat16", _float32_to_bfloat16("contiguous", payload),
+                      f"nan-{np.float32(payload).view(np.uint32):x}"))
+    return cases
+
+
 def _table() -> list:
-    cases = _conversion_cases()
+    cases = _conversion_cases() + _rounding_cases() + _bfloat16_conversion_cases()
     for dtype in DTYPES:
         for how in LAYOUTS:
             for pool in POOLS:

@@ -90,7 +90,7 @@ def narrow(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
         return widen(x)  # (e.g. a 16-bit gradient reaching a float32 weight through its cast)
     if x.dtype == FLOAT32 and x.size >= 2 * BLOCK:
         if dtype == BFLOAT16:
-            return _float32_to_bfloat16(x)
+            return kernel.float32_to_bfloat16(x)
         if dtype == FLOAT16:
             return kernel.float32_to_float16(x)
     return x.astype(dtype, copy=False)
@@ -119,15 +119,32 @@ def rounded_float32(x: np.ndarray, dtype: np.dtype, out: np.ndarray | None = Non
             return rounded
         out[...] = rounded
         return out
-    source = np.ascontiguousarray(x).reshape(-1)
     if out is None:
         out = np.empty(x.shape, FLOAT32)
-    target = out.reshape(-1)
+    # NOTE: a kernel (one compiled pass with a provider; the reference below otherwise)
+    rounding = kernel.round_to_float16_values if dtype == FLOAT16 \
+        else kernel.round_to_bfloat16_values
+    rounding(np.ascontiguousarray(x), out)
+    return out
+
+
+def round_to_float16_values(x: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """The ``round_to_float16_values`` kernel's reference: eight in-cache passes per block."""
+    return _round_in_blocks(x, out, _round_block_float16)
+
+
+def round_to_bfloat16_values(x: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """The ``round_to_bfloat16_values`` kernel's reference: the bit rounding per block."""
+    return _round_in_blocks(x, out, _round_block_bfloat16)
+
+
+def _round_in_blocks(x: np.ndarray, out: np.ndarray, round_block) -> np.ndarray:
+    source, target = x.reshape(-1), out.reshape(-1)
     in_place = np.may_share_memory(source, target)  # (bounds only: cheap, conservative)
-    exponents = np.empty(BLOCK, np.uint32)
+    exponents = np.empty(min(BLOCK, source.size), np.uint32)
     # (rounding in place needs the source's signs until the last pass: a scratch block)
-    scratch = np.empty(BLOCK, FLOAT32) if in_place and dtype == FLOAT16 else None
-    round_block = _round_block_float16 if dtype == FLOAT16 else _round_block_bfloat16
+    scratch = np.empty(exponents.size, FLOAT32) \
+        if in_place and round_block is _round_block_float16 else None
     for start in range(0, source.size, BLOCK):
         stop = start + BLOCK
         size = min(BLOCK, source.size - start)
@@ -173,7 +190,7 @@ def _round_block_float16(source, target, exponents, scratch) -> None:
 
 def _round_block_bfloat16(source, target, exponents, scratch) -> None:
     """One block of ``rounded_float32(..., BFLOAT16)``: the bit rounding of
-    ``_float32_to_bfloat16`` with the lower half cleared instead of shifted out."""
+    ``float32_to_bfloat16`` with the lower half cleared instead of shifted out."""
     if np.isnan(source.max()):  # (a NaN payload could carry into the sign: astype)
         target[...] = source.astype(BFLOAT16)
         return
@@ -211,10 +228,12 @@ def _blockwise_astype(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return out
 
 
-def _float32_to_bfloat16(x: np.ndarray) -> np.ndarray:
-    """Round to nearest, ties to even, on the bits: ``(b + 0x7FFF + ((b >> 16) & 1)) >> 16``."""
+def float32_to_bfloat16(x: np.ndarray) -> np.ndarray:
+    """The ``float32_to_bfloat16`` kernel's reference. Round to nearest, ties to even, on the
+    bits: ``(b + 0x7FFF + ((b >> 16) & 1)) >> 16``."""
     out = np.empty(x.shape, BFLOAT16)
-    bits = np.ascontiguousarray(x).reshape(-1).view(np.uint32)
+    # (native float32 bits: a byte-swapped array, as loaded from a foreign file, is copied)
+    bits = np.ascontiguousarray(x, dtype=FLOAT32).reshape(-1).view(np.uint32)
     target = out.reshape(-1).view(np.uint16)
     scratch = np.empty(min(BLOCK, bits.size), np.uint32)
     for start in range(0, bits.size, BLOCK):
@@ -226,7 +245,7 @@ def _float32_to_bfloat16(x: np.ndarray) -> np.ndarray:
         rounded += block
         rounded >>= 16
         target[start:start + BLOCK] = rounded
-    if np.isnan(x.max()):  # max propagates NaN: one read pass, no mask unless needed
+    if x.size and np.isnan(x.max()):  # max propagates NaN: one pass, no mask unless needed
         nan = np.isnan(x)
         out[nan] = x[nan].astype(BFLOAT16)
     return out
@@ -242,4 +261,19 @@ KERNELS = {
         x: a float32 array, any shape and strides. Returns a new float16 array: exactly
         astype(float16)'s bits (round to nearest, ties to even; overflow to inf; NaN payloads
         as astype keeps them). Overwrites nothing."""),
+    "float32_to_bfloat16": Kernel(float32_to_bfloat16, """
+        x: a float32 array, any shape and strides. Returns a new bfloat16 array: exactly
+        astype(bfloat16)'s bits (round to nearest, ties to even; overflow to inf; NaN payloads
+        as astype keeps them). Overwrites nothing."""),
+    "round_to_float16_values": Kernel(round_to_float16_values, """
+        x: a C-contiguous float32 array, any shape; out: a C-contiguous float32 array of x's
+        shape, or x itself (rounded in place; no other overlap). Writes into out exactly
+        x.astype(float16).astype(float32)'s bits (round to nearest, ties to even, at float16's
+        spacing, subnormals included; 65520 and above to inf; NaN payloads as astype keeps
+        them) and returns out. Overwrites nothing else."""),
+    "round_to_bfloat16_values": Kernel(round_to_bfloat16_values, """
+        x: a C-contiguous float32 array, any shape; out: a C-contiguous float32 array of x's
+        shape, or x itself (rounded in place; no other overlap). Writes into out exactly
+        x.astype(bfloat16).astype(float32)'s bits (round to nearest, ties to even; NaN
+        payloads as astype keeps them) and returns out. Overwrites nothing else."""),
 }

@@ -14,6 +14,8 @@ One exception, :data:`njit_sum`, for a float64 sum whose order the kernel's cont
 from __future__ import annotations
 
 import numba
+from numba import types
+from numba.extending import intrinsic
 
 #: ``@njit`` as every kernel uses it.
 njit = numba.njit(cache=True, error_model="numpy", nogil=True)
@@ -41,3 +43,20 @@ def native(*arrays) -> bool:
     endianness) to the reference. ``dtype.name`` does not tell: ``>f4`` is "float32" too.
     """
     return all(a is None or a.dtype.isnative for a in arrays)
+
+
+@intrinsic
+def as_float32(typingctx, bits):
+    """In a compiled loop: the float32 whose bits are the uint32 ``bits`` (a register move,
+    no conversion; LLVM vectorises it, where a view of a one-element array would not)."""
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], context.get_value_type(types.float32))
+    return types.float32(types.uint32), codegen
+
+
+@intrinsic
+def as_uint32(typingctx, value):
+    """In a compiled loop: the bits of the float32 ``value``, as a uint32."""
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], context.get_value_type(types.uint32))
+    return types.uint32(types.float32), codegen

@@ -42,6 +42,10 @@ IMPLEMENTATIONS = {
     "log_softmax": "everyo_numba.softmax:log_softmax",
     # dist: the distributed backends' float64 reduction
     "reduce_rows": "everyo_numba.reduce:reduce_rows",
+    # amp: the folded weight casts' rounding, bfloat16 conversions
+    "round_to_float16_values": "everyo_numba.convert:round_to_float16_values",
+    "round_to_bfloat16_values": "everyo_numba.convert:round_to_bfloat16_values",
+    "float32_to_bfloat16": "everyo_numba.convert:float32_to_bfloat16",
 }
 
 

@@ -5,20 +5,28 @@ gradient's dtype), so the gradients get the same bits and the verdict is the sam
 
 from __future__ import annotations
 
+import numpy as np
+
 from everyo_numba.jit import native, njit
 
 
 @njit
 def _unscale_all_finite(grads, inverse, scaled):
-    finite = True
+    # NOTE: the verdict is an OR of integers, never a short-circuit `and` (a branch per element)
+    # nor a float sum (an order LLVM must keep): either kept the loop scalar, ~5x slower.
+    found = np.uint32(0)
     for p in range(len(grads)):
         g = grads[p]
         factor = g.dtype.type(inverse)
-        for i in range(g.size):
-            value = g[i] * factor if scaled else g[i]
-            g[i] = value
-            finite = finite and (value - value == 0)  # inf - inf and NaN - NaN are NaN
-    return finite
+        if scaled:
+            for i in range(g.size):
+                value = g[i] * factor
+                g[i] = value
+                found |= np.uint32(value - value != 0)  # inf - inf and NaN - NaN are NaN
+        else:
+            for i in range(g.size):
+                found |= np.uint32(g[i] - g[i] != 0)
+    return found == 0
 
 
 def unscale_all_finite(grads, inverse):

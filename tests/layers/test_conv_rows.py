@@ -19,6 +19,7 @@ from everyo_layers.windows import pad_hw, window_view
 CASES = [  # (n, h, w, c, out, kw, dilation, (left, right))
     (3, 1, 11, 4, 8, 5, 2, (4, 4)), (2, 1, 9, 3, 5, 3, 1, (2, 0)), (1, 1, 7, 2, 3, 2, 3, (0, 0)),
     (2, 3, 6, 5, 4, 3, 1, (1, 1)), (0, 1, 5, 2, 2, 3, 1, (1, 1)), (4, 1, 16, 16, 1, 4, 1, (2, 1)),
+    (5, 1, 1000, 3, 2, 3, 2, (2, 2)),  # (5020 rows: more than one block of the forward's)
 ]
 
 

@@ -236,6 +236,11 @@ SECOND_ORDER = [
      lambda x, w, b: eo.dispatch("conv2d", x, w, b, stride=(1, 1), padding=SAME),
      lambda x, w, b: nhwc(F().conv2d(nchw(x), w.permute(3, 2, 0, 1), b, padding=1)),
      [normal(2, 4, 4, 2), normal(3, 3, 2, 3), normal(3)]),
+    ("conv2d_one_row_dilated_bias",  # (the one-row path, conv_rows.py: Conv1D's)
+     lambda x, w, b: eo.dispatch("conv2d", x, w, b, padding=((0, 0), (2, 2)), dilation=(1, 2)),
+     lambda x, w, b: nhwc(F().conv2d(nchw(x), w.permute(3, 2, 0, 1), b, padding=(0, 2),
+                                     dilation=(1, 2))),
+     [normal(2, 1, 7, 2), normal(1, 3, 2, 3), normal(3)]),
     ("conv2d_stride2_dilation",
      lambda x, w: eo.dispatch("conv2d", x, w, stride=(2, 2), dilation=(2, 1)),
      lambda x, w: nhwc(F().conv2d(nchw(x), w.permute(3, 2, 0, 1), stride=2, dilation=(2, 1))),

@@ -22,6 +22,7 @@ from everyo.kernels import (
     widen,
 )
 from everyo_layers.checks import argument, check_float, check_groups
+from everyo_layers.conv_rows import padded_rows, row_conv, row_weight_grad, rows_apply
 from everyo_layers.initializers import fan_in_bound, layer_generator, uniform_parameter
 from everyo_layers.padding import output_size, resolve_padding
 from everyo_layers.windows import (
@@ -43,7 +44,7 @@ class Conv2DOp(Op):
     """
 
     precision = "lower"  # BLAS-shaped: float16 is safe, products accumulate in float32
-    __slots__ = ("stride", "dilation", "pads", "x_shape", "out_hw", "w_shape")
+    __slots__ = ("stride", "dilation", "pads", "x_shape", "out_hw", "w_shape", "rows")
     saved_inputs = (0, 1)  # (backward never reads the bias)
 
     def forward(self, x, weight, bias=None, stride=(1, 1), padding=((0, 0), (0, 0)),
@@ -67,6 +68,7 @@ class Conv2DOp(Op):
         self.x_shape, self.out_hw, self.w_shape = x.shape, out_hw, weight.shape
         w2 = weight.reshape(kh * kw * cin, cout)
         needs = self.needs_input_grad
+        self.rows = None
         out_dtype = np.result_type(x, weight) if bias is None else np.result_type(x, weight, bias)
         if out_dtype in HALF_DTYPES:
             # NOTE: 16-bit floats have no BLAS: convert the input to float32 *before* gathering
@@ -79,6 +81,13 @@ class Conv2DOp(Op):
                 out += widen(bias)
             out = narrow(out, out_dtype)
             self.saved = (x if needs[1] else None, w2 if needs[0] else None)
+        elif rows_apply(x, weight, stride, padding):  # (Conv1D's: no window matrix, conv_rows.py)
+            rows = padded_rows(x, padding[1])
+            out = row_conv(rows, weight, dilation[1], x.shape, out_hw[1])
+            out = np.ascontiguousarray(out) if bias is None else out + bias
+            self.rows = rows if needs[1] else None
+            self.saved = (None, w2 if needs[0] else None)
+            return out
         else:
             cols = self._columns(x)
             out = blas_matmul(cols, w2)
@@ -107,7 +116,9 @@ class Conv2DOp(Op):
             yield 2, kernel.conv_bias_grad(g2)
         if needs[1]:
             check_operand_unchanged(self, 0)  # (hooks run on the bias's part may write)
-            if g.dtype in HALF_DTYPES:  # cols holds the 16-bit input: regather it in float32
+            if self.rows is not None:
+                yield 1, row_weight_grad(self.rows, g, self.dilation[1], self.w_shape)
+            elif g.dtype in HALF_DTYPES:  # cols holds the 16-bit input: regather it in float32
                 yield 1, narrow(np.matmul(self._columns(widen(cols)).T, widen(g2)),
                                 g.dtype).reshape(self.w_shape)
             else:

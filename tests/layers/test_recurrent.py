@@ -345,3 +345,76 @@ def test_the_composite_reproduces_the_fused_op(kind, rng):
         again = op.composite(*op.parents)
     np.testing.assert_allclose(again.data, eo.dispatch(kind.lower(), *op.parents).data,
                                rtol=1e-12, atol=1e-12)
+
+
+# --- bidirectional LSTM as one op (bilstm, recurrent_bidirectional.py) ---
+
+def _bilstm_run(layer, x, state, lengths=None):
+    """Output, final states and every gradient of a loss using all of them."""
+    layer.zero_grad()
+    xs, h0, c0 = (eo.tensor(a, requires_grad=True) for a in (x, *state))
+    out, (h, c) = layer(xs, (h0, c0), lengths=lengths)
+    ((out * out).sum() + (h * 3).sum() + (c * c).sum()).backward()
+    return [out.data, h.data, c.data, xs.grad, h0.grad, c0.grad,
+            *[p.grad for p in layer.parameters()]]
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_the_bilstm_op_gives_the_two_lstm_ops_bits(rng, dtype, batch_first):
+    """Lengths that cut nothing take the two-op path (an lstm op per direction, the input and
+    outputs reversed by gathers): the one op must give its bits, forward and every gradient."""
+    layer = eo.LSTM(3, 5, num_layers=2, bidirectional=True, return_state=True,
+                    batch_first=batch_first, seed=2).to(dtype)
+    x = rng.standard_normal((4, 6, 3) if batch_first else (6, 4, 3)).astype(dtype)
+    state = [rng.standard_normal((4, 4, 5)).astype(dtype) for _ in range(2)]
+    one_op = _bilstm_run(layer, x, state)
+    two_ops = _bilstm_run(layer, x, state, lengths=np.full(4, 6))
+    assert len(one_op) == 6 + 16
+    for k, (got, expected) in enumerate(zip(one_op, two_ops)):
+        np.testing.assert_array_equal(got, expected, err_msg=f"result {k}")
+
+
+def test_the_bidirectional_lstm_layer_runs_one_op_per_layer(rng):
+    layer = eo.LSTM(3, 4, num_layers=2, bidirectional=True)
+    out = layer(eo.tensor(rng.standard_normal((2, 3, 3)), requires_grad=True))
+    seen, stack = [], [out._ctx]
+    while stack:
+        op = stack.pop()
+        if op is not None:
+            seen.append(op.name)
+            stack += [p._ctx for p in op.parents]
+    assert seen.count("bilstm") == 2 and "lstm" not in seen and "concatenate" not in seen
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_gradcheck_bidirectional_lstm(rng, batch_first):
+    layer = eo.LSTM(2, 3, bidirectional=True, return_state=True, batch_first=batch_first,
+                    seed=0).to("float64")
+    h0, c0 = (eo.tensor(rng.standard_normal((2, 2, 3)), requires_grad=True) for _ in range(2))
+
+    def fn(x):
+        out, (h, c) = layer(x, (h0, c0))
+        return (out * out).sum() + h.sum() + (c * c).sum()
+
+    x = rng.standard_normal((2, 4, 2) if batch_first else (4, 2, 2))  # batch 2, 4 steps
+    assert eo.gradcheck(fn, x, params=[h0, c0, *layer.parameters()])
+
+
+def test_second_derivatives_through_the_bilstm_op(rng):
+    layer = eo.LSTM(2, 2, bidirectional=True, batch_first=False, seed=0).to("float64")
+    assert eo.gradgradcheck(lambda x: layer(x), rng.standard_normal((3, 2, 2)))
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_the_composite_reproduces_the_bilstm_op(rng, batch_first):
+    layer = eo.LSTM(2, 3, bidirectional=True, seed=1).to("float64")
+    x = rng.standard_normal((2, 4, 2) if batch_first else (4, 2, 2))
+    state = [eo.tensor(rng.standard_normal((2, 3))) for _ in range(4)]
+    operands = [eo.tensor(x, requires_grad=True),
+                *state[:2], *layer.layer_parameters(0), *state[2:], *layer.layer_parameters(0, "_reverse")]
+    fused = eo.dispatch("bilstm", *operands, batch_first=batch_first)
+    assert fused.shape == ((2, 5, 6) if batch_first else (5, 2, 6))
+    with eo.no_grad():
+        again = fused._ctx.composite(*operands)
+    np.testing.assert_allclose(again.data, fused.data, rtol=1e-12, atol=1e-12)

@@ -15,6 +15,7 @@ import numpy as np
 from everyo import EveryOError, Module, Parameter, Tensor, concatenate, dispatch, stack
 from everyo_layers.checks import argument, check_float
 from everyo_layers.initializers import layer_generator
+from everyo_layers.recurrent_bidirectional import OPS as _BIDIRECTIONAL_OPS
 from everyo_layers.recurrent_ops import OPS as _RECURRENT_OPS
 from everyo_layers.recurrent_run import check_lengths, run_direction
 
@@ -128,6 +129,9 @@ class _Recurrent(Module):
         for k in range(self.num_layers):
             if k and self.dropout and self.training:
                 out = dispatch("dropout", out, p=self.dropout, rng=self.rng)
+            if self.bidirectional and self.op_name == "lstm" and lengths is None:
+                out = self._both_directions(out, initial, k, finals)
+                continue
             outputs = []
             for d, suffix in enumerate(self.suffixes):
                 starts = [s[k * self.directions + d] for s in initial]
@@ -144,6 +148,21 @@ class _Recurrent(Module):
             return out
         final = [stack(f, axis=0) for f in finals]
         return out, (tuple(final) if self.has_cell else final[0])
+
+    def _both_directions(self, x, initial: list, k: int, finals: list):
+        """Layer ``k`` of a bidirectional LSTM as one ``bilstm`` op over batch-first ``x``
+        (no lengths): its output sequence; appends both directions' final states to
+        ``finals``."""
+        operands = []
+        for d, suffix in enumerate(self.suffixes):
+            operands += [s[2 * k + d] for s in initial] + list(self.layer_parameters(k, suffix))
+        out = dispatch("bilstm", x, *operands, batch_first=True)
+        steps, hidden = x.shape[1], self.hidden_size
+        if self.return_state:  # (the forward direction ends at the last step, the reverse one
+            h, c = finals  # at the first)
+            h += [out[:, steps - 1, :hidden], out[:, 0, hidden:]]
+            c += [out[:, steps, :hidden], out[:, steps, hidden:]]
+        return out[:, :steps]
 
     def _attrs(self) -> dict:
         return {}
@@ -232,5 +251,5 @@ class GRU(_Recurrent):
     op_name, gates = "gru", 3
 
 
-OPS = dict(_RECURRENT_OPS)
+OPS = {**_RECURRENT_OPS, **_BIDIRECTIONAL_OPS}
 LAYERS = {"RNN": RNN, "LSTM": LSTM, "GRU": GRU}

@@ -79,6 +79,7 @@ CONVERTERS = by_op_name({
     "resample2d": convert_resample2d_op,
     "rnn": refuse_recurrent_op,
     "lstm": refuse_recurrent_op,
+    "bilstm": refuse_recurrent_op,
     "gru": refuse_recurrent_op,
     "gelu": convert_gelu_op,
     "leaky_relu": convert_leaky_relu_op,

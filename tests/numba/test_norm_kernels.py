@@ -139,9 +139,9 @@ def test_results_own_their_memory(kind):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_group_norm_keeps_each_samples_statistics_to_that_sample(dtype):
-    # NOTE: the loops finish each sample (its output, its input gradient) right after its
-    # statistics; samples of very different offsets and scales, compared sample by sample in
-    # ulps of that sample's own magnitude, catch any statistic taken from another sample.
+    # NOTE: the loops keep per-sample statistics in (samples, channels) tables; samples of very
+    # different offsets and scales, compared sample by sample in ulps of that sample's own
+    # magnitude, catch any statistic taken from another sample.
     # float64's offsets stay within ten of its scale (as above: its mean's own rounding).
     rng = np.random.default_rng(3)
     offsets = [1000.0, -5.0, 0.0, 40.0] if dtype == np.float32 else [10.0, -0.005, 0.0, 28.0]

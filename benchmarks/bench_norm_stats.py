@@ -81,10 +81,13 @@ def main() -> None:
         providers = ["numpy"] + sorted(eo.registry("kernels").providers())
         for label, ours, ref, data, ref_data in layers:
             ref_data = data if ref_data is None else ref_data
+            # NOTE: each side makes its input leaf once and accumulates into its .grad every
+            # step (the same work on both sides; a copy per step was EveryO's alone).
             tx = torch.tensor(ref_data, requires_grad=True)
+            ex = eo.tensor(data, requires_grad=True)
 
-            def run_ours(layer=ours, arr=data):
-                out = layer(eo.tensor(arr, requires_grad=True))
+            def run_ours(layer=ours, x=ex):
+                out = layer(x)
                 (out * out).mean().backward()
 
             def run_ref(layer=ref, t=tx):

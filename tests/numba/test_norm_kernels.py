@@ -135,3 +135,31 @@ def test_results_own_their_memory(kind):
                                        (True, True, True))
     for array in forward[:2] + grads:
         assert array.flags.owndata
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_group_norm_keeps_each_samples_statistics_to_that_sample(dtype):
+    # NOTE: the loops keep per-sample statistics in (samples, channels) tables; samples of very
+    # different offsets and scales, compared sample by sample in ulps of that sample's own
+    # magnitude, catch any statistic taken from another sample.
+    # float64's offsets stay within ten of its scale (as above: its mean's own rounding).
+    rng = np.random.default_rng(3)
+    offsets = [1000.0, -5.0, 0.0, 40.0] if dtype == np.float32 else [10.0, -0.005, 0.0, 28.0]
+    offsets = np.array(offsets).reshape(4, 1, 1, 1)
+    scales = np.array([1.0, 1e-3, 100.0, 7.0]).reshape(4, 1, 1, 1)
+    shape = (4, 5, 7, 16)
+    x = (offsets + scales * rng.standard_normal(shape)).astype(dtype)
+    args = _forward_args("group_norm", x, (4, 1e-5), affine=True)
+    got = _numba("group_norm_forward")(*args)
+    expected = REGISTRY["group_norm_forward"].reference(*args)
+    g = (rng.standard_normal(shape) * scales[::-1]).astype(dtype)
+    back_args = (g, got[1], got[2], args[1], 4, (True, True, True))
+    grads = _numba("group_norm_backward")(*back_args)
+    expected_grads = REGISTRY["group_norm_backward"].reference(*back_args)
+    for b in range(shape[0]):
+        for name, a, e in (("out", got[0], expected[0]), ("xhat", got[1], expected[1]),
+                           ("inv_std", got[2], expected[2]), ("gx", grads[0], expected_grads[0])):
+            kernel_name = "group_norm_backward" if name == "gx" else "group_norm_forward"
+            assert _normwise_ulps(a[b], e[b]) <= ULPS[kernel_name], (name, b)
+    for a, e in zip(grads[1:], expected_grads[1:]):
+        assert _normwise_ulps(a, e) <= ULPS["group_norm_backward"]

@@ -70,11 +70,17 @@ def _widen_float16(source, target):
 
 
 def float32_to_float16(x):
+    return _narrowed(x, np.float16, _narrow_float16)
+
+
+def _narrowed(x, dtype, narrow):
+    """``x`` (C-ordered native float32) narrowed to the 16-bit ``dtype`` by ``narrow`` on the
+    bits; anything else, or a NaN (astype's payload rules), is left to the reference."""
     if x.dtype != np.float32 or not x.flags.c_contiguous:
         return NotImplemented
-    out = np.empty(x.shape, np.float16)
-    if _narrow_float16(x.reshape(-1).view(np.uint32), out.reshape(-1).view(np.uint16)):
-        return NotImplemented  # a NaN: astype's payload rules
+    out = np.empty(x.shape, dtype)
+    if narrow(x.reshape(-1).view(np.uint32), out.reshape(-1).view(np.uint16)):
+        return NotImplemented
     return out
 
 
@@ -171,12 +177,7 @@ def _round_in_place(data, rounding):
 
 
 def float32_to_bfloat16(x):
-    if x.dtype != np.float32 or not x.flags.c_contiguous:
-        return NotImplemented
-    out = np.empty(x.shape, ml_dtypes.bfloat16)
-    if _narrow_bfloat16(x.reshape(-1).view(np.uint32), out.reshape(-1).view(np.uint16)):
-        return NotImplemented  # a NaN: astype's payload rules
-    return out
+    return _narrowed(x, ml_dtypes.bfloat16, _narrow_bfloat16)
 
 
 @njit

@@ -5,7 +5,8 @@ negative strides, read-only, broadcast, empty, non-native byte order), with spec
 
 Bounds (the contract each implementation states):
 
-- ``exact`` kernels (max pooling) give the reference's bits;
+- ``EXACT`` kernels (max pooling, the optimizers' steps, the LSTM time loops, ...) give the
+  reference's bits;
 - the others agree within ``ULPS`` units of the dtype's epsilon times the largest magnitude of
   the reference's output (a normwise bound: the loops sum in another order, in float64 where
   the reference sums in the computation dtype).

@@ -8,9 +8,10 @@ odd ones (hidden sizes that are no multiple of the SIMD width, batch 1), with th
 gradient and the transposed hidden weight as the layer hands them over (strided views) and
 contiguous.
 
-The shared table (``support.kernel_cases``) checks the normwise bound on every layout and
-dtype; this file checks exactness on the shapes that exercise the vectorised loops, and the
-whole layer (forward and every gradient) under both kernel selections.
+The shared table (``support.kernel_cases``) checks the same bits on every layout and dtype
+of its small shapes; this file checks them on the shapes that exercise the vectorised loops, at
+one and two BLAS threads, and the whole layer (forward and every gradient) under both kernel
+selections.
 """
 
 from __future__ import annotations

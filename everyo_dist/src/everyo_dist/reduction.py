@@ -13,15 +13,24 @@ import numpy as np
 
 from everyo.kernels import kernel
 from everyo_dist.reduction_kernels import REDUCE_BLOCK, accumulator_dtype, scale
+from everyo_dist.reduction_kernels import reduce_rows as reference_reduce_rows
 
-__all__ = ["REDUCE_BLOCK", "accumulator_dtype", "reduce_rows", "reduce_rows_f64", "scale"]
+__all__ = ["COMPILED_FROM", "REDUCE_BLOCK", "accumulator_dtype", "reduce_rows",
+           "reduce_rows_f64", "scale"]
+
+#: Calls on fewer elements than this run the NumPy reference whatever the kernel selection: a
+#: provider's loop saves at most ~5 us on them (docs/distributed.md, "Writing a backend"), so a
+#: job whose collectives are all small never pays the provider's start-up (~1 s: Numba's import
+#: and its cache's load, at the first call). The bits are the same either way.
+COMPILED_FROM = 4096
 
 
 def reduce_rows(rows, out: np.ndarray, divisor: int = 1,
                 scratch: np.ndarray | None = None) -> np.ndarray:
     """``out = cast((rows[0] + rows[1] + ...) / divisor)``, added in row order in float64
     (integer results: exactly, in int64; see :func:`accumulator_dtype`): the ``reduce_rows``
-    kernel (:mod:`everyo_dist.reduction_kernels`), compiled when a provider supplies it.
+    kernel (:mod:`everyo_dist.reduction_kernels`), compiled when a provider supplies it and
+    ``out`` has at least :data:`COMPILED_FROM` elements.
 
     Args:
         rows: equally long 1-D arrays (any numeric dtypes), in rank order.
@@ -38,7 +47,10 @@ def reduce_rows(rows, out: np.ndarray, divisor: int = 1,
         >>> reduce_rows([np.float32([1, 2]), np.float32([2, 4])], out, divisor=2)
         array([1.5, 3. ], dtype=float32)
     """
-    kernel.reduce_rows(rows, out, divisor, scratch)
+    if len(out) < COMPILED_FROM:  # (before kernel.reduce_rows: its first read imports Numba)
+        reference_reduce_rows(rows, out, divisor, scratch)
+    else:
+        kernel.reduce_rows(rows, out, divisor, scratch)
     return out
 
 

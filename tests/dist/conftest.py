@@ -1,6 +1,8 @@
 """Fixtures of the everyo-dist tests: worker functions live in ``dist_workers.py`` (workers
 import it by name, so its directory goes on ``sys.path``, which spawn hands to the workers),
-and every test checks that it left no shared-memory segment behind."""
+every test checks that it left no shared-memory segment behind, and the worker processes a
+test starts compute with the NumPy reference kernels unless the test is marked
+``kernel_provider`` (see ``_reference_kernels_in_workers``)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+import everyo as eo
 
 HERE = str(Path(__file__).resolve().parent)
 if HERE not in sys.path:
@@ -43,3 +47,35 @@ def clean_shm():
             break
         time.sleep(0.1)
     assert not leaked, f"shared-memory segments leaked: {sorted(leaked)}"
+
+
+@pytest.fixture(autouse=True)
+def _reference_kernels_in_workers(request):
+    """Worker processes started by this test (``spawn``, ``mpiexec``, ``subprocess`` with this
+    environment) run ``EVERYO_KERNELS=numpy``, unless the test is marked ``kernel_provider`` or
+    the run already names a selection (CI's second run: ``EVERYO_KERNELS=numpy``).
+
+    Why: a worker's first provider kernel (an optimizer's step, a large reduction) imports
+    Numba and loads its cache, ~1 s of CPU per process; a two-rank job of a few tiny steps
+    costs 2.8 s of CPU with it and 0.9 s without, and these tests start hundreds of them. What
+    the tests prove of the provider holds apart from them: every provider kernel is checked
+    against its reference on the kernel table (tests/numba), bit for bit where the reference's
+    bits are the contract, and the tests marked ``kernel_provider`` run their workers with the
+    default provider (the fingerprint refusal, the collectives' compiled reduction, DDP's and
+    ZeRO's bit-for-bit trajectories with compiled optimizer steps on the gradient thread).
+
+    This process decides its own selection from the real environment first, and decides again
+    after the test if it changed meanwhile, so that the tests after this one see the run's own
+    selection.
+    """
+    if request.node.get_closest_marker("kernel_provider") or eo.kernels.KERNELS_ENV in os.environ:
+        yield
+        return
+    own = eo.kernels.provider_name()
+    os.environ[eo.kernels.KERNELS_ENV] = "numpy"
+    try:
+        yield
+    finally:
+        del os.environ[eo.kernels.KERNELS_ENV]
+        if eo.kernels.provider_name() != own:
+            eo.kernels.kernel.select(None)  # (decided under the pin: decide again, unpinned)

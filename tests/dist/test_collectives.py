@@ -9,6 +9,8 @@ import pytest
 
 from everyo.distributed import ProcessGroup, init, spawn
 
+# (the workers keep the default provider: its compiled reduction runs on the long vector)
+pytestmark = pytest.mark.kernel_provider
 SHAPES = [(7,), (3, 5), (300_000,)]  # the last one outgrows the first shared buffer
 WORLD = 3
 

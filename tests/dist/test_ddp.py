@@ -28,7 +28,8 @@ def _ddp_equals_reference(worker, *args, backend="shm"):
     return ddp
 
 
-@pytest.mark.parametrize("backend", ["shm", "tcp"])
+@pytest.mark.parametrize("backend", [pytest.param("shm", marks=pytest.mark.kernel_provider),
+                                     "tcp"])
 def test_ddp_matches_average_gradients_bit_for_bit(backend):
     inputs, targets = make_data(rows=64)
     ddp = spawn(ddp_or_average, 2, args=(inputs, targets, True), backend=backend, timeout=60)

@@ -39,15 +39,32 @@ def _output_step(a, tanh_c, h):
             hb[k] = ab[k] * sb[k]
 
 
-def lstm_forward_steps(acts, scaled_w_hh, hs, cs, tanh_c):
-    if acts.dtype.name not in COMPILED_DTYPES or not native(acts, scaled_w_hh, hs, cs, tanh_c):
+@njit
+def _add_step(a, bias, product):
+    """``a = (a + bias) + product``: the bias the reference adds to every step beforehand
+    (one more pass over all steps' pre-activations), added here on the way."""
+    batch, four = a.shape
+    for b in range(batch):
+        ab, pb = a[b], product[b]
+        for j in range(four):
+            ab[j] = (ab[j] + bias[j]) + pb[j]
+
+
+def lstm_forward_steps(acts, scaled_w_hh, hs, cs, tanh_c, bias=None):
+    if acts.dtype.name not in COMPILED_DTYPES or not native(acts, scaled_w_hh, hs, cs, tanh_c,
+                                                            bias):
+        return NotImplemented
+    if bias is not None and (bias.dtype != acts.dtype or bias.shape != acts.shape[-1:]):
         return NotImplemented
     steps, batch, four = acts.shape
     product = np.empty((batch, four), acts.dtype)
     for t in range(steps):
         a = acts[t]
         np.matmul(hs[t], scaled_w_hh, out=product)
-        a += product
+        if bias is None:
+            a += product
+        else:
+            _add_step(a, bias, product)
         np.tanh(a, out=a)  # (NumPy's vectorised tanh: Numba's scalar one is ~20x slower)
         _cell_step(a, cs[t], cs[t + 1])
         np.tanh(cs[t + 1], out=tanh_c[t])

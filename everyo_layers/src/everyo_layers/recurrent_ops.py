@@ -16,6 +16,8 @@ features)``; the loop itself runs time-major on views, so neither layout copies 
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from everyo import EveryOError, Op
@@ -202,11 +204,22 @@ class RNNOp(_FusedRecurrentOp):
         return rnn_composite(x, h0, w_ih, w_hh, b_ih, b_hh, self.batch_first, self.relu)
 
 
-def _gate_blocks(order, hidden: int):
-    """``(target, source)`` slice pairs that put the gate blocks of a ``(.., G*H)`` axis in
-    ``order``: target block ``j`` is source block ``order[j]``."""
-    return [(slice(j * hidden, (j + 1) * hidden), slice(b * hidden, (b + 1) * hidden))
-            for j, b in enumerate(order)]
+@functools.lru_cache(maxsize=64)
+def _gate_blocks(order: tuple, hidden: int, scaled: tuple = ()) -> tuple:
+    """``(target, source, scale)`` slice triples that put the gate blocks of a ``(.., G*H)``
+    axis in ``order``: target block ``j`` is source block ``order[j]``, to be scaled when
+    ``j`` is in ``scaled``. Neighbouring blocks that stay neighbours in both orders and share
+    ``scale`` make one slice (one NumPy call fewer each: ``o, i, f, g`` from ``i, f, g, o`` is
+    two copies, or three with the sigmoid gates scaled, instead of four)."""
+    runs: list = []
+    for j, b in enumerate(order):
+        scale = j in scaled
+        if runs and runs[-1][1] == j and runs[-1][3] == b and runs[-1][4] == scale:
+            runs[-1][1], runs[-1][3] = j + 1, b + 1
+        else:
+            runs.append([j, j + 1, b, b + 1, scale])
+    return tuple((slice(t0 * hidden, t1 * hidden), slice(s0 * hidden, s1 * hidden), scale)
+                 for t0, t1, s0, s1, scale in runs)
 
 
 class LSTMOp(_FusedRecurrentOp):
@@ -234,8 +247,9 @@ class LSTMOp(_FusedRecurrentOp):
         """``w``'s last axis in the internal gate order, the sigmoid gates' columns times
         1/2 when ``scaled`` (exact: a power of two)."""
         out = np.empty(w.shape, dtype)
-        for block, (target, source) in enumerate(_gate_blocks(self.ORDER, w.shape[-1] // 4)):
-            if scaled and block < 3:
+        sigmoid_gates = (0, 1, 2) if scaled else ()
+        for target, source, scale in _gate_blocks(self.ORDER, w.shape[-1] // 4, sigmoid_gates):
+            if scale:
                 np.multiply(w[..., source], 0.5, out=out[..., target])
             else:
                 out[..., target] = w[..., source]
@@ -244,7 +258,7 @@ class LSTMOp(_FusedRecurrentOp):
     def _restored(self, grad: np.ndarray) -> np.ndarray:
         """A gradient's last axis back in PyTorch's gate order."""
         out = np.empty(grad.shape, grad.dtype)
-        for target, source in _gate_blocks(self.ORDER, grad.shape[-1] // 4):
+        for target, source, _ in _gate_blocks(self.ORDER, grad.shape[-1] // 4):
             out[..., source] = grad[..., target]
         return out
 

@@ -61,3 +61,57 @@ def test_a_bias_of_another_dtype_goes_to_the_reference():
     arguments = _arguments(np.random.default_rng(0), 4, 3, 6, np.float32)
     wider = arguments[:5] + (arguments[5].astype(np.float64),)
     assert PROVIDER.resolve("lstm_forward_steps")(*wider) is NotImplemented
+
+
+# --- the per-step hidden product in row blocks (everyo_numba.recurrent._block_rows) ---------
+
+def _recurrent():
+    from everyo_numba import recurrent  # (the provider's module: only with Numba installed)
+    return recurrent
+
+
+@pytest.mark.parametrize("shape", [(32, 128), (64, 128), (32, 64), (5, 17)])
+def test_the_blocked_hidden_product_has_the_one_call_bits_whenever_chosen(shape):
+    recurrent = _recurrent()
+    batch, hidden = shape
+    rng = np.random.default_rng(2)
+    for w_shape, h_shape in (((hidden, 4 * hidden), (batch, hidden)),
+                             ((4 * hidden, hidden), (batch, 4 * hidden))):
+        w = rng.standard_normal(w_shape).astype(np.float32)
+        h = rng.standard_normal(h_shape).astype(np.float32)
+        with threadpool_limits(1):
+            rows = recurrent._block_rows(h, w)
+            whole, blocked = np.empty((2, batch, w.shape[1]), np.float32)
+            recurrent._hidden_product(h, w, whole, 0)
+            recurrent._hidden_product(h, w, blocked, rows)
+        assert rows in (0, recurrent._PROBE_ROWS)
+        assert np.array_equal(whole.view(np.uint32), blocked.view(np.uint32))
+
+
+def test_the_probe_refuses_blocks_that_change_the_bits(monkeypatch):
+    recurrent = _recurrent()
+    honest = recurrent._hidden_product
+
+    def one_ulp_off(h, w, out, rows):
+        honest(h, w, out, rows)
+        if rows:
+            out[0, 0] = np.nextafter(out[0, 0], np.inf)
+
+    monkeypatch.setattr(recurrent, "_hidden_product", one_ulp_off)
+    w = np.ones((128, 512), np.float32)
+    assert recurrent._probe_block_rows(32, w) == 0
+
+
+def test_the_probe_refuses_blocks_that_are_slower(monkeypatch):
+    recurrent = _recurrent()
+    honest = recurrent._hidden_product
+
+    def slow_blocks(h, w, out, rows):
+        honest(h, w, out, rows)
+        if rows:
+            honest(h, w, out, 0)  # (the same bits, twice the work)
+            honest(h, w, out, 0)
+
+    monkeypatch.setattr(recurrent, "_hidden_product", slow_blocks)
+    assert recurrent._probe_block_rows(32, np.ones((128, 512), np.float32)) == 0
+    assert recurrent._probe_block_rows(recurrent._PROBE_ROWS, np.ones((4, 16), np.float32)) == 0

@@ -2,9 +2,10 @@
 
 The reference (``everyo_layers.recurrent_kernels``) runs ~10 NumPy calls per step on
 (batch, hidden) arrays, each a trip through memory and a call's overhead; here each step is the
-hidden-state GEMM (NumPy's BLAS, as the reference) and one pass over the batch's gates. The
-arithmetic is the reference's, operation by operation; the ``tanh`` calls stay NumPy's
-(vectorised; Numba's scalar ``tanh`` is ~20x slower).
+hidden-state GEMM (NumPy's BLAS, as the reference; in row blocks where a probe finds that
+faster and bit for bit the same, see ``_probe_block_rows``) and one pass over the batch's
+gates. The arithmetic is the reference's, operation by operation; the ``tanh`` calls stay
+NumPy's (vectorised; Numba's scalar ``tanh`` is ~20x slower).
 """
 
 from __future__ import annotations

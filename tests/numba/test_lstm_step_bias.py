@@ -115,3 +115,9 @@ def test_the_probe_refuses_blocks_that_are_slower(monkeypatch):
     monkeypatch.setattr(recurrent, "_hidden_product", slow_blocks)
     assert recurrent._probe_block_rows(32, np.ones((128, 512), np.float32)) == 0
     assert recurrent._probe_block_rows(recurrent._PROBE_ROWS, np.ones((4, 16), np.float32)) == 0
+
+
+def test_mixed_dtype_products_stay_one_call():
+    recurrent = _recurrent()
+    w = np.ones((128, 512), np.float32)
+    assert recurrent._block_rows(np.ones((32, 128), np.float64), w) == 0

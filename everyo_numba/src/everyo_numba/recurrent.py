@@ -53,8 +53,8 @@ def _add_step(a, bias, product):
             ab[j] = (ab[j] + bias[j]) + pb[j]
 
 
-#: Rows per call of the forward's per-step hidden product, by the operands' shapes and dtype
-#: (0: one call), decided once per key by ``_probe_block_rows``.
+#: Rows per call of a per-step hidden product (forward and backward), by the operands' shapes
+#: and dtype (0: one call), decided once per key by ``_probe_block_rows``.
 _BLOCK_ROWS: dict = {}
 _PROBE_ROWS = 8
 
@@ -103,6 +103,10 @@ def _probe_block_rows(batch: int, w) -> int:
 
 
 def _block_rows(h, w) -> int:
+    """Rows per call for ``h @ w`` (into an array of their one dtype); 0 for mixed dtypes,
+    whose product NumPy casts before BLAS (a probe in one dtype says nothing of another)."""
+    if h.dtype != w.dtype:
+        return 0
     key = (h.shape, w.shape, h.dtype.char, h.strides, w.strides)
     rows = _BLOCK_ROWS.get(key)
     if rows is None:

@@ -117,7 +117,10 @@ def test_the_probe_refuses_blocks_that_are_slower(monkeypatch):
     assert recurrent._probe_block_rows(recurrent._PROBE_ROWS, np.ones((4, 16), np.float32)) == 0
 
 
-def test_mixed_dtype_products_stay_one_call():
+def test_mixed_dtype_products_stay_one_call(monkeypatch):
     recurrent = _recurrent()
+    monkeypatch.setattr(recurrent, "_probe_block_rows", lambda batch, w: recurrent._PROBE_ROWS)
+    monkeypatch.setattr(recurrent, "_BLOCK_ROWS", {})
     w = np.ones((128, 512), np.float32)
     assert recurrent._block_rows(np.ones((32, 128), np.float64), w) == 0
+    assert recurrent._block_rows(np.ones((32, 128), np.float32), w) == recurrent._PROBE_ROWS

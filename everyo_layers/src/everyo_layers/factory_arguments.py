@@ -1,0 +1,80 @@
+"""PyTorch's ``device=`` and ``dtype=`` constructor arguments (its "factory kwargs"), taken by
+every layer that creates parameters or floating buffers, in one place.
+
+``nn.Linear(3, 4, device="cpu", dtype=torch.float64)`` ports as
+``eo.Linear(3, 4, device="cpu", dtype=torch.float64)``: ``device`` is ``None``, ``"cpu"``
+(``"cpu:0"``) or a ``torch.device("cpu")`` (EveryO's only device; any other is refused by
+name), ``dtype`` a floating dtype given as NumPy's, a name (``"float64"``, ``"bfloat16"``) or a
+``torch.dtype`` (read by its name; torch is never imported). The layer's floating parameters
+and buffers are created in that dtype, as ``layer.to(dtype)`` would cast them, sub-layers
+included (a ``TransformerEncoderLayer``'s ``Linear``s). docs/porting.md.
+
+The layers are listed by public name in :data:`LAYERS_TAKING_FACTORY_ARGUMENTS` (PyTorch's
+counterparts of all of them take the two arguments); importing this module gives each of them
+the two keyword-only arguments, once, through :func:`with_factory_arguments`.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+
+from everyo.validation import checked_device, parameter_dtype
+
+from everyo_layers.attention import MultiHeadAttention
+from everyo_layers.conv import Conv2D
+from everyo_layers.conv1d import Conv1D
+from everyo_layers.conv_transpose import Conv2DTranspose
+from everyo_layers.embedding import Embedding
+from everyo_layers.linear import Linear
+from everyo_layers.norm import BatchNorm1D, BatchNorm2D, LayerNorm
+from everyo_layers.norm_group import GroupNorm, RMSNorm
+from everyo_layers.norm_instance import InstanceNorm1D, InstanceNorm2D
+from everyo_layers.recurrent import GRU, LSTM, RNN
+from everyo_layers.recurrent_cell import GRUCell, LSTMCell, RNNCell
+from everyo_layers.transformer import TransformerDecoderLayer, TransformerEncoderLayer
+from everyo_layers.transformer_stack import Transformer
+
+LAYERS_TAKING_FACTORY_ARGUMENTS = (
+    Linear, Conv1D, Conv2D, Conv2DTranspose, Embedding, BatchNorm1D, BatchNorm2D, LayerNorm,
+    GroupNorm, RMSNorm, InstanceNorm1D, InstanceNorm2D, RNN, LSTM, GRU, RNNCell, LSTMCell,
+    GRUCell, MultiHeadAttention, TransformerEncoderLayer, TransformerDecoderLayer, Transformer,
+)
+
+
+def checked_factory_arguments(name: str, device, dtype):
+    """The NumPy dtype (or None) after checking both arguments of layer ``name``: the CPU or
+    an ``EveryOError`` naming the device; a real floating dtype or one naming it."""
+    checked_device(f"{name}(device=...)", device)
+    return None if dtype is None else parameter_dtype(f"{name}(dtype=...)", dtype)
+
+
+def with_factory_arguments(cls: type) -> type:
+    """Give ``cls.__init__`` the keyword-only ``device=None, dtype=None`` (once; a subclass
+    that inherits the wrapped ``__init__`` is not wrapped again)."""
+    original = cls.__init__
+    if getattr(original, "takes_factory_arguments", False):
+        return cls
+
+    @functools.wraps(original)
+    def __init__(self, *args, device=None, dtype=None, **kwargs):
+        # NOTE: checked before anything is allocated
+        resolved = checked_factory_arguments(type(self).__name__, device, dtype)
+        original(self, *args, **kwargs)
+        if resolved is not None:
+            self.to(resolved)
+
+    signature = inspect.signature(original)
+    parameters = list(signature.parameters.values())
+    at = next((i for i, p in enumerate(parameters) if p.kind is p.VAR_KEYWORD), len(parameters))
+    extra = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None)
+             for name in ("device", "dtype") if name not in signature.parameters]
+    __init__.__signature__ = signature.replace(  # type: ignore[attr-defined]
+        parameters=parameters[:at] + extra + parameters[at:])
+    __init__.takes_factory_arguments = True  # type: ignore[attr-defined]
+    setattr(cls, "__init__", __init__)
+    return cls
+
+
+for _layer in LAYERS_TAKING_FACTORY_ARGUMENTS:
+    with_factory_arguments(_layer)

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -14,7 +13,7 @@ from everyo.axes import check_axes, check_axis
 from everyo.devices import check_device, is_device
 from everyo.dispatch import dispatch, shape_hook
 from everyo.dtypes import BFLOAT16, is_floating, resolve_dtype
-from everyo.errors import EveryOError
+from everyo.errors import EveryOError, allocating
 from everyo.grad_mode import is_grad_enabled
 from everyo.random import resolve_generator
 from everyo.shape_args import Size, sizes
@@ -622,25 +621,11 @@ def _fill(value, op: str):
     return array.reshape(())
 
 
-@contextmanager
-def _allocating(op: str, shape: tuple, dtype: np.dtype) -> Iterator[None]:
-    """Name NumPy's failure to allocate a tensor (``MemoryError``, or a ``ValueError`` "array
-    is too big" past what an index can count)."""
-    try:
-        yield
-    except (MemoryError, ValueError) as exc:
-        if isinstance(exc, ValueError) and "too big" not in str(exc):
-            raise
-        needed = math.prod(shape) * dtype.itemsize
-        raise EveryOError(f"{op}: a {dtype.name} tensor of shape {shape} needs {needed:.2g} "
-                          f"bytes, more than can be allocated") from None
-
-
 def _filled(fill, shape: tuple, dtype, requires_grad, op: str) -> Tensor:
     dtype, shape = _normalize_dtype(dtype) or DEFAULT_FLOAT, sizes(shape, op)
     if type(fill) not in (int, float):  # (zeros' and ones' own fills need no check)
         fill = _fill(fill, op)
-    with _allocating(op, shape, dtype):
+    with allocating(op, shape, dtype):
         data = np.full(shape, fill, dtype=dtype)
     return Tensor(data, requires_grad=requires_grad)
 
@@ -695,7 +680,7 @@ def randn(*shape, seed=None, dtype=None, requires_grad: bool = False) -> Tensor:
     """Standard-normal samples: from a generator of their own with ``seed``, else from the
     global one :func:`everyo.manual_seed` seeds (as ``torch.randn``)."""
     dtype, shape = _normalize_dtype(dtype) or DEFAULT_FLOAT, sizes(shape, "randn")
-    with _allocating("randn", shape, dtype):
+    with allocating("randn", shape, dtype):
         data = _generator(seed).standard_normal(shape).astype(dtype)
     return Tensor(data, requires_grad=requires_grad)
 
@@ -704,7 +689,7 @@ def rand(*shape, seed=None, dtype=None, requires_grad: bool = False) -> Tensor:
     """Uniform samples in [0, 1): from a generator of their own with ``seed``, else from the
     global one :func:`everyo.manual_seed` seeds (as ``torch.rand``)."""
     dtype, shape = _normalize_dtype(dtype) or DEFAULT_FLOAT, sizes(shape, "rand")
-    with _allocating("rand", shape, dtype):
+    with allocating("rand", shape, dtype):
         data = _generator(seed).random(shape).astype(dtype)
     return Tensor(data, requires_grad=requires_grad)
 
@@ -723,7 +708,7 @@ def arange(start=None, stop=None, step=1, dtype=None) -> Tensor:
         raise EveryOError("arange: give the end, as eo.arange(5), or start and end")
     start, stop = (0, start) if stop is None else (start, stop)
     count = max(math.ceil((stop - start) / step), 0)
-    with _allocating("arange", (count,), np.result_type(start, stop, step)):
+    with allocating("arange", (count,), np.result_type(start, stop, step)):
         data = np.arange(start, stop, step)
     return Tensor(_default_float(data.astype(_normalize_dtype(dtype) or data.dtype), dtype, False))
 

@@ -9,6 +9,9 @@ name), ``dtype`` a floating dtype given as NumPy's, a name (``"float64"``, ``"bf
 and buffers are created in that dtype, as ``layer.to(dtype)`` would cast them, sub-layers
 included (a ``TransformerEncoderLayer``'s ``Linear``s). docs/porting.md.
 
+The same wrapper names a layer too large to create (``eo.Linear(3, 10**10)``): an
+``EveryOMemoryError`` (also a ``MemoryError``) with the layer's arguments, the shape and bytes.
+
 The layers are listed by public name in :data:`LAYERS_TAKING_FACTORY_ARGUMENTS` (PyTorch's
 counterparts of all of them take the two arguments); importing this module gives each of them
 the two keyword-only arguments, once, through :func:`with_factory_arguments`.
@@ -19,6 +22,7 @@ from __future__ import annotations
 import functools
 import inspect
 
+from everyo.errors import allocating
 from everyo.validation import checked_device, parameter_dtype
 
 from everyo_layers.attention import MultiHeadAttention
@@ -59,10 +63,13 @@ def with_factory_arguments(cls: type) -> type:
     @functools.wraps(original)
     def __init__(self, *args, device=None, dtype=None, **kwargs):
         # NOTE: checked before anything is allocated
-        resolved = checked_factory_arguments(type(self).__name__, device, dtype)
-        original(self, *args, **kwargs)
-        if resolved is not None:
-            self.to(resolved)
+        name = type(self).__name__
+        resolved = checked_factory_arguments(name, device, dtype)
+        call = ", ".join([*map(repr, args), *(f"{k}={v!r}" for k, v in kwargs.items())])
+        with allocating(f"{name}({call}) creating its parameters"):
+            original(self, *args, **kwargs)
+            if resolved is not None:
+                self.to(resolved)
 
     signature = inspect.signature(original)
     parameters = list(signature.parameters.values())

@@ -175,7 +175,6 @@ def flat_from_pytorch(what: str, params: list, vector) -> np.ndarray:
 
 def _known(source: ParameterSource) -> bool:
     try:
-        source.gather
+        return source.gather is not None
     except LayoutUnknown:
         return False
-    return True

@@ -24,7 +24,6 @@ import inspect
 
 from everyo.errors import allocating
 from everyo.validation import checked_device, parameter_dtype
-
 from everyo_layers.attention import MultiHeadAttention
 from everyo_layers.conv import Conv2D
 from everyo_layers.conv1d import Conv1D
@@ -79,7 +78,7 @@ def with_factory_arguments(cls: type) -> type:
     __init__.__signature__ = signature.replace(  # type: ignore[attr-defined]
         parameters=parameters[:at] + extra + parameters[at:])
     __init__.takes_factory_arguments = True  # type: ignore[attr-defined]
-    setattr(cls, "__init__", __init__)
+    cls.__init__ = __init__  # type: ignore[misc]
     return cls
 
 

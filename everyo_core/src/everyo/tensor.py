@@ -9,7 +9,7 @@ import numpy as np
 
 from everyo import conveniences, functional, hooks, versioning
 from everyo.array_protocol import array_function, array_ufunc
-from everyo.axes import check_axes, check_axis
+from everyo.axes import UNSET, check_axes, check_axis, pytorch_axis
 from everyo.devices import check_device, is_device
 from everyo.dispatch import dispatch, shape_hook
 from everyo.dtypes import BFLOAT16, is_floating, resolve_dtype
@@ -71,7 +71,8 @@ def _array(x) -> np.ndarray:
 
 
 def _index_of(reducer, name: str) -> functional.Reduction:
-    def fn(x, axis=None, keepdims: bool = False) -> Tensor:
+    def fn(x, axis=None, keepdims: bool = False, *, dim=UNSET, keepdim=UNSET) -> Tensor:
+        axis, keepdims = pytorch_axis(name, axis, keepdims, dim, keepdim)  # (dim= as PyTorch)
         data = _array(x)
         if axis is not None:
             axis = check_axis(axis, data.ndim, name, data.shape)

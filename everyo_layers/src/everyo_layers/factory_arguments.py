@@ -22,8 +22,10 @@ from __future__ import annotations
 import functools
 import inspect
 
-from everyo.errors import allocating
-from everyo.validation import checked_device, parameter_dtype
+from everyo.errors import EveryOError, allocating
+from everyo.validation import checked_argument, checked_device, parameter_dtype
+from everyo_layers.activation import LeakyReLU, ReLU
+from everyo_layers.activation_smooth import ELU, Hardswish, Mish, SiLU
 from everyo_layers.attention import MultiHeadAttention
 from everyo_layers.conv import Conv2D
 from everyo_layers.conv1d import Conv1D
@@ -44,12 +46,30 @@ LAYERS_TAKING_FACTORY_ARGUMENTS = (
     GRUCell, MultiHeadAttention, TransformerEncoderLayer, TransformerDecoderLayer, Transformer,
 )
 
+#: The layers whose PyTorch counterparts take ``inplace=`` (``Dropout`` takes it itself).
+LAYERS_TAKING_INPLACE = (ReLU, LeakyReLU, ELU, SiLU, Hardswish, Mish)
+
 
 def checked_factory_arguments(name: str, device, dtype):
     """The NumPy dtype (or None) after checking both arguments of layer ``name``: the CPU or
     an ``EveryOError`` naming the device; a real floating dtype or one naming it."""
     checked_device(f"{name}(device=...)", device)
     return None if dtype is None else parameter_dtype(f"{name}(dtype=...)", dtype)
+
+
+def _extended_signature(original, extra: list) -> inspect.Signature:
+    """``original``'s signature with the parameters ``extra`` added (before ``**kwargs``)."""
+    signature = inspect.signature(original)
+    parameters = list(signature.parameters.values())
+    # keyword-only parameters go last (before **kwargs), positional-or-keyword ones right
+    # after the last positional one
+    stops = (inspect.Parameter.VAR_KEYWORD,) if all(
+        p.kind is p.KEYWORD_ONLY for p in extra) else (
+        inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.KEYWORD_ONLY,
+        inspect.Parameter.VAR_KEYWORD)
+    at = next((i for i, p in enumerate(parameters) if p.kind in stops), len(parameters))
+    fresh = [p for p in extra if p.name not in signature.parameters]
+    return signature.replace(parameters=parameters[:at] + fresh + parameters[at:])
 
 
 def with_factory_arguments(cls: type) -> type:
@@ -70,17 +90,43 @@ def with_factory_arguments(cls: type) -> type:
             if resolved is not None:
                 self.to(resolved)
 
-    signature = inspect.signature(original)
-    parameters = list(signature.parameters.values())
-    at = next((i for i, p in enumerate(parameters) if p.kind is p.VAR_KEYWORD), len(parameters))
-    extra = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None)
-             for name in ("device", "dtype") if name not in signature.parameters]
-    __init__.__signature__ = signature.replace(  # type: ignore[attr-defined]
-        parameters=parameters[:at] + extra + parameters[at:])
+    __init__.__signature__ = _extended_signature(  # type: ignore[attr-defined]
+        original, [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None)
+                   for name in ("device", "dtype")])
     __init__.takes_factory_arguments = True  # type: ignore[attr-defined]
+    cls.__init__ = __init__  # type: ignore[misc]
+    return cls
+
+
+def with_inplace_argument(cls: type) -> type:
+    """Give ``cls.__init__`` PyTorch's ``inplace=False``, last and positional too (as in
+    ``nn.ReLU(True)``, ``nn.LeakyReLU(0.2, True)``): a bool, kept as ``layer.inplace``. The
+    layer still returns its output as a new tensor and leaves its input as it is, which is
+    what every use of a layer's output sees (docs/porting.md)."""
+    original = cls.__init__
+    if getattr(original, "takes_inplace", False):
+        return cls
+    positional = [p for p in list(inspect.signature(original).parameters.values())[1:]
+                  if p.kind is p.POSITIONAL_OR_KEYWORD]
+
+    @functools.wraps(original)
+    def __init__(self, *args, **kwargs):
+        if len(args) == len(positional) + 1 and "inplace" not in kwargs:
+            *args, kwargs["inplace"] = args
+        inplace = checked_argument(type(self).__name__, "inplace", kwargs.pop("inplace", False),
+                                   "bool", EveryOError)
+        original(self, *args, **kwargs)
+        self.inplace = inplace
+
+    __init__.__signature__ = _extended_signature(  # type: ignore[attr-defined]
+        original, [inspect.Parameter("inplace", inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                     default=False)])
+    __init__.takes_inplace = True  # type: ignore[attr-defined]
     cls.__init__ = __init__  # type: ignore[misc]
     return cls
 
 
 for _layer in LAYERS_TAKING_FACTORY_ARGUMENTS:
     with_factory_arguments(_layer)
+for _layer in LAYERS_TAKING_INPLACE:
+    with_inplace_argument(_layer)

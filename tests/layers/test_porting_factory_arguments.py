@@ -108,3 +108,35 @@ def test_every_layer_with_parameters_takes_the_factory_arguments():
                 missing.append(name)
             break
     assert not missing, f"layers with parameters but no device=/dtype=: {missing}"
+
+
+@pytest.mark.parametrize("name, args, options", [
+    ("Conv2D", (3, 4, 3), {"padding_mode": "zeros"}),
+    ("Conv1D", (3, 4, 3), {"padding_mode": "zeros"}),
+    ("Conv2DTranspose", (3, 4, 3), {"padding_mode": "zeros", "groups": 1, "dilation": 1}),
+    ("Embedding", (10, 4), {"max_norm": None, "norm_type": 2, "scale_grad_by_freq": False,
+                            "sparse": False}),
+])
+def test_pytorch_options_at_their_default_are_accepted(name, args, options, torch):
+    torch_name = {"Conv2D": "Conv2d", "Conv1D": "Conv1d",
+                  "Conv2DTranspose": "ConvTranspose2d"}.get(name, name)
+    theirs = inspect.signature(getattr(torch.nn, torch_name)).parameters
+    ours = inspect.signature(getattr(eo, name)).parameters
+    for option in options:
+        assert ours[option].default == theirs[option].default, option
+    assert getattr(eo, name)(*args, **options).weight is not None
+
+
+@pytest.mark.parametrize("call, says", [
+    (lambda: eo.Conv2D(3, 4, 3, padding=1, padding_mode="reflect"),
+     r"Conv2D: padding_mode='reflect' is not supported.*ReflectionPad2D"),
+    (lambda: eo.Conv1D(3, 4, 3, padding_mode="circular"), "Conv1D: padding_mode='circular'"),
+    (lambda: eo.Conv2DTranspose(4, 4, 3, groups=2), "Conv2DTranspose: groups=2"),
+    (lambda: eo.Conv2DTranspose(4, 4, 3, groups=True), "Conv2DTranspose: groups=True"),
+    (lambda: eo.Embedding(10, 4, max_norm=1.0), "Embedding: max_norm=1.0"),
+    (lambda: eo.Embedding(10, 4, sparse=True), "Embedding: sparse=True.*dense"),
+    (lambda: eo.Embedding(10, 4, scale_grad_by_freq=1), "Embedding: scale_grad_by_freq=1"),
+])
+def test_pytorch_options_other_than_the_default_are_refused_by_name(call, says):
+    with pytest.raises(EveryOError, match=says):
+        call()

@@ -55,7 +55,8 @@ relu = _unary("relu", "Elementwise max(x, 0).")
 
 def _reduction(name: str, doc: str) -> Reduction:
     def fn(x, axis=None, keepdims=False, *, dim=_UNSET, keepdim=_UNSET):
-        axis, keepdims = _pytorch_axis(name, axis, keepdims, dim, keepdim)
+        if dim is not _UNSET or keepdim is not _UNSET:
+            axis, keepdims = _pytorch_axis(name, axis, keepdims, dim, keepdim)
         return dispatch(name, x, axis=axis, keepdims=keepdims)
 
     fn.__name__, fn.__qualname__, fn.__doc__ = name, name, doc
@@ -70,7 +71,8 @@ min = _reduction("min", "Minimum over ``axis``; ties share the gradient.")
 
 def var(x, axis=None, keepdims=False, ddof=0, *, dim=_UNSET, keepdim=_UNSET):
     """Variance over ``axis``; ``ddof=0`` (NumPy's default) is the population variance."""
-    axis, keepdims = _pytorch_axis("var", axis, keepdims, dim, keepdim)
+    if dim is not _UNSET or keepdim is not _UNSET:
+        axis, keepdims = _pytorch_axis("var", axis, keepdims, dim, keepdim)
     return dispatch("var", x, axis=axis, keepdims=keepdims, ddof=ddof)
 
 
@@ -210,11 +212,13 @@ def _all_non_negative(pad_width) -> bool:
 
 def softmax(x, axis=-1, *, dim=_UNSET):
     """Numerically stable softmax along ``axis`` (PyTorch's ``dim=`` too)."""
-    axis, _ = _pytorch_axis("softmax", axis, False, dim, default_axis=-1)
+    if dim is not _UNSET:
+        axis, _ = _pytorch_axis("softmax", axis, False, dim, default_axis=-1)
     return dispatch("softmax", x, axis=axis)
 
 
 def log_softmax(x, axis=-1, *, dim=_UNSET):
     """Numerically stable log-softmax along ``axis`` (PyTorch's ``dim=`` too)."""
-    axis, _ = _pytorch_axis("log_softmax", axis, False, dim, default_axis=-1)
+    if dim is not _UNSET:
+        axis, _ = _pytorch_axis("log_softmax", axis, False, dim, default_axis=-1)
     return dispatch("log_softmax", x, axis=axis)

@@ -72,7 +72,8 @@ def _array(x) -> np.ndarray:
 
 def _index_of(reducer, name: str) -> functional.Reduction:
     def fn(x, axis=None, keepdims: bool = False, *, dim=UNSET, keepdim=UNSET) -> Tensor:
-        axis, keepdims = pytorch_axis(name, axis, keepdims, dim, keepdim)  # (dim= as PyTorch)
+        if dim is not UNSET or keepdim is not UNSET:  # PyTorch's spellings
+            axis, keepdims = pytorch_axis(name, axis, keepdims, dim, keepdim)
         data = _array(x)
         if axis is not None:
             axis = check_axis(axis, data.ndim, name, data.shape)

@@ -49,6 +49,21 @@ LAYERS_TAKING_FACTORY_ARGUMENTS = (
 #: The layers whose PyTorch counterparts take ``inplace=`` (``Dropout`` takes it itself).
 LAYERS_TAKING_INPLACE = (ReLU, LeakyReLU, ELU, SiLU, Hardswish, Mish)
 
+#: PyTorch's constructor options EveryO takes at their default only: keyword-only, a value
+#: other than PyTorch's default is refused by name with what to do instead.
+DEFAULT_ONLY_ARGUMENTS = {
+    Conv1D: {"padding_mode": ("zeros", "pad first, e.g. with eo.pad(x, ..., mode='reflect')")},
+    Conv2D: {"padding_mode": ("zeros", "pad first with eo.ReflectionPad2D or "
+                                       "eo.ReplicationPad2D")},
+    Conv2DTranspose: {"padding_mode": ("zeros", "only zeros, as in PyTorch"),
+                      "groups": (1, "a grouped transposed convolution is not implemented"),
+                      "dilation": (1, "a dilated transposed convolution is not implemented")},
+    Embedding: {"max_norm": (None, "renormalise the table yourself under eo.no_grad()"),
+                "norm_type": (2.0, "it only matters with max_norm"),
+                "scale_grad_by_freq": (False, "not implemented"),
+                "sparse": (False, "EveryO's gradients are dense")},
+}
+
 
 def checked_factory_arguments(name: str, device, dtype):
     """The NumPy dtype (or None) after checking both arguments of layer ``name``: the CPU or
@@ -126,6 +141,35 @@ def with_inplace_argument(cls: type) -> type:
     return cls
 
 
+def with_default_only_arguments(cls: type, options: dict) -> type:
+    """Give ``cls.__init__`` the keyword-only ``options`` (``{name: (PyTorch's default,
+    what to do instead)}``), accepted at their default and refused by name otherwise."""
+    original = cls.__init__
+    if getattr(original, "takes_default_only", False):
+        return cls
+
+    @functools.wraps(original)
+    def __init__(self, *args, **kwargs):
+        for name, (default, instead) in options.items():
+            value = kwargs.pop(name, default)
+            same = value is default or (
+                isinstance(value, bool) == isinstance(default, bool)
+                and isinstance(value, (int, float, str)) and value == default)
+            if not same:
+                raise EveryOError(f"{type(self).__name__}: {name}={value!r} is not supported, "
+                                  f"only PyTorch's default {default!r}: {instead}")
+        original(self, *args, **kwargs)
+
+    __init__.__signature__ = _extended_signature(  # type: ignore[attr-defined]
+        original, [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default)
+                   for name, (default, _) in options.items()])
+    __init__.takes_default_only = True  # type: ignore[attr-defined]
+    cls.__init__ = __init__  # type: ignore[misc]
+    return cls
+
+
+for _layer, _options in DEFAULT_ONLY_ARGUMENTS.items():
+    with_default_only_arguments(_layer, _options)
 for _layer in LAYERS_TAKING_FACTORY_ARGUMENTS:
     with_factory_arguments(_layer)
 for _layer in LAYERS_TAKING_INPLACE:

@@ -568,6 +568,61 @@ class Tensor:
             axis = tuple(a for a in axes if self.ndim and self.shape[a] == 1)
         return dispatch("reshape", self, shape=np.squeeze(self.data, axis).shape)
 
+    # -- PyTorch's conversions by name (last in the class: ``float``, ``int`` and ``bool``
+    # would otherwise shadow the builtins in the annotations that follow them) -------------
+    def clone(self) -> "Tensor":
+        """A copy that does not share this tensor's data; gradients flow through it (PyTorch's
+        ``t.clone()``)."""
+        if is_floating(self.data.dtype):
+            return dispatch("mul", self, self.data.dtype.type(1))  # x * 1: a differentiable copy
+        return Tensor._make(self.data.copy(), False, None)
+
+    def contiguous(self) -> "Tensor":
+        """Itself: EveryO tensors have no strides of their own (docs/porting.md)."""
+        return self
+
+    def cpu(self) -> "Tensor":
+        """Itself: EveryO computes on the CPU."""
+        return self
+
+    def cuda(self, device=None, non_blocking: bool = False) -> "Tensor":
+        """Refused by name: EveryO computes on the CPU only."""
+        check_device("cuda" if device is None else f"cuda:{device}" if isinstance(device, int)
+                     else device, "Tensor.cuda")
+        return self
+
+    def tolist(self):
+        """The values as nested Python lists (a number for a 0-d tensor)."""
+        return self.data.tolist()
+
+    def float(self) -> "Tensor":
+        """``to("float32")``."""
+        return self.to("float32")
+
+    def double(self) -> "Tensor":
+        """``to("float64")``."""
+        return self.to("float64")
+
+    def half(self) -> "Tensor":
+        """``to("float16")``."""
+        return self.to("float16")
+
+    def bfloat16(self) -> "Tensor":
+        """``to("bfloat16")``."""
+        return self.to("bfloat16")
+
+    def long(self) -> "Tensor":
+        """``to("int64")``."""
+        return self.to("int64")
+
+    def int(self) -> "Tensor":
+        """``to("int32")``."""
+        return self.to("int32")
+
+    def bool(self) -> "Tensor":
+        """``to("bool")``."""
+        return self.to("bool")
+
 
 def _augmented(op: str, target: Tensor, value) -> tuple:
     """``target op= value``'s dispatch: the in-place op (``add_``) unless that write would take

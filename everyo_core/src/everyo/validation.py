@@ -16,7 +16,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from everyo.dtypes import is_floating
+from everyo.devices import check_device
+from everyo.dtypes import is_floating, resolve_dtype
 from everyo.errors import EveryOError
 
 
@@ -168,3 +169,28 @@ def converted_array(name: str, value, target: np.ndarray, holder: str):
         return None, (f"{name} holds values that the {holder}'s {target.dtype} cannot "
                       f"represent exactly")
     return cast, None
+
+
+def checked_device(owner: str, device) -> None:
+    """PyTorch's ``device=`` argument: ``None``, ``"cpu"`` or a ``torch.device("cpu")`` (the
+    CPU is EveryO's only device) is accepted; any other is an ``EveryOError`` naming ``owner``
+    (e.g. ``"Linear(device=...)"``) and the device."""
+    if device is not None:
+        check_device(device, owner)
+
+
+def parameter_dtype(owner: str, dtype) -> np.dtype:
+    """PyTorch's ``dtype=`` argument of something that creates parameters, as the NumPy
+    dtype: NumPy's, a name (``"bfloat16"``) or a ``torch.dtype`` (by its name). Parameters
+    carry gradients, so only a real floating dtype is accepted; anything else is an
+    ``EveryOError`` naming ``owner``.
+
+    Example:
+        >>> parameter_dtype("Linear(dtype=...)", "float64")
+        dtype('float64')
+    """
+    resolved = resolve_dtype(dtype, owner)
+    if not is_floating(resolved) or resolved.kind == "c":
+        raise EveryOError(f"{owner}: a layer's parameters are floating-point (float16, "
+                          f"bfloat16, float32, float64), got {resolved.name}")
+    return resolved

@@ -47,6 +47,7 @@ MODULES = (
     "everyo_layers.norm_kernels",
     "everyo_layers.recurrent_kernels",
     "everyo_layers.state_conversion",
+    "everyo_layers.factory_arguments",  # device=/dtype= on the layers with parameters
 )
 
 

@@ -162,8 +162,8 @@ def gradients_from_parts(op: Any, g: np.ndarray) -> tuple:
 
 def _refuse_a_call_forward_cannot_take(cls, count: int, attrs: dict, exc: TypeError) -> None:
     """After ``forward`` raised ``exc``: an ``EveryOError`` naming the op when the call does
-    not fit its ``forward`` (too many operands or an unknown attribute, as ``eo.dropout(x,
-    0.5)`` passes ``p`` as an operand), or when an operand took the place of an attribute
+    not fit its ``forward`` (too many operands or an unknown attribute, as
+    ``eo.dispatch("dropout", x, 0.5)`` passes ``p`` as an operand), or when an operand took the place of an attribute
     (a parameter whose default is not None: operands have none, or None). Otherwise the
     ``TypeError`` is forward's own and is left alone."""
     signature = inspect.signature(cls.forward)

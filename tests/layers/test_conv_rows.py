@@ -13,13 +13,16 @@ import numpy as np
 import pytest
 
 import everyo as eo
+from everyo_layers import conv_rows
 from everyo_layers.conv_rows import padded_rows, row_conv, row_weight_grad, rows_apply
 from everyo_layers.windows import pad_hw, window_view
 
 CASES = [  # (n, h, w, c, out, kw, dilation, (left, right))
     (3, 1, 11, 4, 8, 5, 2, (4, 4)), (2, 1, 9, 3, 5, 3, 1, (2, 0)), (1, 1, 7, 2, 3, 2, 3, (0, 0)),
     (2, 3, 6, 5, 4, 3, 1, (1, 1)), (0, 1, 5, 2, 2, 3, 1, (1, 1)), (4, 1, 16, 16, 1, 4, 1, (2, 1)),
-    (5, 1, 1000, 3, 2, 3, 2, (2, 2)),  # (5020 rows: more than one block of the forward's)
+    (5, 1, 1000, 3, 2, 3, 2, (2, 2)),  # (5020 rows, one block)
+    (3, 1, 900, 16, 16, 3, 2, (2, 2)),  # (2712 rows: blocks of 3906, the last one short)
+    (9, 1, 300, 64, 64, 5, 2, (4, 4)),  # (conv1d's channels: 12 blocks of 244, two groups)
 ]
 
 
@@ -34,11 +37,26 @@ def _windows(x, kw, dilation, left_right):
 @pytest.mark.parametrize("n, h, w, c, out, kw, dilation, left_right", CASES)
 def test_row_conv_matches_the_window_matrix_product(rng, dtype, n, h, w, c, out, kw, dilation,
                                                       left_right):
+    _check_against_the_window_matrix(rng, dtype, n, h, w, c, out, kw, dilation, left_right)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_row_conv_in_groups_of_one_block_matches_the_window_matrix_product(rng, monkeypatch,
+                                                                         dtype):
+    """Every block its own group (forward) and its own partial product (weight gradient): the
+    group offsets are exercised without inputs of tens of MB."""
+    monkeypatch.setattr(conv_rows, "_GROUP_ROWS", 1)
+    monkeypatch.setattr(conv_rows, "_PARTIAL_BYTES", 1)
+    _check_against_the_window_matrix(rng, dtype, 9, 1, 300, 64, 64, 5, 2, (4, 4))
+    _check_against_the_window_matrix(rng, dtype, 3, 2, 50, 40, 60, 3, 3, (3, 1))
+
+
+def _check_against_the_window_matrix(rng, dtype, n, h, w, c, out, kw, dilation, left_right):
     x = rng.standard_normal((n, h, w, c)).astype(dtype)
     weight = rng.standard_normal((1, kw, c, out)).astype(dtype)
     assert rows_apply(x, weight, (1, 1), ((0, 0), left_right))
     cols, width = _windows(x, kw, dilation, left_right)
-    rows = padded_rows(x, left_right)
+    rows = padded_rows(x, left_right, weight.shape, dilation)
     eps = np.finfo(dtype).eps
 
     ours = row_conv(rows, weight, dilation, x.shape, width)
@@ -96,7 +114,7 @@ def test_row_weight_grad_of_a_wider_output_gradient_is_computed_wide(rng):
     weight gradient must come out of the float64 gradient, not of a float32 rounding of it."""
     x = rng.standard_normal((2, 1, 6, 2)).astype(np.float32)
     g = rng.standard_normal((2, 1, 6, 2)) * (1 + 1e-9)  # (not exact in float32)
-    grad = row_weight_grad(padded_rows(x, (1, 1)), g, 1, (1, 3, 2, 2))
+    grad = row_weight_grad(padded_rows(x, (1, 1), (1, 3, 2, 2), 1), g, 1, (1, 3, 2, 2))
     cols, _ = _windows(x, 3, 1, (1, 1))
     expected = (cols.astype(np.float64).T @ g.reshape(-1, 2)).reshape(1, 3, 2, 2)
     assert grad.dtype == np.float64

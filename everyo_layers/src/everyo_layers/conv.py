@@ -82,7 +82,7 @@ class Conv2DOp(Op):
             out = narrow(out, out_dtype)
             self.saved = (x if needs[1] else None, w2 if needs[0] else None)
         elif rows_apply(x, weight, stride, padding):  # (Conv1D's: no window matrix, conv_rows.py)
-            rows = padded_rows(x, padding[1])
+            rows = padded_rows(x, padding[1], weight.shape, dilation[1])
             out = row_conv(rows, weight, dilation[1], x.shape, out_hw[1])
             out = np.ascontiguousarray(out) if bias is None else out + bias
             self.rows = rows if needs[1] else None

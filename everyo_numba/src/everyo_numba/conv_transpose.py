@@ -15,6 +15,8 @@ Same products, other summation order: within a few ulp of the reference.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from everyo.kernels import widen
@@ -33,6 +35,7 @@ def _group_images(image_rows: int, width: int, itemsize: int) -> int:
     return max(_GROUP_BYTES // (image_rows * width * itemsize), 1)
 
 
+@functools.lru_cache(maxsize=256)
 def _block_rows(rows: int, inner: int, cols: int) -> int:
     """Rows per block of a ``(rows, inner) @ (inner, cols)`` product for the small-matrix
     kernels (a divisor of ``rows`` when one comes within half of the largest), or ``rows``

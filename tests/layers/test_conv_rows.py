@@ -14,7 +14,14 @@ import pytest
 
 import everyo as eo
 from everyo_layers import conv_rows
-from everyo_layers.conv_rows import padded_rows, row_conv, row_weight_grad, rows_apply
+from everyo_layers.conv_kernels import conv2d_input_grad
+from everyo_layers.conv_rows import (
+    padded_rows,
+    row_conv,
+    row_input_grad,
+    row_weight_grad,
+    rows_apply,
+)
 from everyo_layers.windows import pad_hw, window_view
 
 CASES = [  # (n, h, w, c, out, kw, dilation, (left, right))
@@ -73,6 +80,34 @@ def _check_against_the_window_matrix(rng, dtype, n, h, w, c, out, kw, dilation, 
     scale = (np.abs(cols.astype(np.float64)).T @ np.abs(g2)).reshape(weight.shape)
     assert grad.shape == weight.shape and grad.dtype == dtype
     assert np.all(np.abs(grad - expected) <= 4 * max(g2.shape[0], 1) * eps * scale)
+
+    gx = row_input_grad(g, weight, dilation, left_right, w)
+    pads = ((0, 0), tuple(left_right))
+    expected = conv2d_input_grad(g2, w2.astype(np.float64), x.shape, weight.shape, (1, 1),
+                                 (1, dilation), pads, (h, width))
+    scale = conv2d_input_grad(np.abs(g2), np.abs(w2.astype(np.float64)), x.shape,
+                              weight.shape, (1, 1), (1, dilation), pads, (h, width))
+    assert gx.shape == x.shape and gx.dtype == dtype and gx.flags.c_contiguous
+    assert np.all(np.abs(gx - expected) <= 4 * kw * out * eps * scale)
+
+
+def test_row_input_grad_leaves_padding_past_the_kernel_to_the_col2im_path(rng):
+    """More padding than the kernel reaches (outputs that see only zeros) or an output
+    gradient wider than the weight: None, and Conv1D's input gradient still matches PyTorch's
+    rule (the window path's), checked in float64."""
+    g = rng.standard_normal((2, 1, 9, 3))
+    weight = rng.standard_normal((1, 3, 2, 3))
+    assert row_input_grad(g, weight, 1, (3, 0), 5) is None  # (reach 2 < left 3)
+    assert row_input_grad(g, weight.astype(np.float32), 1, (1, 1), 9) is None
+    assert row_input_grad(g, weight, 1, (2, 2), 7) is not None
+    layer = eo.Conv1D(2, 3, 3, padding=3, seed=0).to("float64")
+    x = eo.tensor(rng.standard_normal((2, 5, 2)), requires_grad=True)
+    (layer(x) ** 2).sum().backward()
+    out_g = 2 * layer(x).data.reshape(2, 1, 9, 3)
+    expected = conv2d_input_grad(out_g.reshape(-1, 3), layer.weight.data.reshape(-1, 3),
+                                 (2, 1, 5, 2), (1, 3, 2, 3), (1, 1), (1, 1),
+                                 ((0, 0), (3, 3)), (1, 9))
+    np.testing.assert_allclose(x.grad.reshape(2, 1, 5, 2), expected, rtol=1e-12, atol=1e-12)
 
 
 def test_rows_apply_only_where_it_computes_conv2d():

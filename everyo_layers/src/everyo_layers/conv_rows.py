@@ -130,3 +130,19 @@ def row_weight_grad(rows: np.ndarray, g: np.ndarray, dilation: int, w_shape: tup
                       out=products)
             grad[0, j] += np.add.reduce(products, axis=0)
     return grad
+
+
+def row_input_grad(g: np.ndarray, weight: np.ndarray, dilation: int, left_right: tuple,
+                   width: int):
+    """The input's gradient ``(N, H, W, C)`` given the output gradient ``g`` (N, H, Wo, out):
+    the same one-row convolution of ``g`` padded by the kernel's reach less the forward's
+    padding, with the kernel reversed and each tap transposed; None where the forward padded
+    more than the reach (or ``g`` has another dtype than the weight: a wider bias's)."""
+    _, kw, _, _ = weight.shape
+    reach = (kw - 1) * dilation
+    left, right = left_right
+    if left > reach or right > reach or g.dtype != weight.dtype:
+        return None
+    reversed_taps = np.ascontiguousarray(weight[:, ::-1].transpose(0, 1, 3, 2))
+    rows = padded_rows(g, (reach - left, reach - right), reversed_taps.shape, dilation)
+    return np.ascontiguousarray(row_conv(rows, reversed_taps, dilation, g.shape, width))

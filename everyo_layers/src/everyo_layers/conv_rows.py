@@ -7,7 +7,8 @@ position ``j`` the rows ``xf[j*d : j*d + R]`` are a contiguous view, so the whol
 GEMMs accumulated into one ``(R, out)`` matrix, of which the valid rows are read out (the rows
 that straddle two sequences are computed and dropped: ``(kw-1)*d`` of every ``Wp``). The weight
 gradient is the same views: ``dw[j] = xf[j*d : j*d + R].T @ gp`` with the output gradient
-placed at the valid rows of ``gp`` (zeros elsewhere).
+placed at the valid rows of ``gp`` (zeros elsewhere). The input gradient is this convolution
+again (``row_input_grad``): of the output gradient, with the taps reversed and transposed.
 
 NOTE: no ``(N*Wo, kw*C)`` window matrix is gathered or kept for backward (kw times the input),
 and OpenBLAS runs these shapes no slower than the one im2col GEMM (measured, #25: conv1d's

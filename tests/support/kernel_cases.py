@@ -671,7 +671,9 @@ CASES = [(name, build) for name, build, _ in _ALL]
 # summation orders, so a normwise bound; GEMMs inside, whose bits BLAS decides per thread count)
 ULPS["conv2d_transpose_forward"] = 16
 ULPS["conv2d_transpose_weight_grad"] = 16
-USES_BLAS = USES_BLAS | {"conv2d_transpose_forward", "conv2d_transpose_weight_grad"}
+ULPS["conv2d_transpose_input_grad"] = 16
+USES_BLAS = USES_BLAS | {"conv2d_transpose_forward", "conv2d_transpose_weight_grad",
+                         "conv2d_transpose_input_grad"}
 
 #: (input hw, kernel, stride, crop, out_hw): "same" 4x4 stride 2, "valid" 3x3 stride 2, "same"
 #: 3x3 stride 1, an output past the scatter's reach (PyTorch's output_padding), a kernel
@@ -706,6 +708,16 @@ def _transpose_weight_grad(hw, kernel, stride, crop, out_hw, dtype, how):
     return build
 
 
+def _transpose_input_grad(hw, kernel, stride, crop, out_hw, dtype, how):
+    """An output gradient in ``dtype`` and layout ``how``, the weight in the compute dtype."""
+    def build(rng):
+        compute = np.dtype(np.float64 if dtype == np.float64 else np.float32)
+        g = layout(values(rng, (3,) + out_hw + (5,), dtype), how)
+        weight = values(rng, kernel + (5, 9), compute)
+        return g, weight, {}, (g.shape[0],) + hw + (9,), stride, crop
+    return build
+
+
 def _transpose_cases() -> list:
     cases = []
     for dtype in DTYPES:
@@ -718,6 +730,8 @@ def _transpose_cases() -> list:
                                   f"{label}-{'bias' if bias else 'nobias'}"))
                 cases.append(("conv2d_transpose_weight_grad",
                               _transpose_weight_grad(*geometry, dtype, how), label))
+                cases.append(("conv2d_transpose_input_grad",
+                              _transpose_input_grad(*geometry, dtype, how), label))
     return cases
 
 

@@ -1,10 +1,10 @@
 """``Conv2DTranspose`` on NHWC input (Keras's layout and output size) and its op.
 
-The transposed convolution is the input-gradient of a convolution. Its forward and weight
-gradient are kernels (conv_transpose_kernels.py): the NumPy references split the output into
+The transposed convolution is the input-gradient of a convolution. Its forward and both
+gradients are kernels (conv_transpose_kernels.py): the NumPy references split the output into
 ``stride`` phases, each an ordinary stride-1 correlation, all in ONE matmul over one window
-matrix; a provider may add every input pixel's ``kh*kw`` contributions into the output instead
-(everyo-numba). The input gradient is the phases' matmul transposed and a small col2im.
+matrix; a provider may work per input pixel instead (everyo-numba: every pixel's ``kh*kw``
+contributions added into the output, the output gradient's windows for the gradients).
 """
 
 from __future__ import annotations
@@ -15,12 +15,7 @@ from everyo import EveryOError, Module, Op, dispatch
 from everyo.kernels import kernel
 from everyo.validation import is_int
 from everyo_layers.checks import LayerArgumentError, argument, check_float, pair
-from everyo_layers.conv_transpose_kernels import (
-    phase_positions,
-    phase_rows,
-    phase_weight,
-    transpose_taps,
-)
+from everyo_layers.conv_transpose_kernels import phase_positions, transpose_taps
 from everyo_layers.initializers import fan_in_bound, layer_generator, uniform_parameter
 from everyo_layers.precision import accumulation_dtype
 from everyo_layers.windows import check_geometry
@@ -72,9 +67,8 @@ class Conv2DTransposeOp(Op):
     ``bias``; ``out_hw`` is the output size and ``crop`` the leading (top, left) entries of the
     full scatter that are dropped.
 
-    Forward and weight gradient are kernels (conv_transpose_kernels.py: the sub-pixel phases'
-    one matmul in the reference); the input gradient is the phases' matmul transposed and a
-    ``ceil(k / stride)**2``-position col2im.
+    Forward and gradients are kernels (conv_transpose_kernels.py: the sub-pixel phases' one
+    matmul in the references).
     """
 
     __slots__ = ("stride", "crop", "out_hw", "x_shape", "w_shape", "taps", "ext_hw")
@@ -136,25 +130,16 @@ class Conv2DTransposeOp(Op):
     def backward(self, g):
         x_c, w_c, kept = self.saved
         needs = self.needs_input_grad
-        n, h, w, cin = self.x_shape
         cout = self.w_shape[2]
-        ah, aw = self.taps
         compute = accumulation_dtype(g.dtype)
         gx = gw = gb = None
         if needs[1]:  # (first: the reference's regrouped gradient is kept for the input's)
             gw = np.ascontiguousarray(kernel.conv2d_transpose_weight_grad(
                 x_c, g, kept, self.w_shape, self.stride, self.crop), dtype=g.dtype)
         if needs[0]:
-            q = phase_positions(self.x_shape, self.taps)
-            g_rows = phase_rows(kept, g, self.x_shape, self.w_shape, self.stride, self.crop,
-                                compute)
-            w_sub = phase_weight(w_c.astype(compute, copy=False), self.stride)
-            blocks = np.matmul(g_rows, w_sub.T).reshape(n, q[0], q[1], ah, aw, cin)
-            gxp = np.zeros((n, h + 2 * (ah - 1), w + 2 * (aw - 1), cin), compute)
-            for i in range(ah):
-                for j in range(aw):
-                    gxp[:, i:i + q[0], j:j + q[1]] += blocks[:, :, :, i, j]
-            gx = gxp[:, ah - 1:ah - 1 + h, aw - 1:aw - 1 + w].astype(g.dtype)
+            gx = np.ascontiguousarray(kernel.conv2d_transpose_input_grad(
+                g, w_c.astype(compute, copy=False), kept, self.x_shape, self.stride, self.crop),
+                dtype=g.dtype)
         if len(needs) > 2 and needs[2]:
             gb = kernel.conv_bias_grad(g.reshape(-1, cout))  # (16-bit: summed in float32)
         return gx, gw, gb

@@ -6,7 +6,8 @@ every phase ``p`` is an ordinary stride-1 correlation of the input with a ``ceil
 -tap slice of the kernel. All phases share one window matrix of the input (``kept
 ["columns"]``, which the weight gradient reuses) and run as ONE matmul whose columns are
 (phase, output channel); the result interleaves into the output in one pass. The weight
-gradient is the same matmul transposed, on the output gradient regrouped by phase.
+and input gradients are the same matmul transposed, on the output gradient regrouped by phase
+(the input's then added back from its ``ceil(k / stride)**2`` window positions).
 
 A provider may compute the same sums another way (everyo-numba: one GEMM per group of images
 into every pixel's ``kh*kw`` contributions, added into the output while in cache): it need not
@@ -99,6 +100,25 @@ def conv2d_transpose_weight_grad(x: np.ndarray, g: np.ndarray, kept: dict, w_sha
     return _phase_weight_grad(np.matmul(columns.T, g_rows), w_shape, stride)
 
 
+def conv2d_transpose_input_grad(g: np.ndarray, weight: np.ndarray, kept: dict, x_shape: tuple,
+                                stride: tuple, crop: tuple) -> np.ndarray:
+    """The input's gradient ``x_shape`` (N, H, W, in) in the weight's dtype, given the output
+    gradient ``g``: the phases' matmul transposed, then a ``ceil(k / stride)**2``-position
+    col2im (may be a view of a larger array)."""
+    n, h, w, cin = x_shape
+    ah, aw = taps = transpose_taps(weight.shape, stride)
+    q = phase_positions(x_shape, taps)
+    compute = weight.dtype.newbyteorder("=")
+    g_rows = phase_rows(kept, g, x_shape, weight.shape, stride, crop, compute)
+    blocks = np.matmul(g_rows, phase_weight(weight.astype(compute, copy=False), stride).T)
+    blocks = blocks.reshape(n, q[0], q[1], ah, aw, cin)
+    padded = np.zeros((n, h + 2 * (ah - 1), w + 2 * (aw - 1), cin), compute)
+    for i in range(ah):
+        for j in range(aw):
+            padded[:, i:i + q[0], j:j + q[1]] += blocks[:, :, :, i, j]
+    return padded[:, ah - 1:ah - 1 + h, aw - 1:aw - 1 + w]
+
+
 KERNELS = {
     "conv2d_transpose_forward": Kernel(conv2d_transpose_forward, """
         x: (N, H, W, in) float32 or float64, any strides; weight: (kh, kw, out, in) of x's
@@ -117,4 +137,11 @@ KERNELS = {
         w_shape (kh, kw, out, in), stride and crop as the forward's. Returns the weight's
         gradient (kh, kw, out, in) in x's dtype: sums of products in BLAS's order. Overwrites
         nothing else."""),
+    "conv2d_transpose_input_grad": Kernel(conv2d_transpose_input_grad, """
+        g: the output gradient (N, Ho, Wo, out), a floating dtype that converts exactly to
+        the weight's; weight: (kh, kw, out, in) float32 or float64; kept: the forward's dict
+        (or an empty one), to which the gradient regrouped by phase ("g_rows") may be added;
+        x_shape (N, H, W, in), stride and crop as the forward's. Returns the input's gradient
+        (x_shape) in the weight's dtype (native byte order): sums of products in BLAS's
+        order. May return a view of a larger array. Overwrites nothing else."""),
 }

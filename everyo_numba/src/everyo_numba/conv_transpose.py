@@ -1,7 +1,8 @@
 """The transposed convolution's forward and weight gradient without phases: per group of
 images one GEMM into every input pixel's ``kh*kw`` output contributions, added into the output
 by a compiled loop while they are still in cache (forward); the output gradient's windows
-gathered per group and multiplied by the input (weight gradient).
+gathered per group and multiplied by the input (weight gradient) or by the weight (input
+gradient: no col2im, each input pixel's gradient is one row of that product).
 
 NOTE: the reference's phases share one window matrix over ``(H + A - 1) * (W + A - 1)``
 positions (13% more products than pixels for conv_transpose's 16x16 input) and a K of
@@ -153,3 +154,24 @@ def conv2d_transpose_weight_grad(x, g, kept, w_shape, stride, crop):
                   out=part.reshape(width // m, m, cin))
         grad += part
     return grad.reshape(kh, kw, cout, cin)
+
+
+def conv2d_transpose_input_grad(g, weight, kept, x_shape, stride, crop):
+    dtype = weight.dtype
+    if (dtype.name not in COMPILED_DTYPES or g.dtype != dtype or not native(g, weight)
+            or x_shape[0] == 0):
+        return NotImplemented
+    kh, kw, cout, cin = weight.shape
+    n, h, w, _ = x_shape
+    width = kh * kw * cout
+    taps = np.ascontiguousarray(weight).reshape(width, cin)  # (rows in the windows' order)
+    group = _group_images(h * w, width, dtype.itemsize)
+    windows = np.empty((min(group, n) * h * w, width), dtype)
+    grad = np.empty((n * h * w, cin), dtype)
+    for start in range(0, n, group):
+        stop = min(start + group, n)
+        block = windows[:(stop - start) * h * w]
+        _gather(g[start:stop], kh, kw, stride[0], stride[1], 1, 1, crop[0], crop[1], h, w,
+                block)
+        _product(block, taps, grad[start * h * w:stop * h * w])
+    return grad.reshape(x_shape)

@@ -126,10 +126,21 @@ def _add_contributions(part, h, w, kh, kw, sh, sw, top, left, bias, with_bias, o
                         pixel[ch] += bias[ch]
 
 
+def _exactly_in(g, dtype):
+    """``g`` converted to ``dtype`` (a copy only where it differs), or None where that is not
+    exact (a wider gradient) or g is not a native float array."""
+    if g.dtype.kind not in "fV" or not native(g):
+        return None
+    g = widen(g)  # (16-bit: float32, exactly)
+    return g.astype(dtype, copy=False) if np.promote_types(g.dtype, dtype) == dtype else None
+
+
 def conv2d_transpose_weight_grad(x, g, kept, w_shape, stride, crop):
     dtype = x.dtype
-    if (dtype.name not in COMPILED_DTYPES or g.dtype != dtype or not native(x, g)
-            or x.shape[0] == 0):
+    if dtype.name not in COMPILED_DTYPES or not native(x) or x.shape[0] == 0:
+        return NotImplemented
+    g = _exactly_in(g, dtype)
+    if g is None:
         return NotImplemented
     kh, kw, cout, cin = w_shape
     n, h, w, _ = x.shape
@@ -158,8 +169,10 @@ def conv2d_transpose_weight_grad(x, g, kept, w_shape, stride, crop):
 
 def conv2d_transpose_input_grad(g, weight, kept, x_shape, stride, crop):
     dtype = weight.dtype
-    if (dtype.name not in COMPILED_DTYPES or g.dtype != dtype or not native(g, weight)
-            or x_shape[0] == 0):
+    if dtype.name not in COMPILED_DTYPES or not native(weight) or x_shape[0] == 0:
+        return NotImplemented
+    g = _exactly_in(g, dtype)
+    if g is None:
         return NotImplemented
     kh, kw, cout, cin = weight.shape
     n, h, w, _ = x_shape

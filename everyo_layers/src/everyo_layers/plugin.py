@@ -42,6 +42,7 @@ MODULES = (
     "everyo_layers.transformer",
     "everyo_layers.transformer_stack",
     "everyo_layers.conv_kernels",
+    "everyo_layers.conv_transpose_kernels",
     "everyo_layers.conv_depthwise_kernels",
     "everyo_layers.pool_kernels",
     "everyo_layers.norm_kernels",

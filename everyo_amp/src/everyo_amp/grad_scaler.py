@@ -13,13 +13,15 @@ import numpy as np
 
 from everyo import EveryOError, Tensor
 from everyo.kernels import kernel
-from everyo.validation import checked_argument, expect_state
+from everyo.validation import checked_argument, checked_gradients, expect_state
 
 _READY, _UNSCALED, _STEPPED = "ready", "unscaled", "stepped"
 
 
 def _optimizer_grads(optimizer) -> list[np.ndarray]:
-    return [p.grad for p in optimizer.params if p.grad is not None]
+    params = optimizer.params
+    return checked_gradients("GradScaler.unscale_", [p for p in params if p.grad is not None],
+                             writable=True, numbered_in=params)
 
 
 #: setting -> (kind, extra range test, what the range test asks); a loaded "scale" is

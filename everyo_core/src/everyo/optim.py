@@ -22,6 +22,7 @@ from everyo.kernel_registry import kernel
 from everyo.tensor import Tensor
 from everyo.validation import (
     checked_argument,
+    checked_gradients,
     checked_list,
     converted_array,
     expect_state,
@@ -228,6 +229,10 @@ class Optimizer:
         if count:
             self.step_count += 1
         wanted = {id(p) for p in params}
+        # NOTE: every gradient checked before any parameter moves (all or nothing)
+        checked_gradients(f"{type(self).__name__}.step",
+                          [p for p in self.params if id(p) in wanted and p.grad is not None],
+                          numbered_in=self.params)
         for group in self.param_groups:
             chosen = [p for p in group["params"] if id(p) in wanted and p.grad is not None]
             if chosen:

@@ -168,3 +168,56 @@ def converted_array(name: str, value, target: np.ndarray, holder: str):
         return None, (f"{name} holds values that the {holder}'s {target.dtype} cannot "
                       f"represent exactly")
     return cast, None
+
+
+def checked_gradients(owner: str, params, writable: bool = False, numbered_in=None) -> list:
+    """The ``.grad`` of each of ``params`` (all not None), each checked to be what a step can
+    follow: a NumPy array of a floating dtype and of its parameter's shape, and writable when
+    ``writable`` (the caller changes it in place: ``clip_grad_norm_``, ``GradScaler``); complex
+    only for a complex parameter. An error numbers the parameter by its position in ``numbered_in`` (default: ``params``).
+
+    ``.grad`` is a plain attribute that code ported from PyTorch assigns by hand; a scalar or
+    one row assigned as a matrix's gradient would otherwise broadcast into every element of
+    the step, silently. Any floating dtype and any strides are accepted (a step converts).
+
+    Example:
+        >>> import everyo as eo
+        >>> w = eo.Parameter(np.zeros((2, 3), np.float32))
+        >>> w.grad = np.float32(1.0)
+        >>> checked_gradients("SGD.step", [w])
+        Traceback (most recent call last):
+        ...
+        everyo.errors.EveryOError: SGD.step: the .grad of parameter 0 (shape (2, 3), float32) \
+is a float32 scalar; a gradient must be a floating NumPy array of shape (2, 3)
+    """
+    grads = [p.grad for p in params]
+    for index, (p, g) in enumerate(zip(params, grads)):
+        # NOTE: the common case in three attribute reads; the message is built only on failure
+        if not (type(g) is np.ndarray and g.shape == p.data.shape
+                and (g.dtype.kind == "f" or _fits_dtype(g.dtype, p.data.dtype))
+                and (not writable or g.flags.writeable)):
+            if numbered_in is not None:
+                index = next(i for i, q in enumerate(numbered_in) if q is p)
+            _refuse_gradient(owner, index, p, g)
+    return grads
+
+
+def _fits_dtype(grad: np.dtype, param: np.dtype) -> bool:
+    """A floating gradient dtype; complex only for a complex parameter (a real step would drop
+    the imaginary part)."""
+    return is_floating(grad) and (grad.kind != "c" or param.kind == "c")
+
+
+def _refuse_gradient(owner: str, index: int, p, g):
+    shape = p.data.shape
+    if isinstance(g, np.ndarray):
+        what = (f"a read-only array (it is scaled in place; assign a writable copy)"
+                if g.shape == shape and _fits_dtype(g.dtype, p.data.dtype) else
+                f"a {g.dtype} array of shape {g.shape}")
+    elif isinstance(g, np.generic):
+        what = f"a {g.dtype} scalar"
+    else:
+        what = f"a {type(g).__name__}" + (" (assign its .data)" if hasattr(g, "_ctx") else "")
+    raise EveryOError(f"{owner}: the .grad of parameter {index} (shape {shape}, "
+                      f"{p.data.dtype}) is {what}; a gradient must be a floating NumPy array "
+                      f"of shape {shape}")

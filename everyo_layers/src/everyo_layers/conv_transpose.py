@@ -100,7 +100,8 @@ class Conv2DTransposeOp(Op):
         cols = kernel.conv2d_columns(x.astype(compute, copy=False), taps, (1, 1), (1, 1),
                                      ((taps[0] - 1,) * 2, (taps[1] - 1,) * 2), q)
         w_sub = self._phase_weight(weight.astype(compute, copy=False))
-        phases = np.matmul(cols, w_sub).reshape(n, q[0], q[1], -1)
+        # (every size named: NumPy cannot infer a -1 next to an empty batch's 0)
+        phases = np.matmul(cols, w_sub).reshape(n, q[0], q[1], w_sub.shape[1])
         out = kernel.conv2d_transpose_interleave(phases, stride, self.crop, self.out_hw, bias)
         needs = self.needs_input_grad
         self.saved = (cols if needs[1] else None, w_sub if needs[0] else None)

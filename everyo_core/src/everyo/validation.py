@@ -188,7 +188,7 @@ def checked_gradients(owner: str, params, writable: bool = False, numbered_in=No
         Traceback (most recent call last):
         ...
         everyo.errors.EveryOError: SGD.step: the .grad of parameter 0 (shape (2, 3), float32) \
-is a float32 scalar; a gradient must be a floating NumPy array of shape (2, 3)
+is a scalar of dtype float32; a gradient must be a floating NumPy array of shape (2, 3)
     """
     grads = [p.grad for p in params]
     for index, (p, g) in enumerate(zip(params, grads)):
@@ -213,9 +213,9 @@ def _refuse_gradient(owner: str, index: int, p, g):
     if isinstance(g, np.ndarray):
         what = (f"a read-only array (it is scaled in place; assign a writable copy)"
                 if g.shape == shape and _fits_dtype(g.dtype, p.data.dtype) else
-                f"a {g.dtype} array of shape {g.shape}")
+                f"an array of dtype {g.dtype} and shape {g.shape}")
     elif isinstance(g, np.generic):
-        what = f"a {g.dtype} scalar"
+        what = f"a scalar of dtype {g.dtype}"
     else:
         what = f"a {type(g).__name__}" + (" (assign its .data)" if hasattr(g, "_ctx") else "")
     raise EveryOError(f"{owner}: the .grad of parameter {index} (shape {shape}, "

@@ -96,3 +96,37 @@ def test_the_numba_scaler_kernel_leaves_read_only_gradients_to_the_reference():
     with K.use("numba"):
         assert K.kernel.unscale_all_finite(grads, 1.0) is False
         assert K.kernel.unscale_all_finite(grads[1:], 1.0) is False
+
+
+ALIASES = {
+    "the same array": lambda g: g,
+    "a view of all of it": lambda g: g[:],
+    "reversed": lambda g: g.reshape(-1)[::-1].reshape(3, 4),
+}
+
+
+@pytest.mark.parametrize("provider", ["numpy", "numba"])
+@pytest.mark.parametrize("consumer", ["clip_grad_norm_", "GradScaler"])
+@pytest.mark.parametrize("alias", list(ALIASES))
+def test_two_parameters_sharing_one_gradient_array_are_refused_where_it_is_scaled(
+        alias, consumer, provider):
+    """``q.grad = p.grad`` (two names for one array): scaled in place once per parameter, it
+    was scaled twice, silently (the scaler's step moved both parameters by grad/scale**2)."""
+    _need(provider)
+    p, q = (eo.Parameter(np.ones((3, 4), np.float32)) for _ in range(2))
+    p.grad = np.full((3, 4), 4.0, np.float32)
+    q.grad = ALIASES[alias](p.grad)
+    scale = {"clip_grad_norm_": lambda: eo.clip_grad_norm_([p, q], 0.5),
+             "GradScaler": lambda: eo.GradScaler(init_scale=2.0).step(eo.SGD([p, q], lr=1.0))}
+    with K.use(provider), pytest.raises(EveryOError, match=r"parameters 0 and 1 .*share"):
+        scale[consumer]()
+    np.testing.assert_array_equal(p.grad, np.full((3, 4), 4.0, np.float32))
+
+
+def test_gradients_that_are_disjoint_views_of_one_buffer_are_scaled_once_each():
+    """What data-parallel buckets hand out (each .grad a slice of one flat buffer) is fine."""
+    flat = np.arange(1.0, 25.0, dtype=np.float32)
+    params = [eo.Parameter(np.ones((3, 4), np.float32)) for _ in range(2)]
+    params[0].grad, params[1].grad = flat[:12].reshape(3, 4), flat[12:].reshape(3, 4)
+    eo.GradScaler(init_scale=2.0).unscale_(eo.SGD(params, lr=1.0))
+    np.testing.assert_array_equal(flat, np.arange(1.0, 25.0, dtype=np.float32) / 2)

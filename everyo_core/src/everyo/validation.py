@@ -15,6 +15,7 @@ import math
 from collections.abc import Mapping
 
 import numpy as np
+from numpy.lib.array_utils import byte_bounds
 
 from everyo.dtypes import is_floating
 from everyo.errors import EveryOError
@@ -199,7 +200,36 @@ is a scalar of dtype float32; a gradient must be a floating NumPy array of shape
             if numbered_in is not None:
                 index = next(i for i, q in enumerate(numbered_in) if q is p)
             _refuse_gradient(owner, index, p, g)
+    if writable and len(grads) > 1:
+        pair = _overlapping_pair(grads)
+        if pair is not None:
+            a, b = (params[k] for k in pair)
+            a, b = sorted(next(i for i, q in enumerate(numbered_in or params) if q is r)
+                          for r in (a, b))
+            raise EveryOError(f"{owner}: the .grad of parameters {a} and {b} share memory (one "
+                              f"array assigned to both?); changed in place it would be changed "
+                              f"twice: give each parameter its own gradient array")
     return grads
+
+
+def _overlapping_pair(grads: list):
+    """Two positions of ``grads`` whose arrays share memory, or None.
+
+    NOTE: arrays with different owners never do (what backward hands out); only those viewing
+    one owner (data-parallel buckets' slices of one buffer, or one array assigned twice) are
+    swept by their byte bounds, and a pair whose bounds overlap is confirmed exactly.
+    """
+    owners = [id(g if g.base is None else g.base) for g in grads]
+    if len(set(owners)) == len(owners):
+        return None
+    active: list = []
+    for low, high, i in sorted(byte_bounds(g) + (i,) for i, g in enumerate(grads) if g.size):
+        active = [(end, j) for end, j in active if end > low]
+        for _, j in active:
+            if np.shares_memory(grads[j], grads[i]):
+                return j, i
+        active.append((high, i))
+    return None
 
 
 def _fits_dtype(grad: np.dtype, param: np.dtype) -> bool:

@@ -146,7 +146,8 @@ def converted_array(name: str, value, target: np.ndarray, holder: str):
 
     ``value`` (an array, a Tensor or a nested list) must be numeric, real unless ``target``
     is complex (a complex value is never cast with its imaginary part dropped), of
-    ``target``'s shape, and, for an integer or bool ``target``, exactly representable.
+    ``target``'s shape, and, for an integer or bool ``target``, exactly representable; for a
+    floating one, no finite value may overflow to inf.
     ``holder`` names what ``target`` belongs to in the message (``"model"``, ...).
     """
     try:
@@ -168,14 +169,21 @@ def converted_array(name: str, value, target: np.ndarray, holder: str):
     if target.dtype.kind in "iub" and not np.array_equal(cast, array):
         return None, (f"{name} holds values that the {holder}'s {target.dtype} cannot "
                       f"represent exactly")
+    if is_floating(target.dtype) and array.dtype != target.dtype and array.size and \
+            np.any(np.isinf(cast) & np.isfinite(array)):
+        # NOTE: rounding is the conversion asked for; a finite value turned inf is not
+        return None, (f"{name} holds finite values that overflow the {holder}'s "
+                      f"{target.dtype} (largest {float(np.max(np.abs(array)))!r}): they would "
+                      f"load as inf")
     return cast, None
 
 
 def checked_gradients(owner: str, params, writable: bool = False, numbered_in=None) -> list:
     """The ``.grad`` of each of ``params`` (all not None), each checked to be what a step can
     follow: a NumPy array of a floating dtype and of its parameter's shape, and writable when
-    ``writable`` (the caller changes it in place: ``clip_grad_norm_``, ``GradScaler``); complex
-    only for a complex parameter. An error numbers the parameter by its position in ``numbered_in`` (default: ``params``).
+    ``writable`` (the caller changes it in place: ``clip_grad_norm_``, ``GradScaler``; nor
+    may two of them share memory); complex only for a complex parameter. An error numbers the
+    parameter by its position in ``numbered_in`` (default: ``params``).
 
     ``.grad`` is a plain attribute that code ported from PyTorch assigns by hand; a scalar or
     one row assigned as a matrix's gradient would otherwise broadcast into every element of

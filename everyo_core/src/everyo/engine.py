@@ -91,7 +91,10 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph: bool | None = None,
         (27.0, 18.0)
     """
     outputs, inputs = _tensors(outputs, "outputs"), _tensors(inputs, "inputs")
-    if grad_outputs is None or isinstance(grad_outputs, (Tensor, np.ndarray)):
+    # (one output's gradient given alone: an array, a NumPy or Python number, or a string
+    # that root_gradient refuses by name, never iterated as a sequence of gradients)
+    if grad_outputs is None or isinstance(grad_outputs, (Tensor, np.ndarray, np.generic, int,
+                                                         float, complex, str, bytes)):
         grad_outputs = [grad_outputs] * len(outputs) if grad_outputs is None else [grad_outputs]
     grad_outputs = list(grad_outputs)
     if len(grad_outputs) != len(outputs):
@@ -122,7 +125,7 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph: bool | None = None,
                                   f"to compute the outputs; pass allow_unused=True to get None")
             result.append(None)
         else:
-            result.append(g if isinstance(g, Tensor) else Tensor._make(g, False, None))
+            result.append(g if isinstance(g, Tensor) else Tensor._make(np.asarray(g), False, None))
     return tuple(result)
 
 

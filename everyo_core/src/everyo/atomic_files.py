@@ -15,7 +15,11 @@ import socket
 import time
 from typing import BinaryIO, Callable
 
-from everyo.errors import EveryOFileNotFoundError, EveryOSerializationError
+from everyo.errors import (
+    EveryOFileNotFoundError,
+    EveryOIsADirectoryError,
+    EveryOSerializationError,
+)
 
 _HOST = socket.gethostname().replace("-", "_")
 _PREFIX, _SUFFIX = ".everyo-", ".tmp"
@@ -91,7 +95,15 @@ def write_atomically(path, write: Callable[[BinaryIO], object]) -> None:
     ``path``; on any failure (or interruption) the temporary file is removed and ``path`` is
     left as it was. Sweeps the directory's stale temporaries first."""
     path = file_path(path, "save")
+    if not path:  # (abspath("") is the working directory: its parent would get the file)
+        raise EveryOSerializationError("save: the path is empty; name the file to write")
     directory = os.path.dirname(os.path.abspath(path))
+    # NOTE: checked before anything is written: the final rename would raise OSError's own
+    if not os.path.isdir(directory):
+        raise EveryOFileNotFoundError(f"save: the directory {directory} of {path} does not "
+                                      f"exist; create it first")
+    if os.path.isdir(path):
+        raise EveryOIsADirectoryError(f"save: {path} is a directory; name a file in it")
     remove_stale_temporaries(directory)
     fd, temporary = _create_temporary(directory)
     try:

@@ -249,7 +249,7 @@ def _fits_dtype(grad: np.dtype, param: np.dtype) -> bool:
 def _refuse_gradient(owner: str, index: int, p, g):
     shape = p.data.shape
     if isinstance(g, np.ndarray):
-        what = (f"a read-only array (it is scaled in place; assign a writable copy)"
+        what = ("a read-only array (it is scaled in place; assign a writable copy)"
                 if g.shape == shape and _fits_dtype(g.dtype, p.data.dtype) else
                 f"an array of dtype {g.dtype} and shape {g.shape}")
     elif isinstance(g, np.generic):

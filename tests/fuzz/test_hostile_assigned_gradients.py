@@ -60,6 +60,16 @@ def test_a_hand_assigned_gradient_that_does_not_fit_is_refused_by_name(grad, con
     np.testing.assert_array_equal(p.data, np.ones((3, 4), np.float32))  # nothing stepped
 
 
+def test_a_refused_gradient_in_a_later_group_leaves_every_group_and_the_count_unstepped():
+    good, bad = (eo.Parameter(np.ones((3, 4), np.float32)) for _ in range(2))
+    good.grad, bad.grad = np.ones((3, 4), np.float32), np.float32(1.0)
+    opt = eo.SGD([{"params": [good]}, {"params": [bad]}], lr=0.5)
+    with pytest.raises(EveryOError, match=r"parameter 1 \(shape \(3, 4\)"):
+        opt.step()
+    np.testing.assert_array_equal(good.data, np.ones((3, 4), np.float32))
+    assert opt.step_count == 0
+
+
 @pytest.mark.parametrize("provider", ["numpy", "numba"])
 @pytest.mark.parametrize("consumer", ["clip_grad_norm_", "GradScaler"])
 def test_a_read_only_gradient_is_refused_where_it_is_written_in_place(consumer, provider):

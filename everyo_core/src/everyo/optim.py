@@ -226,15 +226,14 @@ class Optimizer:
         """Update only those of ``params`` that have a gradient, exactly as :meth:`step`
         updates them (``DistributedDataParallel(optimizer=)`` steps each bucket as its
         reduction lands). ``count``: this call begins an optimizer step (``step_count``)."""
+        wanted = {id(p) for p in params}
+        groups = [(group, [p for p in group["params"] if id(p) in wanted and p.grad is not None])
+                  for group in self.param_groups]
+        for _, chosen in groups:  # NOTE: all checked before anything changes
+            checked_gradients(type(self).__name__ + ".step", chosen, numbered_in=self.params)
         if count:
             self.step_count += 1
-        wanted = {id(p) for p in params}
-        # NOTE: every gradient checked before any parameter moves (all or nothing)
-        checked_gradients(f"{type(self).__name__}.step",
-                          [p for p in self.params if id(p) in wanted and p.grad is not None],
-                          numbered_in=self.params)
-        for group in self.param_groups:
-            chosen = [p for p in group["params"] if id(p) in wanted and p.grad is not None]
+        for group, chosen in groups:
             if chosen:
                 self._update_group(chosen, group)
             for p in chosen:

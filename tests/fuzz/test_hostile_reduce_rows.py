@@ -62,7 +62,9 @@ def test_what_fits_still_reduces(provider):
         out = reduction.reduce_rows(rows + [np.arange(N, dtype=np.float64)[::-1].copy()[::-1]],
                                     np.empty(N, np.float32), np.int32(4))
         in_place = reduction.reduce_rows(rows, rows[1], 1)  # (out may be one of the rows)
+        stacked = reduction.reduce_rows(np.stack(_rows(2)), np.empty(N, np.float32), 2)
         ints = reduction.reduce_rows(_rows(2, np.int64), np.empty(N, np.int64), np.int64(1))
     np.testing.assert_array_equal(out, (4 * np.arange(N) + 3) / 4)
     np.testing.assert_array_equal(in_place, 3 * np.arange(N) + 3)
     np.testing.assert_array_equal(ints, 2 * np.arange(N) + 1)
+    np.testing.assert_array_equal(stacked, np.arange(N) + 0.5)  # (rows as one 2-D array)

@@ -42,7 +42,7 @@ def reduce_rows(rows, out: np.ndarray, divisor: int = 1,
     # NOTE: the common case in one pass of attribute reads; a row longer than out was reduced
     # by its prefix, silently, and the other misfits raised NumPy's raw errors
     length = out.shape[0] if out.ndim == 1 else -1
-    if not (rows and length >= 0 and type(divisor) is int and divisor >= 1
+    if not (len(rows) and length >= 0 and type(divisor) is int and divisor >= 1
             and out.flags.writeable and out.dtype.kind in "biufcV"
             and (divisor == 1 or out.dtype.kind not in "biu")
             and all(type(row) is np.ndarray and row.shape == (length,)

@@ -140,3 +140,31 @@ def test_gradients_that_are_disjoint_views_of_one_buffer_are_scaled_once_each():
     params[0].grad, params[1].grad = flat[:12].reshape(3, 4), flat[12:].reshape(3, 4)
     eo.GradScaler(init_scale=2.0).unscale_(eo.SGD(params, lr=1.0))
     np.testing.assert_array_equal(flat, np.arange(1.0, 25.0, dtype=np.float32) / 2)
+
+
+def _read_only_ones():
+    return _read_only(np.ones((3, 4), np.float32))
+
+
+@pytest.mark.parametrize("provider", ["numpy", "numba"])
+@pytest.mark.parametrize("data", [_read_only_ones,
+                                  lambda: np.broadcast_to(np.ones(4, np.float32), (3, 4))],
+                         ids=["read-only", "broadcast view"])
+@pytest.mark.parametrize("optimizer", ["SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "LBFGS"])
+def test_a_read_only_parameter_is_refused_before_any_parameter_moves(optimizer, data, provider):
+    """``p.data = <a read-only array>`` (a memory-mapped file, a broadcast view): the step
+    raised NumPy's 'output array is read-only' after updating the parameters before it."""
+    _need(provider)
+    first, second = (eo.Parameter(np.ones((3, 4), np.float32)) for _ in range(2))
+    second.data = data()
+    for p in (first, second):
+        p.grad = np.full((3, 4), 0.5, np.float32)
+    with K.use(provider), pytest.raises(EveryOError, match=r"parameter 1 .*read-only"):
+        _step(optimizer, [first, second])
+    np.testing.assert_array_equal(first.data, np.ones((3, 4), np.float32))
+
+
+def _step(optimizer, params):
+    if optimizer == "LBFGS":
+        return eo.LBFGS(params).step(lambda: eo.tensor(0.0))
+    return getattr(eo, optimizer)(params, lr=0.1).step()

@@ -231,6 +231,7 @@ class Optimizer:
                   for group in self.param_groups]
         for _, chosen in groups:  # NOTE: all checked before anything changes
             checked_gradients(type(self).__name__ + ".step", chosen, numbered_in=self.params)
+            check_writable(type(self).__name__ + ".step", chosen, self.params)
         if count:
             self.step_count += 1
         for group, chosen in groups:
@@ -371,6 +372,17 @@ def evaluate_closure(closure, owner: str):
                           f"the loss and calls backward(), got a {type(closure).__name__}")
     with enable_grad():
         return closure()
+
+
+def check_writable(owner: str, params: list, numbered_in: list) -> None:
+    """Refuse a parameter whose ``.data`` cannot be written (``p.data = `` a memory-mapped file
+    or a broadcast view): a step would raise NumPy's error after moving the ones before it."""
+    for p in params:
+        if not p.data.flags.writeable:
+            index = next(i for i, q in enumerate(numbered_in) if q is p)
+            raise EveryOError(f"{owner}: parameter {index} (shape {p.data.shape}, "
+                              f"{p.data.dtype}) is read-only (its .data is a read-only array: a "
+                              f"memory-mapped file, a broadcast view?); assign it a writable copy")
 
 
 def _gradients(params: list, group: dict) -> list:

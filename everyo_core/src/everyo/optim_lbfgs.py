@@ -9,7 +9,7 @@ import numpy as np
 from everyo.dtypes import BFLOAT16
 from everyo.errors import EveryOError
 from everyo.grad_mode import enable_grad
-from everyo.optim import Optimizer
+from everyo.optim import Optimizer, check_writable
 from everyo.validation import checked_argument, checked_gradients, checked_list
 from everyo.versioning import bump_version
 
@@ -219,6 +219,7 @@ class LBFGS(Optimizer):
                               f"the loss, calls backward() and returns the loss; got "
                               f"{type(closure).__name__}")
         group = self.param_groups[0]
+        check_writable("LBFGS.step", group["params"], group["params"])
         state = self.state.setdefault(group["params"][0], {})
         state.setdefault("func_evals", 0)
         state.setdefault("n_iter", 0)

@@ -46,6 +46,7 @@ from everyo.errors import (
     EveryOError,
     EveryOFileNotFoundError,
     EveryOIndexError,
+    EveryOIsADirectoryError,
     EveryOMemoryError,
     EveryOSerializationError,
     MissingDistributionError,

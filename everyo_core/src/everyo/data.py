@@ -30,6 +30,8 @@ class TensorDataset:
     def __init__(self, *arrays):
         if not arrays:
             raise EveryOError("TensorDataset needs at least one array")
+        for i, a in enumerate(arrays):
+            _refuse_a_dataset_object(a, i)
         self.arrays = tuple(np.asarray(a.data if isinstance(a, Tensor) else a) for a in arrays)
         for i, a in enumerate(self.arrays):
             if a.ndim == 0 or not (a.dtype.kind in "biu" or is_floating(a.dtype)):
@@ -67,6 +69,19 @@ def _check_pytorch_loader_options(**options) -> None:
             raise EveryOError(f"DataLoader: {name}= is not supported (only None): batches are rows "
                               f"of the dataset's arrays, in order or shuffled with "
                               f"shuffle=True and seed=")
+
+
+def _refuse_a_dataset_object(value, index: int) -> None:
+    """Refuse a map-style dataset (an object with ``__getitem__``, PyTorch's ``Dataset``) where
+    an array is expected: NumPy's conversion would read its items until an IndexError, which
+    such a dataset need never raise (memory filled without end)."""
+    if isinstance(value, (np.ndarray, Tensor, list, tuple, range)) or not hasattr(
+            value, "__getitem__") or any(hasattr(value, name) for name in (
+                "__array__", "__array_interface__", "__array_struct__")):
+        return
+    raise EveryOError(f"TensorDataset: array {index} is a {type(value).__name__}, a dataset "
+                      f"object, not an array; EveryO's DataLoader batches arrays: gather its "
+                      f"items into arrays and pass them (or a TensorDataset of them)")
 
 
 class DataLoader:

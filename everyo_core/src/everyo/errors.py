@@ -22,6 +22,10 @@ class EveryOFileNotFoundError(EveryOSerializationError, FileNotFoundError):
     """A file to load does not exist (also a ``FileNotFoundError``, as PyTorch raises)."""
 
 
+class EveryOIsADirectoryError(EveryOSerializationError, IsADirectoryError):
+    """A file to write is a directory (also an ``IsADirectoryError``, what ``open`` raises)."""
+
+
 class EveryOIndexError(EveryOError, IndexError):
     """An index is out of range or malformed for the tensor's shape."""
 

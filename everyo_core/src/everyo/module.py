@@ -14,7 +14,7 @@ from everyo.devices import check_device, is_device
 from everyo.dtypes import is_floating, resolve_dtype
 from everyo.errors import EveryOError
 from everyo.tensor import DEFAULT_FLOAT, Tensor, _check_numeric, tensor
-from everyo.validation import converted_array
+from everyo.validation import ArgumentError, converted_array
 from everyo.versioning import bump_version
 
 
@@ -77,7 +77,7 @@ class Module:
                               f"before assigning attributes")
         if (name in self._parameter_names and value is not None
                 and not isinstance(value, Parameter)):
-            raise TypeError(
+            raise ArgumentError(
                 f"cannot assign a {type(value).__name__} to {type(self).__name__}.{name}, which "
                 f"is a Parameter: the new value would be neither trained nor saved. Copy values "
                 f"in place with `{name}.data[...] = array`, or use model.load_state_dict(...); "

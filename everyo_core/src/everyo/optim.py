@@ -24,6 +24,7 @@ from everyo.porting_layout import buffer_from_pytorch, pytorch_array
 from everyo.tensor import Tensor
 from everyo.validation import (
     checked_argument,
+    checked_gradients,
     checked_list,
     converted_array,
     expect_state,
@@ -227,11 +228,15 @@ class Optimizer:
         """Update only those of ``params`` that have a gradient, exactly as :meth:`step`
         updates them (``DistributedDataParallel(optimizer=)`` steps each bucket as its
         reduction lands). ``count``: this call begins an optimizer step (``step_count``)."""
+        wanted = {id(p) for p in params}
+        groups = [(group, [p for p in group["params"] if id(p) in wanted and p.grad is not None])
+                  for group in self.param_groups]
+        for _, chosen in groups:  # NOTE: all checked before anything changes
+            checked_gradients(type(self).__name__ + ".step", chosen, numbered_in=self.params)
+            check_writable(type(self).__name__ + ".step", chosen, self.params)
         if count:
             self.step_count += 1
-        wanted = {id(p) for p in params}
-        for group in self.param_groups:
-            chosen = [p for p in group["params"] if id(p) in wanted and p.grad is not None]
+        for group, chosen in groups:
             if chosen:
                 self._update_group(chosen, group)
             for p in chosen:
@@ -383,6 +388,17 @@ def evaluate_closure(closure, owner: str):
                           f"the loss and calls backward(), got a {type(closure).__name__}")
     with enable_grad():
         return closure()
+
+
+def check_writable(owner: str, params: list, numbered_in: list) -> None:
+    """Refuse a parameter whose ``.data`` cannot be written (``p.data = `` a memory-mapped file
+    or a broadcast view): a step would raise NumPy's error after moving the ones before it."""
+    for p in params:
+        if not p.data.flags.writeable:
+            index = next(i for i, q in enumerate(numbered_in) if q is p)
+            raise EveryOError(f"{owner}: parameter {index} (shape {p.data.shape}, "
+                              f"{p.data.dtype}) is read-only (its .data is a read-only array: a "
+                              f"memory-mapped file, a broadcast view?); assign it a writable copy")
 
 
 def _gradients(params: list, group: dict) -> list:

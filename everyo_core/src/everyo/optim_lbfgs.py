@@ -9,9 +9,9 @@ import numpy as np
 from everyo.dtypes import BFLOAT16
 from everyo.errors import EveryOError
 from everyo.grad_mode import enable_grad
-from everyo.optim import Optimizer
+from everyo.optim import Optimizer, check_writable
 from everyo.porting_layout import flat_from_pytorch, pytorch_array
-from everyo.validation import checked_argument, checked_list
+from everyo.validation import checked_argument, checked_gradients, checked_list
 from everyo.versioning import bump_version
 
 _HISTORY = ("old_dirs", "old_stps", "ro")
@@ -182,8 +182,10 @@ class LBFGS(Optimizer):
     # -- flat views of the parameters ---------------------------------------------------------
     def _flat_grad(self) -> np.ndarray:
         params = self.param_groups[0]["params"]
+        checked_gradients("LBFGS.step", [p for p in params if p.grad is not None],
+                          numbered_in=params)
         return np.concatenate([np.zeros(p.data.size, p.data.dtype) if p.grad is None
-                               else np.asarray(p.grad).reshape(-1) for p in params])
+                               else p.grad.reshape(-1) for p in params])
 
     def _add_step(self, t: float, direction: np.ndarray) -> None:
         offset = 0
@@ -218,6 +220,7 @@ class LBFGS(Optimizer):
                               f"the loss, calls backward() and returns the loss; got "
                               f"{type(closure).__name__}")
         group = self.param_groups[0]
+        check_writable("LBFGS.step", group["params"], group["params"])
         state = self.state.setdefault(group["params"][0], {})
         state.setdefault("func_evals", 0)
         state.setdefault("n_iter", 0)

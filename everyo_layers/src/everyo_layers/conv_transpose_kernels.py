@@ -9,6 +9,12 @@ every phase ``p`` is an ordinary stride-1 correlation of the input with a ``ceil
 and input gradients are the same matmul transposed, on the output gradient regrouped by phase
 (the input's then added back from its ``ceil(k / stride)**2`` window positions).
 
+Non-finite operands: the phases multiply the taps a phase lacks (zeros) too, and ``inf * 0``
+is NaN, so an infinite input (or output gradient) would turn outputs that never meet it into
+NaN. A result with a NaN in it is therefore recomputed tap by tap (:func:`_scatter_forward`,
+:func:`_scatter_input_grad`: only the real products, as PyTorch's col2im), so NaN appears
+exactly where the sums themselves give it; a finite result is the same either way.
+
 A provider may compute the same sums another way (everyo-numba: one GEMM per group of images
 into every pixel's ``kh*kw`` contributions, added into the output while in cache): it need not
 fill ``kept``; the references then gather what they need themselves.
@@ -86,7 +92,39 @@ def conv2d_transpose_forward(x: np.ndarray, weight: np.ndarray, bias, stride: tu
     q = phase_positions(x.shape, transpose_taps(weight.shape, stride))
     kept["columns"] = columns = phase_columns(x, weight.shape, stride)
     phases = np.matmul(columns, phase_weight(weight, stride)).reshape(n, q[0], q[1], width)
-    return kernel.conv2d_transpose_interleave(phases, stride, crop, out_hw, bias)
+    out = kernel.conv2d_transpose_interleave(phases, stride, crop, out_hw, bias)
+    if _has_nan(out):
+        return _scatter_forward(x, weight, bias, stride, crop, out_hw)
+    return out
+
+
+def _has_nan(result: np.ndarray) -> bool:
+    """Whether ``result`` may hold a NaN: its sum is NaN (one pass; infinities of both signs,
+    or an overflowing sum, also send it to the recheck, which is then merely redundant)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        return bool(np.isnan(np.add.reduce(result, axis=None)))
+
+
+def _tap_views(full: np.ndarray, a: int, b: int, hw: tuple, stride: tuple) -> np.ndarray:
+    """The output positions kernel tap ``(a, b)`` reaches from every input pixel."""
+    return full[:, a:a + (hw[0] - 1) * stride[0] + 1:stride[0],
+                b:b + (hw[1] - 1) * stride[1] + 1:stride[1]]
+
+
+def _scatter_forward(x, weight, bias, stride, crop, out_hw):
+    """The forward tap by tap: only real products, added in tap order, then the bias."""
+    n, h, w, _ = x.shape
+    kh, kw, cout, _ = weight.shape
+    (top, left), (ho, wo) = crop, out_hw
+    full = np.zeros((n, max((h - 1) * stride[0] + kh, top + ho),
+                     max((w - 1) * stride[1] + kw, left + wo), cout), x.dtype.newbyteorder("="))
+    for a in range(kh):
+        for b in range(kw):
+            _tap_views(full, a, b, (h, w), stride)[...] += np.matmul(x, weight[a, b].T)
+    out = np.ascontiguousarray(full[:, top:top + ho, left:left + wo])
+    if bias is not None:
+        out += bias
+    return out
 
 
 def conv2d_transpose_weight_grad(x: np.ndarray, g: np.ndarray, kept: dict, w_shape: tuple,
@@ -116,7 +154,28 @@ def conv2d_transpose_input_grad(g: np.ndarray, weight: np.ndarray, kept: dict, x
     for i in range(ah):
         for j in range(aw):
             padded[:, i:i + q[0], j:j + q[1]] += blocks[:, :, :, i, j]
-    return padded[:, ah - 1:ah - 1 + h, aw - 1:aw - 1 + w]
+    grad = padded[:, ah - 1:ah - 1 + h, aw - 1:aw - 1 + w]
+    if _has_nan(grad):
+        return _scatter_input_grad(g, weight.astype(compute, copy=False), x_shape, stride, crop)
+    return grad
+
+
+def _scatter_input_grad(g, weight, x_shape, stride, crop):
+    """The input gradient tap by tap: the output gradient placed in the full scatter's frame
+    (zeros where the crop dropped outputs), each tap's positions times that tap, in tap
+    order."""
+    n, h, w, cin = x_shape
+    kh, kw, cout, _ = weight.shape
+    top, left = crop
+    full_h, full_w = (h - 1) * stride[0] + kh, (w - 1) * stride[1] + kw
+    full = np.zeros((n, full_h, full_w, cout), weight.dtype)
+    kept = g[:, :max(full_h - top, 0), :max(full_w - left, 0)]
+    full[:, top:top + kept.shape[1], left:left + kept.shape[2]] = kept
+    grad = np.zeros(x_shape, weight.dtype)
+    for a in range(kh):
+        for b in range(kw):
+            grad += np.matmul(_tap_views(full, a, b, (h, w), stride), weight[a, b])
+    return grad
 
 
 KERNELS = {

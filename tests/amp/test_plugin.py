@@ -11,8 +11,12 @@ import everyo_amp
 
 
 def run_without_autoload(code: str) -> subprocess.CompletedProcess:
-    """Run ``code`` in a fresh interpreter with plugin autoloading switched off."""
+    """Run ``code`` in a fresh interpreter with plugin autoloading switched off.
+
+    A kernel provider named in ``EVERYO_KERNELS`` is a plugin too, so it is not loaded there:
+    the child runs the reference kernels, which is all these tests are about."""
     env = {**os.environ, "EVERYO_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    env.pop("EVERYO_KERNELS", None)
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env=env, timeout=60)
 

@@ -13,13 +13,23 @@ import numpy as np
 import pytest
 
 import everyo as eo
-from everyo_layers.conv_rows import padded_rows, row_conv, row_weight_grad, rows_apply
+from everyo_layers import conv_rows
+from everyo_layers.conv_kernels import conv2d_input_grad
+from everyo_layers.conv_rows import (
+    padded_rows,
+    row_conv,
+    row_input_grad,
+    row_weight_grad,
+    rows_apply,
+)
 from everyo_layers.windows import pad_hw, window_view
 
 CASES = [  # (n, h, w, c, out, kw, dilation, (left, right))
     (3, 1, 11, 4, 8, 5, 2, (4, 4)), (2, 1, 9, 3, 5, 3, 1, (2, 0)), (1, 1, 7, 2, 3, 2, 3, (0, 0)),
     (2, 3, 6, 5, 4, 3, 1, (1, 1)), (0, 1, 5, 2, 2, 3, 1, (1, 1)), (4, 1, 16, 16, 1, 4, 1, (2, 1)),
-    (5, 1, 1000, 3, 2, 3, 2, (2, 2)),  # (5020 rows: more than one block of the forward's)
+    (5, 1, 1000, 3, 2, 3, 2, (2, 2)),  # (5020 rows, one block)
+    (3, 1, 900, 16, 16, 3, 2, (2, 2)),  # (2712 rows: blocks of 3906, the last one short)
+    (9, 1, 300, 64, 64, 5, 2, (4, 4)),  # (conv1d's channels: 12 blocks of 244, two groups)
 ]
 
 
@@ -34,11 +44,26 @@ def _windows(x, kw, dilation, left_right):
 @pytest.mark.parametrize("n, h, w, c, out, kw, dilation, left_right", CASES)
 def test_row_conv_matches_the_window_matrix_product(rng, dtype, n, h, w, c, out, kw, dilation,
                                                       left_right):
+    _check_against_the_window_matrix(rng, dtype, n, h, w, c, out, kw, dilation, left_right)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_row_conv_in_groups_of_one_block_matches_the_window_matrix_product(rng, monkeypatch,
+                                                                         dtype):
+    """Every block its own group (forward) and its own partial product (weight gradient): the
+    group offsets are exercised without inputs of tens of MB."""
+    monkeypatch.setattr(conv_rows, "_GROUP_ROWS", 1)
+    monkeypatch.setattr(conv_rows, "_PARTIAL_BYTES", 1)
+    _check_against_the_window_matrix(rng, dtype, 9, 1, 300, 64, 64, 5, 2, (4, 4))
+    _check_against_the_window_matrix(rng, dtype, 3, 2, 50, 40, 60, 3, 3, (3, 1))
+
+
+def _check_against_the_window_matrix(rng, dtype, n, h, w, c, out, kw, dilation, left_right):
     x = rng.standard_normal((n, h, w, c)).astype(dtype)
     weight = rng.standard_normal((1, kw, c, out)).astype(dtype)
     assert rows_apply(x, weight, (1, 1), ((0, 0), left_right))
     cols, width = _windows(x, kw, dilation, left_right)
-    rows = padded_rows(x, left_right)
+    rows = padded_rows(x, left_right, weight.shape, dilation)
     eps = np.finfo(dtype).eps
 
     ours = row_conv(rows, weight, dilation, x.shape, width)
@@ -55,6 +80,34 @@ def test_row_conv_matches_the_window_matrix_product(rng, dtype, n, h, w, c, out,
     scale = (np.abs(cols.astype(np.float64)).T @ np.abs(g2)).reshape(weight.shape)
     assert grad.shape == weight.shape and grad.dtype == dtype
     assert np.all(np.abs(grad - expected) <= 4 * max(g2.shape[0], 1) * eps * scale)
+
+    gx = row_input_grad(g, weight, dilation, left_right, w)
+    pads = ((0, 0), tuple(left_right))
+    expected = conv2d_input_grad(g2, w2.astype(np.float64), x.shape, weight.shape, (1, 1),
+                                 (1, dilation), pads, (h, width))
+    scale = conv2d_input_grad(np.abs(g2), np.abs(w2.astype(np.float64)), x.shape,
+                              weight.shape, (1, 1), (1, dilation), pads, (h, width))
+    assert gx.shape == x.shape and gx.dtype == dtype and gx.flags.c_contiguous
+    assert np.all(np.abs(gx - expected) <= 4 * kw * out * eps * scale)
+
+
+def test_row_input_grad_leaves_padding_past_the_kernel_to_the_col2im_path(rng):
+    """More padding than the kernel reaches (outputs that see only zeros) or an output
+    gradient wider than the weight: None, and Conv1D's input gradient still matches PyTorch's
+    rule (the window path's), checked in float64."""
+    g = rng.standard_normal((2, 1, 9, 3))
+    weight = rng.standard_normal((1, 3, 2, 3))
+    assert row_input_grad(g, weight, 1, (3, 0), 5) is None  # (reach 2 < left 3)
+    assert row_input_grad(g, weight.astype(np.float32), 1, (1, 1), 9) is None
+    assert row_input_grad(g, weight, 1, (2, 2), 7) is not None
+    layer = eo.Conv1D(2, 3, 3, padding=3, seed=0).to("float64")
+    x = eo.tensor(rng.standard_normal((2, 5, 2)), requires_grad=True)
+    (layer(x) ** 2).sum().backward()
+    out_g = 2 * layer(x).data.reshape(2, 1, 9, 3)
+    expected = conv2d_input_grad(out_g.reshape(-1, 3), layer.weight.data.reshape(-1, 3),
+                                 (2, 1, 5, 2), (1, 3, 2, 3), (1, 1), (1, 1),
+                                 ((0, 0), (3, 3)), (1, 9))
+    np.testing.assert_allclose(x.grad.reshape(2, 1, 5, 2), expected, rtol=1e-12, atol=1e-12)
 
 
 def test_rows_apply_only_where_it_computes_conv2d():
@@ -96,7 +149,7 @@ def test_row_weight_grad_of_a_wider_output_gradient_is_computed_wide(rng):
     weight gradient must come out of the float64 gradient, not of a float32 rounding of it."""
     x = rng.standard_normal((2, 1, 6, 2)).astype(np.float32)
     g = rng.standard_normal((2, 1, 6, 2)) * (1 + 1e-9)  # (not exact in float32)
-    grad = row_weight_grad(padded_rows(x, (1, 1)), g, 1, (1, 3, 2, 2))
+    grad = row_weight_grad(padded_rows(x, (1, 1), (1, 3, 2, 2), 1), g, 1, (1, 3, 2, 2))
     cols, _ = _windows(x, 3, 1, (1, 1))
     expected = (cols.astype(np.float64).T @ g.reshape(-1, 2)).reshape(1, 3, 2, 2)
     assert grad.dtype == np.float64

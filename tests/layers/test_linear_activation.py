@@ -139,8 +139,9 @@ def test_dropout_gradcheck_with_a_fixed_mask(rng):
 
 
 def test_dropout_rejects_bad_p():
-    with pytest.raises(eo.EveryOError, match="Dropout: p must be in"):
-        eo.Dropout(1.0)
+    for p in (-0.1, 1.5, float("nan")):  # (p=1 drops everything, as PyTorch's)
+        with pytest.raises(eo.EveryOError, match="Dropout: p must be a number in"):
+            eo.Dropout(p)
 
 
 def test_layers_are_reachable_through_the_registry():

@@ -665,3 +665,76 @@ def _reduce_rows_table() -> list:
 
 _ALL += _with_swapped(_reduce_rows_table())
 CASES = [(name, build) for name, build, _ in _ALL]
+
+
+# -- conv3 (#25): the transposed convolution's forward and weight gradient ---------------------
+# (one GEMM per group of images in the provider, the sub-pixel phases in the reference: other
+# summation orders, so a normwise bound; GEMMs inside, whose bits BLAS decides per thread count)
+ULPS["conv2d_transpose_forward"] = 16
+ULPS["conv2d_transpose_weight_grad"] = 16
+ULPS["conv2d_transpose_input_grad"] = 16
+USES_BLAS = USES_BLAS | {"conv2d_transpose_forward", "conv2d_transpose_weight_grad",
+                         "conv2d_transpose_input_grad"}
+
+#: (input hw, kernel, stride, crop, out_hw): "same" 4x4 stride 2, "valid" 3x3 stride 2, "same"
+#: 3x3 stride 1, an output past the scatter's reach (PyTorch's output_padding), a kernel
+#: smaller than the stride (pixels no tap reaches: zeros plus the bias).
+TRANSPOSE_CONVS = [((5, 4), (4, 4), (2, 2), (1, 1), (10, 8)),
+                   ((4, 5), (3, 3), (2, 2), (0, 0), (9, 11)),
+                   ((4, 4), (3, 3), (1, 1), (1, 1), (4, 4)),
+                   ((3, 3), (3, 2), (2, 3), (1, 0), (8, 10)),
+                   ((3, 4), (1, 1), (2, 2), (0, 0), (6, 8))]
+
+
+def _transpose_forward(hw, kernel, stride, crop, out_hw, bias, dtype, how):
+    """Input and weight in the op's compute dtype (float32 for the 16-bit formats, whose bias
+    widens into it), the input in layout ``how``."""
+    def build(rng):
+        compute = np.dtype(np.float64 if dtype == np.float64 else np.float32)
+        x = layout(values(rng, (3,) + hw + (9,), compute), how)
+        weight = values(rng, kernel + (5, 9), compute)
+        return (x, weight, values(rng, (5,), dtype) if bias else None, stride, crop, out_hw,
+                {})
+    return build
+
+
+def _transpose_weight_grad(hw, kernel, stride, crop, out_hw, dtype, how):
+    """The forward's input (compute dtype) and an output gradient in ``dtype``, both in layout
+    ``how``."""
+    def build(rng):
+        compute = np.dtype(np.float64 if dtype == np.float64 else np.float32)
+        x = layout(values(rng, (3,) + hw + (9,), compute), how)
+        g = layout(values(rng, (3,) + out_hw + (5,), dtype), how)
+        return x, g, {}, kernel + (5, 9), stride, crop
+    return build
+
+
+def _transpose_input_grad(hw, kernel, stride, crop, out_hw, dtype, how):
+    """An output gradient in ``dtype`` and layout ``how``, the weight in the compute dtype."""
+    def build(rng):
+        compute = np.dtype(np.float64 if dtype == np.float64 else np.float32)
+        g = layout(values(rng, (3,) + out_hw + (5,), dtype), how)
+        weight = values(rng, kernel + (5, 9), compute)
+        return g, weight, {}, (g.shape[0],) + hw + (9,), stride, crop
+    return build
+
+
+def _transpose_cases() -> list:
+    cases = []
+    for dtype in DTYPES:
+        for how in LAYOUTS:
+            for geometry in TRANSPOSE_CONVS:
+                label = f"k{geometry[1]}s{geometry[2]}out{geometry[4]}-{dtype.name}-{how}"
+                for bias in (True, False):
+                    cases.append(("conv2d_transpose_forward",
+                                  _transpose_forward(*geometry, bias, dtype, how),
+                                  f"{label}-{'bias' if bias else 'nobias'}"))
+                cases.append(("conv2d_transpose_weight_grad",
+                              _transpose_weight_grad(*geometry, dtype, how), label))
+                cases.append(("conv2d_transpose_input_grad",
+                              _transpose_input_grad(*geometry, dtype, how), label))
+    return cases
+
+
+_ALL += _with_swapped(_transpose_cases())
+CASES = [(name, build) for name, build, _ in _ALL]

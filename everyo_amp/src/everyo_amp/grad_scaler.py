@@ -13,13 +13,16 @@ import numpy as np
 
 from everyo import EveryOError, Tensor
 from everyo.kernels import kernel
-from everyo.validation import checked_argument, expect_state
+from everyo.validation import checked_argument, checked_gradients, expect_state
 
 _READY, _UNSCALED, _STEPPED = "ready", "unscaled", "stepped"
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 def _optimizer_grads(optimizer) -> list[np.ndarray]:
-    return [p.grad for p in optimizer.params if p.grad is not None]
+    params = optimizer.params
+    return checked_gradients("GradScaler.unscale_", [p for p in params if p.grad is not None],
+                             writable=True, numbered_in=params)
 
 
 #: setting -> (kind, extra range test, what the range test asks); a loaded "scale" is
@@ -169,9 +172,8 @@ class GradScaler:
         if not self._enabled:
             return
         if new_scale is not None:
-            if not new_scale > 0:
-                raise EveryOError(f"GradScaler.update: new_scale must be > 0, got {new_scale}")
-            self._scale = float(new_scale)
+            self._scale = checked_argument("GradScaler.update", "new_scale", new_scale,
+                                           "positive float", EveryOError)
         else:
             if not self._per_optimizer:
                 raise EveryOError("GradScaler.update(): no step() or unscale_() was recorded "
@@ -182,7 +184,11 @@ class GradScaler:
             else:
                 self._growth_tracker += 1
                 if self._growth_tracker == self._growth_interval:
-                    self._scale *= self._growth_factor
+                    # NOTE: PyTorch's rule: no growth past float32's range (a scaled float32
+                    # loss would be inf there: every growth would cost a skipped step)
+                    grown = self._scale * self._growth_factor
+                    if grown <= _FLOAT32_MAX:
+                        self._scale = grown
                     self._growth_tracker = 0
         self._per_optimizer.clear()
 

@@ -46,6 +46,8 @@ from everyo.errors import (
     EveryOError,
     EveryOFileNotFoundError,
     EveryOIndexError,
+    EveryOIsADirectoryError,
+    EveryOMemoryError,
     EveryOSerializationError,
     MissingDistributionError,
     MissingDistributionModuleError,

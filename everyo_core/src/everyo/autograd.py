@@ -162,9 +162,10 @@ def gradients_from_parts(op: Any, g: np.ndarray) -> tuple:
 
 def _refuse_a_call_forward_cannot_take(cls, count: int, attrs: dict, exc: TypeError) -> None:
     """After ``forward`` raised ``exc``: an ``EveryOError`` naming the op when the call does
-    not fit its ``forward`` (too many operands or an unknown attribute, as ``eo.dropout(x,
-    0.5)`` passes ``p`` as an operand), or when an operand took the place of an attribute
-    (a parameter whose default is not None: operands have none, or None). Otherwise the
+    not fit its ``forward`` (too many operands or an unknown attribute, as
+    ``eo.dispatch("dropout", x, 0.5)`` passes ``p`` as an operand), or when an operand took
+    the place of an attribute (a parameter whose default is not None: operands have none, or
+    None). Otherwise the
     ``TypeError`` is forward's own and is left alone."""
     signature = inspect.signature(cls.forward)
     try:
@@ -386,8 +387,13 @@ def root_gradient(root: Tensor, grad) -> np.ndarray:
         grad = np.asarray(grad.data if isinstance(grad, Tensor) else grad)
     except (TypeError, ValueError) as exc:  # (ragged nested lists)
         raise EveryOError(f"backward(grad): grad is not an array of numbers: {exc}") from None
-    # NOTE: checked before the cast: NumPy casts None objects to NaN, strings raise
-    grad = _check_numeric(grad, "backward(grad)").astype(root.data.dtype, copy=False)
+    # NOTE: checked before the cast: NumPy casts None objects to NaN, strings raise, and a
+    # complex gradient would lose its imaginary part with only a ComplexWarning
+    grad = _check_numeric(grad, "backward(grad)")
+    if grad.dtype.kind == "c" and root.data.dtype.kind != "c":
+        raise EveryOError(f"backward(grad): grad is {grad.dtype} (complex) for a "
+                          f"{root.data.dtype} tensor; its imaginary part has nowhere to go")
+    grad = grad.astype(root.data.dtype, copy=False)
     if grad.shape != root.shape:
         raise EveryOError(f"backward(grad): grad shape {grad.shape} != tensor shape {root.shape}")
     return grad
@@ -405,8 +411,9 @@ def accumulate_leaf(t: Tensor, g: Any, copy: bool) -> None:
         return
     if t.grad is None:
         # NOTE: copy when the array may be shared (a pass-through or a view), so that an
-        # in-place edit of one leaf's .grad never changes another's.
-        t.grad = np.array(g, copy=True) if copy else g
+        # in-place edit of one leaf's .grad never changes another's; NumPy's 0-d arithmetic
+        # gives scalars, made arrays here (a scalar .grad cannot be changed in place).
+        t.grad = np.array(g, copy=True) if copy or type(g) is not np.ndarray else g
     else:
         t.grad += g
 

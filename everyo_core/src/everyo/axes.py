@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from everyo.errors import EveryOError
@@ -53,3 +55,43 @@ def check_axes(axes, ndim: int, op: str, shape: tuple | None = None) -> tuple[in
         twice = next(a for a in checked if checked.count(a) > 1)
         raise EveryOError(f"{op}: axis {twice} is listed twice in {tuple(axes)}")
     return tuple(sorted(checked))
+
+
+#: An argument left out (``None`` is a value ``dim`` may have).
+UNSET: Any = ...
+
+#: Why a PyTorch ``dim=`` does not carry over to these functions unchanged.
+_DIM_DIFFERS = {
+    "max": "PyTorch's max(dim=) returns (values, indices): here max(axis=) gives the values "
+           "and argmax(axis=) the indices",
+    "min": "PyTorch's min(dim=) returns (values, indices): here min(axis=) gives the values "
+           "and argmin(axis=) the indices",
+    "var": "PyTorch's var(dim=) is the sample variance (correction=1); here var(axis=) is the "
+           "population variance unless ddof=1",
+}
+
+
+def pytorch_axis(name: str, axis, keepdims, dim=UNSET, keepdim=UNSET,
+                 default_axis=None) -> tuple:
+    """``(axis, keepdims)`` with PyTorch's spellings ``dim=``/``keepdim=`` accepted for
+    EveryO's ``axis=``/``keepdims=`` where they mean the same (one of each pair, not both);
+    where PyTorch's function returns something else for ``dim=`` (``max``, ``min``, ``var``)
+    it is an ``EveryOError`` saying what to call instead, never a silent difference.
+    ``axis`` equal to ``default_axis`` counts as not given.
+
+    Example:
+        >>> pytorch_axis("sum", None, False, dim=1, keepdim=True)
+        (1, True)
+    """
+    if dim is not UNSET:
+        if name in _DIM_DIFFERS:
+            raise EveryOError(f"{name}: dim= is not taken: {_DIM_DIFFERS[name]}")
+        if axis is not default_axis and axis != default_axis:  # (axis given too)
+            raise EveryOError(f"{name}: got both axis={axis!r} and PyTorch's dim={dim!r}; "
+                              f"pass one")
+        axis = dim
+    if keepdim is not UNSET:
+        if keepdims:
+            raise EveryOError(f"{name}: got both keepdims and PyTorch's keepdim; pass one")
+        keepdims = keepdim
+    return axis, keepdims

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Iterable, Iterator
 
-from everyo.errors import EveryOError
+from everyo.errors import EveryOError, EveryOIndexError
 from everyo.module import Module
 
 
@@ -70,8 +70,8 @@ class ModuleList(Module):
         try:
             return items[index]
         except IndexError:
-            raise IndexError(f"ModuleList index {index} out of range for {len(items)} "
-                             f"modules") from None
+            raise EveryOIndexError(f"ModuleList index {index} out of range for {len(items)} "
+                                   f"modules") from None
 
     def __setitem__(self, index: int, module: Module) -> None:
         items = self._items()

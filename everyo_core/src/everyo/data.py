@@ -30,6 +30,8 @@ class TensorDataset:
     def __init__(self, *arrays):
         if not arrays:
             raise EveryOError("TensorDataset needs at least one array")
+        for i, a in enumerate(arrays):
+            _refuse_a_dataset_object(a, i)
         self.arrays = tuple(np.asarray(a.data if isinstance(a, Tensor) else a) for a in arrays)
         for i, a in enumerate(self.arrays):
             if a.ndim == 0 or not (a.dtype.kind in "biu" or is_floating(a.dtype)):
@@ -48,6 +50,40 @@ class TensorDataset:
         return tuple(a[index] for a in self.arrays)
 
 
+def _check_pytorch_loader_options(**options) -> None:
+    """PyTorch's ``DataLoader`` options: those about workers checked and accepted (batches
+    are slices taken in this process), those that change the batches accepted as None only."""
+    checked_argument("DataLoader", "num_workers", options["num_workers"], "non-negative int",
+                     EveryOError)
+    for name in ("pin_memory", "persistent_workers"):
+        checked_argument("DataLoader", name, options[name], "bool", EveryOError)
+    if options["prefetch_factor"] is not None:
+        checked_argument("DataLoader", "prefetch_factor", options["prefetch_factor"],
+                         "positive int", EveryOError)
+    checked_argument("DataLoader", "timeout", options["timeout"], "non-negative float",
+                     EveryOError)
+    if options["worker_init_fn"] is not None and not callable(options["worker_init_fn"]):
+        raise EveryOError("DataLoader: worker_init_fn must be a function or None")
+    for name in ("sampler", "batch_sampler", "collate_fn", "generator"):
+        if options[name] is not None:
+            raise EveryOError(f"DataLoader: {name}= is not supported (only None): batches are rows "
+                              f"of the dataset's arrays, in order or shuffled with "
+                              f"shuffle=True and seed=")
+
+
+def _refuse_a_dataset_object(value, index: int) -> None:
+    """Refuse a map-style dataset (an object with ``__getitem__``, PyTorch's ``Dataset``) where
+    an array is expected: NumPy's conversion would read its items until an IndexError, which
+    such a dataset need never raise (memory filled without end)."""
+    if isinstance(value, (np.ndarray, Tensor, list, tuple, range)) or not hasattr(
+            value, "__getitem__") or any(hasattr(value, name) for name in (
+                "__array__", "__array_interface__", "__array_struct__")):
+        return
+    raise EveryOError(f"TensorDataset: array {index} is a {type(value).__name__}, a dataset "
+                      f"object, not an array; EveryO's DataLoader batches arrays: gather its "
+                      f"items into arrays and pass them (or a TensorDataset of them)")
+
+
 class DataLoader:
     """Iterate over mini-batches of Tensors.
 
@@ -57,6 +93,12 @@ class DataLoader:
         shuffle: reshuffle every epoch: with its own generator seeded by ``seed``, or with
             the global one (``eo.manual_seed``) when ``seed`` is None.
         drop_last: drop the final short batch.
+        num_workers, pin_memory, persistent_workers, prefetch_factor, timeout,
+            worker_init_fn: PyTorch's, accepted so that its loaders port unchanged: batches
+            are sliced from arrays in this process (no workers, nothing to pin), so they
+            change nothing. ``sampler``, ``batch_sampler``, ``collate_fn`` and ``generator``
+            are accepted as None only (refused by name otherwise: shuffle with
+            ``shuffle=``/``seed=``).
 
     ``state_dict()`` holds the current epoch's order, how many of its batches were taken and
     the loader's own generator, so a run resumed from a checkpoint gets the same batches.
@@ -69,7 +111,16 @@ class DataLoader:
     """
 
     def __init__(self, dataset, batch_size: int = 1, shuffle: bool = False, seed=None,
-                 drop_last: bool = False):
+                 drop_last: bool = False, *, num_workers: int = 0, pin_memory: bool = False,
+                 persistent_workers: bool = False, prefetch_factor=None, timeout: float = 0,
+                 worker_init_fn=None, sampler=None, batch_sampler=None, collate_fn=None,
+                 generator=None):
+        _check_pytorch_loader_options(num_workers=num_workers, pin_memory=pin_memory,
+                                      persistent_workers=persistent_workers,
+                                      prefetch_factor=prefetch_factor, timeout=timeout,
+                                      worker_init_fn=worker_init_fn, sampler=sampler,
+                                      batch_sampler=batch_sampler, collate_fn=collate_fn,
+                                      generator=generator)
         if isinstance(dataset, (tuple, list)):
             dataset = TensorDataset(*dataset)
         elif not isinstance(dataset, TensorDataset):

@@ -25,7 +25,7 @@ def resolve_dtype(dtype, what: str = "dtype") -> np.dtype:
     """``dtype`` (a name, a NumPy dtype or type) as a NumPy dtype, else a clear ``EveryOError``.
 
     Args:
-        dtype: e.g. ``"float32"``, ``"bfloat16"``, ``np.float16``.
+        dtype: e.g. ``"float32"``, ``"bfloat16"``, ``np.float16``, ``torch.float64``.
         what: what the dtype is for, named in the error.
 
     Returns:
@@ -35,6 +35,9 @@ def resolve_dtype(dtype, what: str = "dtype") -> np.dtype:
         >>> resolve_dtype("bfloat16").name
         'bfloat16'
     """
+    if type(dtype).__name__ == "dtype" and type(dtype).__module__ == "torch":
+        # PyTorch's dtype, by its name (torch.float64 -> "float64"): torch is not imported
+        dtype = str(dtype).removeprefix("torch.")
     if not isinstance(dtype, np.dtype):
         try:
             dtype = np.dtype(dtype)

@@ -66,6 +66,11 @@ def _tensors(value, what: str) -> list:
     return list(value)
 
 
+#: What ``eo.grad`` takes as one output's gradient given alone (not a sequence of them): an
+#: array, a NumPy or Python number, or a string that root_gradient refuses by name.
+_ONE_GRADIENT = (Tensor, np.ndarray, np.generic, int, float, complex, str, bytes)
+
+
 def grad(outputs, inputs, grad_outputs=None, retain_graph: bool | None = None,
          create_graph: bool = False, allow_unused: bool = False) -> tuple:
     """Gradients of ``outputs`` with respect to ``inputs``, without touching any ``.grad``.
@@ -91,7 +96,7 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph: bool | None = None,
         (27.0, 18.0)
     """
     outputs, inputs = _tensors(outputs, "outputs"), _tensors(inputs, "inputs")
-    if grad_outputs is None or isinstance(grad_outputs, (Tensor, np.ndarray)):
+    if grad_outputs is None or isinstance(grad_outputs, _ONE_GRADIENT):
         grad_outputs = [grad_outputs] * len(outputs) if grad_outputs is None else [grad_outputs]
     grad_outputs = list(grad_outputs)
     if len(grad_outputs) != len(outputs):
@@ -122,7 +127,7 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph: bool | None = None,
                                   f"to compute the outputs; pass allow_unused=True to get None")
             result.append(None)
         else:
-            result.append(g if isinstance(g, Tensor) else Tensor._make(g, False, None))
+            result.append(g if isinstance(g, Tensor) else Tensor._make(np.asarray(g), False, None))
     return tuple(result)
 
 

@@ -1,5 +1,11 @@
 """The exception hierarchy every EveryO distribution raises from."""
 
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+from typing import Iterator
+
 
 class EveryOError(Exception):
     """Base class of every error EveryO raises on purpose."""
@@ -16,8 +22,53 @@ class EveryOFileNotFoundError(EveryOSerializationError, FileNotFoundError):
     """A file to load does not exist (also a ``FileNotFoundError``, as PyTorch raises)."""
 
 
+class EveryOIsADirectoryError(EveryOSerializationError, IsADirectoryError):
+    """A file to write is a directory (also an ``IsADirectoryError``, what ``open`` raises)."""
+
+
 class EveryOIndexError(EveryOError, IndexError):
     """An index is out of range or malformed for the tensor's shape."""
+
+
+class EveryOMemoryError(EveryOError, MemoryError):
+    """An array is too large to allocate (also a ``MemoryError``, as NumPy and PyTorch raise);
+    the message names what was being created, the shape, the dtype and the bytes."""
+
+
+#: NumPy's words for a size past what an index can count (a ``ValueError``, not a
+#: ``MemoryError``): ``np.empty(2**63)`` and ``np.empty((10**30,))``.
+_TOO_BIG = ("array is too big", "Maximum allowed dimension exceeded")
+
+
+@contextmanager
+def allocating(what: str, shape: tuple | None = None, dtype=None) -> Iterator[None]:
+    """Turn NumPy's failure to allocate inside the block into an :class:`EveryOMemoryError`
+    naming ``what`` (``"zeros"``, ``"Linear(...)"``), the shape and the bytes. Without
+    ``shape``/``dtype`` they are read from NumPy's error (its ``ArrayMemoryError`` carries
+    them). The one place EveryO names an allocation that cannot be made.
+
+    Example:
+        >>> import numpy as np
+        >>> try:
+        ...     with allocating("zeros", (10**8, 10**8), np.dtype("float32")):
+        ...         np.zeros((10**8, 10**8), np.float32)
+        ... except MemoryError as exc:
+        ...     print(type(exc).__name__, str(exc)[:61])
+        EveryOMemoryError zeros: a float32 tensor of shape (100000000, 100000000) needs
+    """
+    try:
+        yield
+    except (MemoryError, ValueError) as exc:
+        if isinstance(exc, ValueError) and not any(words in str(exc) for words in _TOO_BIG):
+            raise
+        shape = tuple(shape) if shape is not None else getattr(exc, "shape", None)
+        dtype = dtype if dtype is not None else getattr(exc, "dtype", None)
+        if shape is None or dtype is None:
+            raise EveryOMemoryError(f"{what}: a tensor is too large to allocate "
+                                    f"({type(exc).__name__}: {exc})") from None
+        needed = math.prod(shape) * dtype.itemsize
+        raise EveryOMemoryError(f"{what}: a {dtype.name} tensor of shape {tuple(shape)} needs "
+                                f"{needed:.3g} bytes, more than can be allocated") from None
 
 
 class PluginError(EveryOError):

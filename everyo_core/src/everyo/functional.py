@@ -10,6 +10,8 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 
+from everyo.axes import UNSET as _UNSET
+from everyo.axes import pytorch_axis as _pytorch_axis
 from everyo.dispatch import dispatch
 from everyo.errors import EveryOError
 from everyo.shape_args import axes as axes_of
@@ -20,7 +22,8 @@ class Reduction(Protocol):
     """The signature of a reduction (``eo.sum(x, axis=None, keepdims=False)``, ``argmax``...),
     spelled out for type checkers; as a Tensor attribute it binds ``x`` (:class:`BoundReduction`)."""
 
-    def __call__(self, x: Any, axis: Any = None, keepdims: bool = False) -> Any: ...
+    def __call__(self, x: Any, axis: Any = None, keepdims: bool = False, *, dim: Any = ...,
+                 keepdim: Any = ...) -> Any: ...
 
     def __get__(self, instance: Any, owner: Any = None) -> BoundReduction: ...
 
@@ -28,7 +31,8 @@ class Reduction(Protocol):
 class BoundReduction(Protocol):
     """A reduction as a Tensor method: ``x.sum(axis=None, keepdims=False)``."""
 
-    def __call__(self, axis: Any = None, keepdims: bool = False) -> Any: ...
+    def __call__(self, axis: Any = None, keepdims: bool = False, *, dim: Any = ...,
+                 keepdim: Any = ...) -> Any: ...
 
 
 def _unary(name: str, doc: str) -> Callable[[Any], Any]:
@@ -50,7 +54,9 @@ relu = _unary("relu", "Elementwise max(x, 0).")
 
 
 def _reduction(name: str, doc: str) -> Reduction:
-    def fn(x, axis=None, keepdims=False):
+    def fn(x, axis=None, keepdims=False, *, dim=_UNSET, keepdim=_UNSET):
+        if dim is not _UNSET or keepdim is not _UNSET:
+            axis, keepdims = _pytorch_axis(name, axis, keepdims, dim, keepdim)
         return dispatch(name, x, axis=axis, keepdims=keepdims)
 
     fn.__name__, fn.__qualname__, fn.__doc__ = name, name, doc
@@ -63,8 +69,10 @@ max = _reduction("max", "Maximum over ``axis``; ties share the gradient.")
 min = _reduction("min", "Minimum over ``axis``; ties share the gradient.")
 
 
-def var(x, axis=None, keepdims=False, ddof=0):
+def var(x, axis=None, keepdims=False, ddof=0, *, dim=_UNSET, keepdim=_UNSET):
     """Variance over ``axis``; ``ddof=0`` (NumPy's default) is the population variance."""
+    if dim is not _UNSET or keepdim is not _UNSET:
+        axis, keepdims = _pytorch_axis("var", axis, keepdims, dim, keepdim)
     return dispatch("var", x, axis=axis, keepdims=keepdims, ddof=ddof)
 
 
@@ -202,11 +210,15 @@ def _all_non_negative(pad_width) -> bool:
         return False
 
 
-def softmax(x, axis=-1):
-    """Numerically stable softmax along ``axis``."""
+def softmax(x, axis=-1, *, dim=_UNSET):
+    """Numerically stable softmax along ``axis`` (PyTorch's ``dim=`` too)."""
+    if dim is not _UNSET:
+        axis, _ = _pytorch_axis("softmax", axis, False, dim, default_axis=-1)
     return dispatch("softmax", x, axis=axis)
 
 
-def log_softmax(x, axis=-1):
-    """Numerically stable log-softmax along ``axis``."""
+def log_softmax(x, axis=-1, *, dim=_UNSET):
+    """Numerically stable log-softmax along ``axis`` (PyTorch's ``dim=`` too)."""
+    if dim is not _UNSET:
+        axis, _ = _pytorch_axis("log_softmax", axis, False, dim, default_axis=-1)
     return dispatch("log_softmax", x, axis=axis)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import weakref
 
 from everyo.errors import EveryOError
+from everyo.validation import ArgumentError
 
 # id(leaf tensor or producing op) -> list of fn(grad) -> grad | None
 tensor_hooks: dict[int, list] = {}
@@ -48,7 +49,7 @@ class RemovableHandle:
 def add_hook(table: dict, owner, fn) -> RemovableHandle:
     """Register ``fn`` in ``table`` under ``owner`` (dropped when ``owner`` is collected)."""
     if not callable(fn):
-        raise TypeError(f"a hook must be callable, got {type(fn).__name__}")
+        raise ArgumentError(f"a hook must be callable, got {type(fn).__name__}")
     key = id(owner)
     fns = table.get(key)
     if fns is None:
@@ -108,7 +109,7 @@ def register_post_accumulate_grad_hook(param, fn, early: bool = False) -> Remova
         raise EveryOError("register_post_accumulate_grad_hook needs a leaf tensor that "
                           "requires grad (a Parameter)")
     if not callable(fn):
-        raise TypeError(f"a hook must be callable, got {type(fn).__name__}")
+        raise ArgumentError(f"a hook must be callable, got {type(fn).__name__}")
     return add_hook(post_accumulate_hooks, param, EarlyHook(fn) if early else fn)
 
 

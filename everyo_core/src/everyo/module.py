@@ -14,7 +14,7 @@ from everyo.devices import check_device, is_device
 from everyo.dtypes import is_floating, resolve_dtype
 from everyo.errors import EveryOError
 from everyo.tensor import DEFAULT_FLOAT, Tensor, _check_numeric, tensor
-from everyo.validation import converted_array
+from everyo.validation import ArgumentError, converted_array
 from everyo.versioning import bump_version
 
 
@@ -77,7 +77,7 @@ class Module:
                               f"before assigning attributes")
         if (name in self._parameter_names and value is not None
                 and not isinstance(value, Parameter)):
-            raise TypeError(
+            raise ArgumentError(
                 f"cannot assign a {type(value).__name__} to {type(self).__name__}.{name}, which "
                 f"is a Parameter: the new value would be neither trained nor saved. Copy values "
                 f"in place with `{name}.data[...] = array`, or use model.load_state_dict(...); "
@@ -132,18 +132,54 @@ class Module:
         for _, module in self.named_modules():
             yield module
 
-    def named_parameters(self, prefix: str = "") -> Iterator[tuple[str, Parameter]]:
+    def named_parameters(self, prefix: str = "",
+                         recurse: bool = True) -> Iterator[tuple[str, Parameter]]:
+        """``(name, parameter)`` pairs, each parameter once; ``recurse=False`` (PyTorch's)
+        gives this module's own only."""
         seen: set[int] = set()
-        for path, module in self.named_modules(prefix):
+        modules = self.named_modules(prefix) if recurse else iter([(prefix, self)])
+        for path, module in modules:
             for name in module._parameter_names:
                 param = module.__dict__[name]
                 if id(param) not in seen:
                     seen.add(id(param))
                     yield (f"{path}.{name}" if path else name), param
 
-    def parameters(self) -> Iterator[Parameter]:
-        for _, param in self.named_parameters():
+    def parameters(self, recurse: bool = True) -> Iterator[Parameter]:
+        for _, param in self.named_parameters(recurse=recurse):
             yield param
+
+    def add_module(self, name: str, module: "Module | None") -> None:
+        """PyTorch's ``add_module``/``register_module``: ``setattr(self, name, module)`` for a
+        name that is not an attribute identifier too (``"conv-1"``)."""
+        if not isinstance(name, str) or not name or "." in name:
+            raise EveryOError(f"{type(self).__name__}.add_module: the name must be a non-empty "
+                              f"string without '.', got {name!r}")
+        if module is not None and not isinstance(module, Module):
+            raise EveryOError(f"{type(self).__name__}.add_module({name!r}): expected an "
+                              f"eo.Module, got a {type(module).__name__}")
+        setattr(self, name, module)
+
+    register_module = add_module
+
+    def requires_grad_(self, requires_grad: bool = True) -> "Module":
+        """Set ``requires_grad`` of every parameter (``False`` freezes them); returns self."""
+        if not isinstance(requires_grad, (bool, np.bool_)):
+            raise EveryOError(f"{type(self).__name__}.requires_grad_: expected True or False, "
+                              f"got {requires_grad!r}")
+        for param in self.parameters():
+            param.requires_grad = bool(requires_grad)
+        return self
+
+    def cpu(self) -> "Module":
+        """PyTorch's ``module.cpu()``: EveryO computes on the CPU, so ``self`` as it is."""
+        return self
+
+    def cuda(self, device=None) -> "Module":
+        """Refused by name: EveryO computes on the CPU only."""
+        check_device("cuda" if device is None else f"cuda:{device}" if isinstance(device, int)
+                     else device, f"{type(self).__name__}.cuda")
+        return self
 
     def named_buffers(self) -> Iterator[tuple[str, np.ndarray]]:
         for path, module in self.named_modules():
@@ -382,6 +418,13 @@ class Sequential(Module):
 
     def __init__(self, *layers: Module):
         super().__init__()
+        if len(layers) == 1 and isinstance(layers[0], Mapping):  # PyTorch's OrderedDict form
+            for name, layer in layers[0].items():
+                if not isinstance(layer, Module):
+                    raise EveryOError(f"Sequential takes Modules, got {type(layer).__name__} "
+                                      f"under {name!r}")
+                self.add_module(name, layer)
+            return
         for layer in layers:
             self.append(layer)
 

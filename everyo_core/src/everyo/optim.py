@@ -12,6 +12,7 @@ import functools
 import inspect
 import math
 import weakref
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -19,9 +20,11 @@ from everyo.autograd import zero_gradients
 from everyo.errors import EveryOError
 from everyo.grad_mode import enable_grad
 from everyo.kernel_registry import kernel
+from everyo.porting_layout import buffer_from_pytorch, pytorch_array
 from everyo.tensor import Tensor
 from everyo.validation import (
     checked_argument,
+    checked_gradients,
     checked_list,
     converted_array,
     expect_state,
@@ -225,11 +228,15 @@ class Optimizer:
         """Update only those of ``params`` that have a gradient, exactly as :meth:`step`
         updates them (``DistributedDataParallel(optimizer=)`` steps each bucket as its
         reduction lands). ``count``: this call begins an optimizer step (``step_count``)."""
+        wanted = {id(p) for p in params}
+        groups = [(group, [p for p in group["params"] if id(p) in wanted and p.grad is not None])
+                  for group in self.param_groups]
+        for _, chosen in groups:  # NOTE: all checked before anything changes
+            checked_gradients(type(self).__name__ + ".step", chosen, numbered_in=self.params)
+            check_writable(type(self).__name__ + ".step", chosen, self.params)
         if count:
             self.step_count += 1
-        wanted = {id(p) for p in params}
-        for group in self.param_groups:
-            chosen = [p for p in group["params"] if id(p) in wanted and p.grad is not None]
+        for group, chosen in groups:
             if chosen:
                 self._update_group(chosen, group)
             for p in chosen:
@@ -273,19 +280,22 @@ class Optimizer:
         owner = f"{name}.load_state_dict"
         if isinstance(state, dict) and "hyperparameters" in state and state.get("type") == name:
             state = _from_single_group_layout(state)
+        # NOTE: every EveryO optimizer state names its class: one that does not is PyTorch's,
+        # whose buffers have PyTorch's layout (docs/porting.md)
+        from_pytorch = isinstance(state, Mapping) and "type" not in state
         state = expect_state(owner, state, name, ("state", "param_groups"), ("step_count",))
         saved_groups = checked_list(owner, "param_groups", state["param_groups"])
         if len(saved_groups) != len(self.param_groups):
             raise EveryOError(f"{owner}: the state has {len(saved_groups)} "
                               f"parameter groups, the optimizer {len(self.param_groups)}")
-        by_index = self._parameters_by_saved_index(owner, saved_groups)
+        by_index = self._parameters_by_saved_index(owner, saved_groups, from_pytorch)
         updated = []
         for saved, group in zip(saved_groups, self.param_groups):
             new = dict(group)
             new.update({key: _plain(value) for key, value in saved.items() if key != "params"})
             self._check_options(new)
             updated.append(new)
-        buffers = self._checked_buffers(owner, state["state"], by_index)
+        buffers = self._checked_buffers(owner, state["state"], by_index, from_pytorch)
         self._check_complete(owner, updated, buffers, by_index)
         step_count = checked_argument(owner, "step_count", state.get("step_count", 0),
                                       "non-negative int", EveryOError)
@@ -311,7 +321,8 @@ class Optimizer:
                         f"not {[n for n in together if n not in have]}: with its group's "
                         f"options a step reads {list(together)} together")
 
-    def _parameters_by_saved_index(self, owner: str, saved_groups: list) -> dict:
+    def _parameters_by_saved_index(self, owner: str, saved_groups: list,
+                                   from_pytorch: bool = False) -> dict:
         """``{index in the state: parameter}``, after checking each group's size."""
         by_index = {}
         for i, (saved, group) in enumerate(zip(saved_groups, self.param_groups)):
@@ -319,15 +330,20 @@ class Optimizer:
                 raise EveryOError(f"{owner}: group {i} of the state is not a dict with 'params'")
             indices = checked_list(owner, f"group {i}'s params", saved["params"])
             if len(indices) != len(group["params"]):
+                hint = (" (PyTorch's state: a layer that stores its parameters otherwise, such "
+                        "as MultiHeadAttention's packed in_proj_weight, cannot be matched by "
+                        "position)" if from_pytorch else "")
                 raise EveryOError(f"{owner}: group {i} has {len(indices)} parameters in the "
-                                  f"state, {len(group['params'])} in the optimizer")
+                                  f"state, {len(group['params'])} in the optimizer{hint}")
             for index, p in zip(indices, group["params"]):
                 by_index[checked_argument(owner, f"group {i}'s params", index,
                                           "non-negative int", EveryOError)] = p
         return by_index
 
-    def _checked_buffers(self, owner: str, saved, by_index: dict) -> dict:
-        """The saved per-parameter buffers, converted to each parameter's dtype and checked."""
+    def _checked_buffers(self, owner: str, saved, by_index: dict,
+                         from_pytorch: bool = False) -> dict:
+        """The saved per-parameter buffers, converted to each parameter's dtype and checked;
+        PyTorch's (``from_pytorch``) first converted to the parameter's EveryO layout."""
         if not isinstance(saved, dict):
             raise EveryOError(f"{owner}: 'state' must be a dict of per-parameter buffers, got "
                               f"a {type(saved).__name__}")
@@ -341,15 +357,20 @@ class Optimizer:
             if not isinstance(entries, dict):
                 raise EveryOError(f"{owner}: the buffers of parameter {i} are not a dict")
             p = by_index[i]
-            buffers[p] = {key: self._checked_buffer(owner, i, key, value, p)
+            buffers[p] = {key: self._checked_buffer(owner, i, key, value, p, from_pytorch)
                           for key, value in entries.items()}
         return buffers
 
-    def _checked_buffer(self, owner: str, i: int, key: str, value, p: Tensor):
+    def _checked_buffer(self, owner: str, i: int, key: str, value, p: Tensor,
+                        from_pytorch: bool = False):
         if key == "step":
             return _saved_count(owner, f"step of parameter {i}", value)
         if key not in self.state_names:
             return _plain(value)
+        if from_pytorch:
+            value = buffer_from_pytorch(f"{owner}: buffer {key!r} of parameter {i}", p,
+                                        pytorch_array(f"{owner}: buffer {key!r} of parameter "
+                                                      f"{i}", value))
         array, problem = converted_array(f"buffer {key!r} of parameter {i}", value, p.data,
                                          "parameter")
         if problem:
@@ -367,6 +388,17 @@ def evaluate_closure(closure, owner: str):
                           f"the loss and calls backward(), got a {type(closure).__name__}")
     with enable_grad():
         return closure()
+
+
+def check_writable(owner: str, params: list, numbered_in: list) -> None:
+    """Refuse a parameter whose ``.data`` cannot be written (``p.data = `` a memory-mapped file
+    or a broadcast view): a step would raise NumPy's error after moving the ones before it."""
+    for p in params:
+        if not p.data.flags.writeable:
+            index = next(i for i, q in enumerate(numbered_in) if q is p)
+            raise EveryOError(f"{owner}: parameter {index} (shape {p.data.shape}, "
+                              f"{p.data.dtype}) is read-only (its .data is a read-only array: a "
+                              f"memory-mapped file, a broadcast view?); assign it a writable copy")
 
 
 def _gradients(params: list, group: dict) -> list:

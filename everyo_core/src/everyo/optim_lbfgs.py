@@ -9,8 +9,9 @@ import numpy as np
 from everyo.dtypes import BFLOAT16
 from everyo.errors import EveryOError
 from everyo.grad_mode import enable_grad
-from everyo.optim import Optimizer
-from everyo.validation import checked_argument, checked_list
+from everyo.optim import Optimizer, check_writable
+from everyo.porting_layout import flat_from_pytorch, pytorch_array
+from everyo.validation import checked_argument, checked_gradients, checked_list
 from everyo.versioning import bump_version
 
 _HISTORY = ("old_dirs", "old_stps", "ro")
@@ -181,8 +182,10 @@ class LBFGS(Optimizer):
     # -- flat views of the parameters ---------------------------------------------------------
     def _flat_grad(self) -> np.ndarray:
         params = self.param_groups[0]["params"]
+        checked_gradients("LBFGS.step", [p for p in params if p.grad is not None],
+                          numbered_in=params)
         return np.concatenate([np.zeros(p.data.size, p.data.dtype) if p.grad is None
-                               else np.asarray(p.grad).reshape(-1) for p in params])
+                               else p.grad.reshape(-1) for p in params])
 
     def _add_step(self, t: float, direction: np.ndarray) -> None:
         offset = 0
@@ -217,6 +220,7 @@ class LBFGS(Optimizer):
                               f"the loss, calls backward() and returns the loss; got "
                               f"{type(closure).__name__}")
         group = self.param_groups[0]
+        check_writable("LBFGS.step", group["params"], group["params"])
         state = self.state.setdefault(group["params"][0], {})
         state.setdefault("func_evals", 0)
         state.setdefault("n_iter", 0)
@@ -323,6 +327,8 @@ class LBFGS(Optimizer):
                                                                     history_size))
             except EveryOError:
                 pass  # (the base's check of the options names it)
+        if isinstance(saved, dict) and "type" not in state:  # PyTorch's: PyTorch's layouts
+            saved = {key: _in_everyo_layout(buffers, params) for key, buffers in saved.items()}
         converted = ({key: _history(buffers, size, dtype, history_size)
                       for key, buffers in saved.items()} if isinstance(saved, dict) else {})
         super().load_state_dict(state)
@@ -333,6 +339,35 @@ class LBFGS(Optimizer):
 _OWNER = "LBFGS.load_state_dict"
 #: What an iteration reads back once one has run (n_iter >= 1).
 _ITERATION = ("d", "t", "prev_flat_grad", "H_diag") + _HISTORY
+
+
+def _in_everyo_layout(buffers, params: list):
+    """PyTorch's L-BFGS vectors (each parameter flattened in PyTorch's layout, in order)
+    in EveryO's layouts, as the parameters' weights converted (docs/porting.md)."""
+    if not isinstance(buffers, dict):
+        return buffers  # (_history names it)
+
+    def convert(name, value):
+        return flat_from_pytorch(f"{_OWNER}: {name!r}", params, pytorch_array(repr(name), value))
+
+    def scalar(name, value):
+        value = pytorch_array(repr(name), value)  # PyTorch keeps some as 0-d tensors
+        return value.item() if isinstance(value, np.ndarray) and value.ndim == 0 else value
+
+    converted = dict(buffers)
+    converted.pop("al", None)  # PyTorch's scratch space of a direction's computation
+    for name in ("t", "H_diag", "prev_loss"):
+        if name in buffers:
+            converted[name] = scalar(name, buffers[name])
+    if isinstance(buffers.get("ro"), (list, tuple)):
+        converted["ro"] = [scalar("ro", v) for v in buffers["ro"]]
+    for name in _VECTORS:
+        if name in buffers:
+            converted[name] = convert(name, buffers[name])
+    for name in ("old_dirs", "old_stps"):
+        if isinstance(buffers.get(name), (list, tuple)):
+            converted[name] = [convert(name, v) for v in buffers[name]]
+    return converted
 
 
 def _history(buffers: dict, size: int, dtype, history_size: int) -> dict:

@@ -13,17 +13,18 @@ they are (its sub-modules are converted by theirs). docs/porting.md describes th
 from __future__ import annotations
 
 import os
-import sys
+import weakref
 from collections import OrderedDict
 from typing import Callable
 
 import numpy as np
 
-from everyo.dtypes import BFLOAT16, is_floating
+from everyo.dtypes import is_floating
 from everyo.errors import EveryOError
 from everyo.grad_mode import enable_grad
 from everyo.module import Module
 from everyo.plugins import registry
+from everyo.porting_layout import LayoutUnknown, ParameterSource, pytorch_array, record_source
 from everyo.tensor import Tensor
 
 SOURCES = ("torch",)
@@ -293,15 +294,20 @@ def convert_state_dict(model: Module, torch_state, source: str = "torch",
     taken: set = set()
     problems: list = []
     failed: list = []  # prefixes of the layers whose conversion failed
-    _convert_tree(model, "", arrays, context, (converted, taken, problems, failed))
+    sources: dict = {}  # EveryO name -> ParameterSource of what made it
+    _convert_tree(model, "", arrays, context, (converted, taken, problems, failed, sources))
     problems += [f"unexpected key {key!r} (shape {arrays[key].shape}): no layer of "
                  f"{type(model).__name__} has it" for key in arrays if key not in taken]
-    return _assemble(model, converted, problems, failed)
+    assembled = _assemble(model, converted, problems, failed)
+    for name, param in model.named_parameters():
+        if name in sources:  # so that a PyTorch optimizer's buffers convert as it did
+            record_source(param, sources[name])
+    return assembled
 
 
 def _convert_tree(module: Module, prefix: str, arrays: dict, context, out: tuple) -> None:
     """Convert ``module`` (its converter, or :func:`keep_as_is` and then its children)."""
-    converted, taken, problems, failed = out
+    converted, taken, problems, failed, sources = out
     converter = find_converter(type(module))
     scope = {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
     if converter is None:
@@ -324,9 +330,27 @@ def _convert_tree(module: Module, prefix: str, arrays: dict, context, out: tuple
     taken.update(prefix + name for name in entries.taken)
     converted.update((prefix + name, np.asarray(value, order="C"))
                      for name, value in result.items())
+    convert = _bound(converter or keep_as_is, module, prefix, label, context)
+    shapes = {name: scope[name].shape for name in entries.taken}
+    sources.update((prefix + name, ParameterSource(prefix + name, name, convert, shapes, prefix))
+                   for name in result)
     if converter is None:
         for name, child in module.named_children():
             _convert_tree(child, f"{prefix}{name}.", arrays, context, out)
+
+
+def _bound(converter: Callable, module: Module, prefix: str, label: str, context) -> Callable:
+    """``converter`` of ``module`` as a function of the layer's PyTorch arrays alone (what
+    :class:`ParameterSource` runs on numbered arrays to find a parameter's layout). The
+    module is held weakly: the record of its parameters must not keep them alive."""
+    layer = weakref.ref(module)
+
+    def convert(arrays: dict) -> dict:
+        alive = layer()
+        if alive is None:
+            raise LayoutUnknown(f"{label} no longer exists")
+        return converter(alive, CheckpointEntries(prefix, arrays, label), context)
+    return convert
 
 
 def _name(function) -> str:
@@ -401,28 +425,9 @@ def checkpoint_arrays(torch_state) -> dict:
     return {str(key): _as_array(key, value) for key, value in torch_state.items()}
 
 
-def _torch_numpy(key, value) -> np.ndarray:
-    """A torch tensor's values as NumPy's; bfloat16, which NumPy lacks, through its bits."""
-    try:
-        value = value.detach().cpu()
-    except (RuntimeError, NotImplementedError) as exc:  # a meta tensor: no values at all
-        raise EveryOError(f"convert_state_dict: {key!r} (a torch tensor on {value.device}) "
-                          f"has no values to copy: {exc}") from None
-    if str(value.dtype) == "torch.bfloat16":
-        # the value is torch's, so torch is loaded: no import (and no type stubs) needed
-        torch = sys.modules[type(value).__module__.partition(".")[0]]
-        return value.view(torch.int16).numpy().view(BFLOAT16)
-    try:
-        return value.numpy()
-    except TypeError:  # float8, complex32, quantized, sparse...: NumPy cannot hold them
-        raise EveryOError(f"convert_state_dict: {key!r} is a torch tensor of dtype "
-                          f"{value.dtype}, which NumPy cannot hold (layout {value.layout}); "
-                          f"convert it first (e.g. .float(), .to_dense())") from None
-
-
 def _as_array(key, value) -> np.ndarray:
     if hasattr(value, "detach") and hasattr(value, "numpy"):  # a torch.Tensor
-        value = _torch_numpy(key, value)
+        value = pytorch_array(f"convert_state_dict: {key!r}", value)
     elif isinstance(value, Tensor):
         value = value.data
     if not isinstance(value, (np.ndarray, np.generic, int, float)):

@@ -34,8 +34,9 @@ from everyo.atomic_files import (
     require_file,
     write_atomically,
 )
+from everyo.devices import check_device
 from everyo.dtypes import BFLOAT16
-from everyo.errors import EveryOSerializationError
+from everyo.errors import EveryOError, EveryOSerializationError
 from everyo.safetensors_format import is_safetensors_path, load_safetensors, save_safetensors
 from everyo.tensor import Tensor
 
@@ -198,9 +199,17 @@ def save(obj, path) -> None:
     write_atomically(path, lambda handle: np.savez(handle, **arrays))
 
 
-def load(path):
+def load(path, map_location=None, *, weights_only=None):
     """Read what :func:`save` wrote; raises ``EveryOSerializationError`` on a damaged,
-    crafted or foreign file (its size, nesting and every node are checked)."""
+    crafted or foreign file (its size, nesting and every node are checked).
+
+    ``map_location`` and ``weights_only`` are ``torch.load``'s, accepted so that its calls
+    port unchanged: EveryO's arrays live on the CPU (``None``, ``"cpu"``, a
+    ``torch.device("cpu")``, a dict mapping devices to the CPU, or a function are accepted;
+    another target device is refused by name), and a file is never unpickled, so it is
+    weights only either way (``weights_only`` must be None or a bool).
+    """
+    _check_torch_load_options(map_location, weights_only)
     path = file_path(path, "load")
     if is_safetensors_path(path):
         return load_safetensors(path)
@@ -217,6 +226,17 @@ def load(path):
         raise EveryOSerializationError(
             f"load: {path} is truncated, corrupt or not an EveryO checkpoint ({exc})"
         ) from exc
+
+
+def _check_torch_load_options(map_location, weights_only) -> None:
+    if weights_only is not None and not isinstance(weights_only, bool):
+        raise EveryOError(f"load: weights_only must be None, True or False, got "
+                          f"{weights_only!r}")
+    if map_location is None or callable(map_location):
+        return  # (a function remaps storages: every EveryO array is on the CPU already)
+    targets = map_location.values() if isinstance(map_location, dict) else [map_location]
+    for target in targets:
+        check_device(target, "load(map_location=...)")
 
 
 def _read_archive(raw: bytes) -> dict:

@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
 from everyo import conveniences, functional, hooks, versioning
 from everyo.array_protocol import array_function, array_ufunc
-from everyo.axes import check_axes, check_axis
+from everyo.axes import UNSET, check_axes, check_axis, pytorch_axis
 from everyo.devices import check_device, is_device
 from everyo.dispatch import dispatch, shape_hook
 from everyo.dtypes import BFLOAT16, is_floating, resolve_dtype
-from everyo.errors import EveryOError
+from everyo.errors import EveryOError, allocating
 from everyo.grad_mode import is_grad_enabled
 from everyo.random import resolve_generator
 from everyo.shape_args import Size, sizes
@@ -72,7 +71,9 @@ def _array(x) -> np.ndarray:
 
 
 def _index_of(reducer, name: str) -> functional.Reduction:
-    def fn(x, axis=None, keepdims: bool = False) -> Tensor:
+    def fn(x, axis=None, keepdims: bool = False, *, dim=UNSET, keepdim=UNSET) -> Tensor:
+        if dim is not UNSET or keepdim is not UNSET:  # PyTorch's spellings
+            axis, keepdims = pytorch_axis(name, axis, keepdims, dim, keepdim)
         data = _array(x)
         if axis is not None:
             axis = check_axis(axis, data.ndim, name, data.shape)
@@ -567,6 +568,61 @@ class Tensor:
             axis = tuple(a for a in axes if self.ndim and self.shape[a] == 1)
         return dispatch("reshape", self, shape=np.squeeze(self.data, axis).shape)
 
+    # -- PyTorch's conversions by name (last in the class: ``float``, ``int`` and ``bool``
+    # would otherwise shadow the builtins in the annotations that follow them) -------------
+    def clone(self) -> "Tensor":
+        """A copy that does not share this tensor's data; gradients flow through it (PyTorch's
+        ``t.clone()``)."""
+        if is_floating(self.data.dtype):
+            return dispatch("mul", self, self.data.dtype.type(1))  # x * 1: a differentiable copy
+        return Tensor._make(self.data.copy(), False, None)
+
+    def contiguous(self) -> "Tensor":
+        """Itself: EveryO tensors have no strides of their own (docs/porting.md)."""
+        return self
+
+    def cpu(self) -> "Tensor":
+        """Itself: EveryO computes on the CPU."""
+        return self
+
+    def cuda(self, device=None, non_blocking: bool = False) -> "Tensor":
+        """Refused by name: EveryO computes on the CPU only."""
+        check_device("cuda" if device is None else f"cuda:{device}" if isinstance(device, int)
+                     else device, "Tensor.cuda")
+        return self
+
+    def tolist(self):
+        """The values as nested Python lists (a number for a 0-d tensor)."""
+        return self.data.tolist()
+
+    def float(self) -> "Tensor":
+        """``to("float32")``."""
+        return self.to("float32")
+
+    def double(self) -> "Tensor":
+        """``to("float64")``."""
+        return self.to("float64")
+
+    def half(self) -> "Tensor":
+        """``to("float16")``."""
+        return self.to("float16")
+
+    def bfloat16(self) -> "Tensor":
+        """``to("bfloat16")``."""
+        return self.to("bfloat16")
+
+    def long(self) -> "Tensor":
+        """``to("int64")``."""
+        return self.to("int64")
+
+    def int(self) -> "Tensor":
+        """``to("int32")``."""
+        return self.to("int32")
+
+    def bool(self) -> "Tensor":
+        """``to("bool")``."""
+        return self.to("bool")
+
 
 def _augmented(op: str, target: Tensor, value) -> tuple:
     """``target op= value``'s dispatch: the in-place op (``add_``) unless that write would take
@@ -622,25 +678,11 @@ def _fill(value, op: str):
     return array.reshape(())
 
 
-@contextmanager
-def _allocating(op: str, shape: tuple, dtype: np.dtype) -> Iterator[None]:
-    """Name NumPy's failure to allocate a tensor (``MemoryError``, or a ``ValueError`` "array
-    is too big" past what an index can count)."""
-    try:
-        yield
-    except (MemoryError, ValueError) as exc:
-        if isinstance(exc, ValueError) and "too big" not in str(exc):
-            raise
-        needed = math.prod(shape) * dtype.itemsize
-        raise EveryOError(f"{op}: a {dtype.name} tensor of shape {shape} needs {needed:.2g} "
-                          f"bytes, more than can be allocated") from None
-
-
 def _filled(fill, shape: tuple, dtype, requires_grad, op: str) -> Tensor:
     dtype, shape = _normalize_dtype(dtype) or DEFAULT_FLOAT, sizes(shape, op)
     if type(fill) not in (int, float):  # (zeros' and ones' own fills need no check)
         fill = _fill(fill, op)
-    with _allocating(op, shape, dtype):
+    with allocating(op, shape, dtype):
         data = np.full(shape, fill, dtype=dtype)
     return Tensor(data, requires_grad=requires_grad)
 
@@ -695,7 +737,7 @@ def randn(*shape, seed=None, dtype=None, requires_grad: bool = False) -> Tensor:
     """Standard-normal samples: from a generator of their own with ``seed``, else from the
     global one :func:`everyo.manual_seed` seeds (as ``torch.randn``)."""
     dtype, shape = _normalize_dtype(dtype) or DEFAULT_FLOAT, sizes(shape, "randn")
-    with _allocating("randn", shape, dtype):
+    with allocating("randn", shape, dtype):
         data = _generator(seed).standard_normal(shape).astype(dtype)
     return Tensor(data, requires_grad=requires_grad)
 
@@ -704,7 +746,7 @@ def rand(*shape, seed=None, dtype=None, requires_grad: bool = False) -> Tensor:
     """Uniform samples in [0, 1): from a generator of their own with ``seed``, else from the
     global one :func:`everyo.manual_seed` seeds (as ``torch.rand``)."""
     dtype, shape = _normalize_dtype(dtype) or DEFAULT_FLOAT, sizes(shape, "rand")
-    with _allocating("rand", shape, dtype):
+    with allocating("rand", shape, dtype):
         data = _generator(seed).random(shape).astype(dtype)
     return Tensor(data, requires_grad=requires_grad)
 
@@ -723,7 +765,7 @@ def arange(start=None, stop=None, step=1, dtype=None) -> Tensor:
         raise EveryOError("arange: give the end, as eo.arange(5), or start and end")
     start, stop = (0, start) if stop is None else (start, stop)
     count = max(math.ceil((stop - start) / step), 0)
-    with _allocating("arange", (count,), np.result_type(start, stop, step)):
+    with allocating("arange", (count,), np.result_type(start, stop, step)):
         data = np.arange(start, stop, step)
     return Tensor(_default_float(data.astype(_normalize_dtype(dtype) or data.dtype), dtype, False))
 

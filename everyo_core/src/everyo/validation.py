@@ -15,8 +15,10 @@ import math
 from collections.abc import Mapping
 
 import numpy as np
+from numpy.lib.array_utils import byte_bounds
 
-from everyo.dtypes import is_floating
+from everyo.devices import check_device
+from everyo.dtypes import is_floating, resolve_dtype
 from everyo.errors import EveryOError
 
 
@@ -145,7 +147,8 @@ def converted_array(name: str, value, target: np.ndarray, holder: str):
 
     ``value`` (an array, a Tensor or a nested list) must be numeric, real unless ``target``
     is complex (a complex value is never cast with its imaginary part dropped), of
-    ``target``'s shape, and, for an integer or bool ``target``, exactly representable.
+    ``target``'s shape, and, for an integer or bool ``target``, exactly representable; for a
+    floating one, no finite value may overflow to inf.
     ``holder`` names what ``target`` belongs to in the message (``"model"``, ...).
     """
     try:
@@ -167,4 +170,118 @@ def converted_array(name: str, value, target: np.ndarray, holder: str):
     if target.dtype.kind in "iub" and not np.array_equal(cast, array):
         return None, (f"{name} holds values that the {holder}'s {target.dtype} cannot "
                       f"represent exactly")
+    if is_floating(target.dtype) and array.dtype != target.dtype and array.size and \
+            np.any(np.isinf(cast) & np.isfinite(array)):
+        # NOTE: rounding is the conversion asked for; a finite value turned inf is not
+        return None, (f"{name} holds finite values that overflow the {holder}'s "
+                      f"{target.dtype} (largest {float(np.max(np.abs(array)))!r}): they would "
+                      f"load as inf")
     return cast, None
+
+
+def checked_device(owner: str, device) -> None:
+    """PyTorch's ``device=`` argument: ``None``, ``"cpu"`` or a ``torch.device("cpu")`` (the
+    CPU is EveryO's only device) is accepted; any other is an ``EveryOError`` naming ``owner``
+    (e.g. ``"Linear(device=...)"``) and the device."""
+    if device is not None:
+        check_device(device, owner)
+
+
+def parameter_dtype(owner: str, dtype) -> np.dtype:
+    """PyTorch's ``dtype=`` argument of something that creates parameters, as the NumPy
+    dtype: NumPy's, a name (``"bfloat16"``) or a ``torch.dtype`` (by its name). Parameters
+    carry gradients, so only a real floating dtype is accepted; anything else is an
+    ``EveryOError`` naming ``owner``.
+
+    Example:
+        >>> parameter_dtype("Linear(dtype=...)", "float64")
+        dtype('float64')
+    """
+    resolved = resolve_dtype(dtype, owner)
+    if not is_floating(resolved) or resolved.kind == "c":
+        raise EveryOError(f"{owner}: a layer's parameters are floating-point (float16, "
+                          f"bfloat16, float32, float64), got {resolved.name}")
+    return resolved
+
+
+def checked_gradients(owner: str, params, writable: bool = False, numbered_in=None) -> list:
+    """The ``.grad`` of each of ``params`` (all not None), each checked to be what a step can
+    follow: a NumPy array of a floating dtype and of its parameter's shape, and writable when
+    ``writable`` (the caller changes it in place: ``clip_grad_norm_``, ``GradScaler``; nor
+    may two of them share memory); complex only for a complex parameter. An error numbers the
+    parameter by its position in ``numbered_in`` (default: ``params``).
+
+    ``.grad`` is a plain attribute that code ported from PyTorch assigns by hand; a scalar or
+    one row assigned as a matrix's gradient would otherwise broadcast into every element of
+    the step, silently. Any floating dtype and any strides are accepted (a step converts).
+
+    Example:
+        >>> import everyo as eo
+        >>> w = eo.Parameter(np.zeros((2, 3), np.float32))
+        >>> w.grad = np.float32(1.0)
+        >>> checked_gradients("SGD.step", [w])
+        Traceback (most recent call last):
+        ...
+        everyo.errors.EveryOError: SGD.step: the .grad of parameter 0 (shape (2, 3), float32) \
+is a scalar of dtype float32; a gradient must be a floating NumPy array of shape (2, 3)
+    """
+    grads = [p.grad for p in params]
+    for index, (p, g) in enumerate(zip(params, grads)):
+        # NOTE: the common case in three attribute reads; the message is built only on failure
+        if not (type(g) is np.ndarray and g.shape == p.data.shape
+                and (g.dtype.kind == "f" or _fits_dtype(g.dtype, p.data.dtype))
+                and (not writable or g.flags.writeable)):
+            if numbered_in is not None:
+                index = next(i for i, q in enumerate(numbered_in) if q is p)
+            _refuse_gradient(owner, index, p, g)
+    if writable and len(grads) > 1:
+        pair = _overlapping_pair(grads)
+        if pair is not None:
+            a, b = (params[k] for k in pair)
+            a, b = sorted(next(i for i, q in enumerate(numbered_in or params) if q is r)
+                          for r in (a, b))
+            raise EveryOError(f"{owner}: the .grad of parameters {a} and {b} share memory (one "
+                              f"array assigned to both?); changed in place it would be changed "
+                              f"twice: give each parameter its own gradient array")
+    return grads
+
+
+def _overlapping_pair(grads: list):
+    """Two positions of ``grads`` whose arrays share memory, or None.
+
+    NOTE: arrays with different owners never do (what backward hands out); only those viewing
+    one owner (data-parallel buckets' slices of one buffer, or one array assigned twice) are
+    swept by their byte bounds, and a pair whose bounds overlap is confirmed exactly.
+    """
+    owners = [id(g if g.base is None else g.base) for g in grads]
+    if len(set(owners)) == len(owners):
+        return None
+    active: list = []
+    for low, high, i in sorted(byte_bounds(g) + (i,) for i, g in enumerate(grads) if g.size):
+        active = [(end, j) for end, j in active if end > low]
+        for _, j in active:
+            if np.shares_memory(grads[j], grads[i]):
+                return j, i
+        active.append((high, i))
+    return None
+
+
+def _fits_dtype(grad: np.dtype, param: np.dtype) -> bool:
+    """A floating gradient dtype; complex only for a complex parameter (a real step would drop
+    the imaginary part)."""
+    return is_floating(grad) and (grad.kind != "c" or param.kind == "c")
+
+
+def _refuse_gradient(owner: str, index: int, p, g):
+    shape = p.data.shape
+    if isinstance(g, np.ndarray):
+        what = ("a read-only array (it is scaled in place; assign a writable copy)"
+                if g.shape == shape and _fits_dtype(g.dtype, p.data.dtype) else
+                f"an array of dtype {g.dtype} and shape {g.shape}")
+    elif isinstance(g, np.generic):
+        what = f"a scalar of dtype {g.dtype}"
+    else:
+        what = f"a {type(g).__name__}" + (" (assign its .data)" if hasattr(g, "_ctx") else "")
+    raise EveryOError(f"{owner}: the .grad of parameter {index} (shape {shape}, "
+                      f"{p.data.dtype}) is {what}; a gradient must be a floating NumPy array "
+                      f"of shape {shape}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from everyo.errors import EveryOError
 from everyo.kernels import kernel
 from everyo_dist.reduction_kernels import REDUCE_BLOCK, accumulator_dtype, scale
 from everyo_dist.reduction_kernels import reduce_rows as reference_reduce_rows
@@ -47,11 +48,47 @@ def reduce_rows(rows, out: np.ndarray, divisor: int = 1,
         >>> reduce_rows([np.float32([1, 2]), np.float32([2, 4])], out, divisor=2)
         array([1.5, 3. ], dtype=float32)
     """
-    if len(out) < COMPILED_FROM:  # (before kernel.reduce_rows: its first read imports Numba)
+    # NOTE: the common case in one pass of attribute reads; a row longer than out was reduced
+    # by its prefix, silently, and the other misfits raised NumPy's raw errors
+    length = out.shape[0] if out.ndim == 1 else -1
+    if not (len(rows) and length >= 0 and type(divisor) is int and divisor >= 1
+            and out.flags.writeable and out.dtype.kind in "biufcV"
+            and (divisor == 1 or out.dtype.kind not in "biu")
+            and all(type(row) is np.ndarray and row.shape == (length,)
+                    and row.dtype.kind in "biufcV" for row in rows)):
+        divisor = _checked(rows, out, divisor)
+    if length < COMPILED_FROM:  # (before kernel.reduce_rows: its first read imports Numba)
         reference_reduce_rows(rows, out, divisor, scratch)
     else:
         kernel.reduce_rows(rows, out, divisor, scratch)
     return out
+
+
+def _checked(rows, out, divisor) -> int:
+    """``divisor`` as an int (a NumPy integer is one), or the error naming what of
+    ``reduce_rows``' arguments does not fit."""
+    if not isinstance(out, np.ndarray) or out.ndim != 1:
+        raise EveryOError(f"reduce_rows: out must be a 1-D array, got shape "
+                          f"{getattr(out, 'shape', type(out).__name__)}")
+    if not out.flags.writeable:
+        raise EveryOError(f"reduce_rows: out (shape {out.shape}) is read-only")
+    if not len(rows):
+        raise EveryOError("reduce_rows: no rows to reduce (one per rank)")
+    for r, row in enumerate(rows):
+        if not (isinstance(row, np.ndarray) and row.shape == out.shape
+                and row.dtype.kind in "biufcV"):
+            what = (f"shape {row.shape}, dtype {row.dtype}" if isinstance(row, np.ndarray)
+                    else f"a {type(row).__name__}")
+            raise EveryOError(f"reduce_rows: row {r} ({what}) does not fit out {out.shape} "
+                              f"({out.dtype}): every row is a 1-D numeric array of out's length")
+    if isinstance(divisor, bool) or not isinstance(divisor, (int, np.integer)) or divisor < 1:
+        raise EveryOError(f"reduce_rows: divisor must be a positive int, got {divisor!r}")
+    if divisor != 1 and out.dtype.kind in "biu":
+        raise EveryOError(f"reduce_rows: an integer result ({out.dtype}) cannot be divided by "
+                          f"{divisor} (a mean of integers): reduce into a floating out")
+    if out.dtype.kind not in "biufcV":
+        raise EveryOError(f"reduce_rows: out has dtype {out.dtype}, not a number")
+    return int(divisor)
 
 
 def reduce_rows_f64(rows, mean: bool, dtype, out: np.ndarray | None = None) -> np.ndarray:

@@ -158,8 +158,13 @@ class Softmax(_Activation):
         array([[0.25, 0.25, 0.25, 0.25]], dtype=float32)
     """
 
-    def __init__(self, axis: int = -1):
+    def __init__(self, axis: int = -1, *, dim=None):
         super().__init__()
+        if dim is not None:  # PyTorch's name (nn.Softmax(dim=1)) for the same argument
+            if axis != -1:
+                raise EveryOError(f"{type(self).__name__}: got both axis={axis!r} and "
+                                  f"PyTorch's dim={dim!r}; pass one")
+            axis = dim
         self.axis = argument(type(self).__name__, "axis", axis, "int")
 
     def activate(self, x):

@@ -22,7 +22,13 @@ from everyo.kernels import (
     widen,
 )
 from everyo_layers.checks import argument, check_float, check_groups
-from everyo_layers.conv_rows import padded_rows, row_conv, row_weight_grad, rows_apply
+from everyo_layers.conv_rows import (
+    padded_rows,
+    row_conv,
+    row_input_grad,
+    row_weight_grad,
+    rows_apply,
+)
 from everyo_layers.initializers import fan_in_bound, layer_generator, uniform_parameter
 from everyo_layers.padding import output_size, resolve_padding
 from everyo_layers.windows import (
@@ -44,7 +50,7 @@ class Conv2DOp(Op):
     """
 
     precision = "lower"  # BLAS-shaped: float16 is safe, products accumulate in float32
-    __slots__ = ("stride", "dilation", "pads", "x_shape", "out_hw", "w_shape", "rows")
+    __slots__ = ("stride", "dilation", "pads", "x_shape", "out_hw", "w_shape", "rows", "row_path")
     saved_inputs = (0, 1)  # (backward never reads the bias)
 
     def forward(self, x, weight, bias=None, stride=(1, 1), padding=((0, 0), (0, 0)),
@@ -68,7 +74,7 @@ class Conv2DOp(Op):
         self.x_shape, self.out_hw, self.w_shape = x.shape, out_hw, weight.shape
         w2 = weight.reshape(kh * kw * cin, cout)
         needs = self.needs_input_grad
-        self.rows = None
+        self.rows, self.row_path = None, False
         out_dtype = np.result_type(x, weight) if bias is None else np.result_type(x, weight, bias)
         if out_dtype in HALF_DTYPES:
             # NOTE: 16-bit floats have no BLAS: convert the input to float32 *before* gathering
@@ -82,10 +88,10 @@ class Conv2DOp(Op):
             out = narrow(out, out_dtype)
             self.saved = (x if needs[1] else None, w2 if needs[0] else None)
         elif rows_apply(x, weight, stride, padding):  # (Conv1D's: no window matrix, conv_rows.py)
-            rows = padded_rows(x, padding[1])
+            rows = padded_rows(x, padding[1], weight.shape, dilation[1])
             out = row_conv(rows, weight, dilation[1], x.shape, out_hw[1])
             out = np.ascontiguousarray(out) if bias is None else out + bias
-            self.rows = rows if needs[1] else None
+            self.rows, self.row_path = (rows if needs[1] else None), True
             self.saved = (None, w2 if needs[0] else None)
             return out
         else:
@@ -125,7 +131,9 @@ class Conv2DOp(Op):
                 yield 1, blas_matmul(cols.T, g2).reshape(self.w_shape)
         if needs[0]:
             check_operand_unchanged(self, 1)  # (e.g. an optimizer step in the weight's hook)
-            yield 0, self._input_grad(g2, w2)
+            grad = row_input_grad(g, w2.reshape(self.w_shape), self.dilation[1], self.pads[1],
+                                  self.x_shape[2]) if self.row_path else None
+            yield 0, self._input_grad(g2, w2) if grad is None else grad
 
     def _input_grad(self, g2: np.ndarray, w2: np.ndarray) -> np.ndarray:
         """The input's gradient (the ``conv2d_input_grad`` kernel, conv_kernels.py)."""

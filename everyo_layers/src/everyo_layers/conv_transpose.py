@@ -1,9 +1,10 @@
 """``Conv2DTranspose`` on NHWC input (Keras's layout and output size) and its op.
 
-The transposed convolution is the input-gradient of a convolution: ONE matmul turns every input
-pixel into its ``kh*kw`` output contributions, which are added into the output one kernel
-position at a time (a strided slice of the whole batch each, never a loop over pixels).
-Its backward is the ordinary convolution: a strided window view and one matmul.
+The transposed convolution is the input-gradient of a convolution. Its forward and both
+gradients are kernels (conv_transpose_kernels.py): the NumPy references split the output into
+``stride`` phases, each an ordinary stride-1 correlation, all in ONE matmul over one window
+matrix; a provider may work per input pixel instead (everyo-numba: every pixel's ``kh*kw``
+contributions added into the output, the output gradient's windows for the gradients).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from everyo import EveryOError, Module, Op, dispatch
 from everyo.kernels import kernel
 from everyo.validation import is_int
 from everyo_layers.checks import LayerArgumentError, argument, check_float, pair
+from everyo_layers.conv_transpose_kernels import phase_positions, transpose_taps
 from everyo_layers.initializers import fan_in_bound, layer_generator, uniform_parameter
 from everyo_layers.precision import accumulation_dtype
 from everyo_layers.windows import check_geometry
@@ -65,16 +67,12 @@ class Conv2DTransposeOp(Op):
     ``bias``; ``out_hw`` is the output size and ``crop`` the leading (top, left) entries of the
     full scatter that are dropped.
 
-    Computed as a sub-pixel convolution: output row ``y = stride * q + p`` only meets kernel
-    rows ``p, p + stride, ...``, so every phase ``p`` is an ordinary stride-1 correlation of the
-    input with a ``ceil(k / stride)``-tap slice of the kernel. All phases share one window
-    matrix of the input and run as ONE matmul whose columns are (phase, output channel); the
-    result interleaves into the output with one reshape. Backward is the same two matmuls
-    transposed and a ``ceil(k / stride)**2``-position col2im.
+    Forward and gradients are kernels (conv_transpose_kernels.py: the sub-pixel phases' one
+    matmul in the references).
     """
 
     __slots__ = ("stride", "crop", "out_hw", "x_shape", "w_shape", "taps", "ext_hw")
-    saved_inputs = ()  # backward reads the window matrix and regrouped weight, private copies
+    saved_inputs = (0, 1)  # (a provider's weight gradient may read x, the input gradient w)
     saves_output = False
 
     def forward(self, x, weight, bias=None, stride=(1, 1), out_hw=None, crop=(0, 0)):
@@ -91,47 +89,21 @@ class Conv2DTransposeOp(Op):
             out_hw = ((h - 1) * stride[0] + kh, (w - 1) * stride[1] + kw)
         self.stride, self.crop, self.out_hw = stride, tuple(crop), tuple(out_hw)
         self.x_shape, self.w_shape = x.shape, weight.shape
-        self.taps = taps = (-(-kh // stride[0]), -(-kw // stride[1]))
-        q = (h + taps[0] - 1, w + taps[1] - 1)  # positions per phase
+        self.taps = taps = transpose_taps(weight.shape, stride)
+        q = phase_positions(x.shape, taps)
         self.ext_hw = (max(q[0] * stride[0], crop[0] + out_hw[0]),
                        max(q[1] * stride[1], crop[1] + out_hw[1]))
         dtype = np.result_type(x, weight) if bias is None else np.result_type(x, weight, bias)
         compute = accumulation_dtype(dtype)
-        cols = kernel.conv2d_columns(x.astype(compute, copy=False), taps, (1, 1), (1, 1),
-                                     ((taps[0] - 1,) * 2, (taps[1] - 1,) * 2), q)
-        w_sub = self._phase_weight(weight.astype(compute, copy=False))
-        phases = np.matmul(cols, w_sub).reshape(n, q[0], q[1], -1)
-        out = kernel.conv2d_transpose_interleave(phases, stride, self.crop, self.out_hw, bias)
+        x_c, w_c = x.astype(compute, copy=False), weight.astype(compute, copy=False)
+        kept: dict = {}
+        out = kernel.conv2d_transpose_forward(x_c, w_c, bias, stride, self.crop, self.out_hw,
+                                              kept)
         needs = self.needs_input_grad
-        self.saved = (cols if needs[1] else None, w_sub if needs[0] else None)
+        if not needs[1]:
+            kept.pop("columns", None)
+        self.saved = (x_c if needs[1] else None, w_c if needs[0] else None, kept)
         return out.astype(dtype, copy=False)
-
-    def _tap_index(self):
-        """Kernel row/column met by window position t in phase p: ``s * (A - 1 - t) + p``."""
-        return [stride * (a - 1 - np.arange(a))[:, None] + np.arange(stride)[None, :]
-                for a, stride in zip(self.taps, self.stride)]
-
-    def _phase_weight(self, weight: np.ndarray) -> np.ndarray:
-        """``(A_h*A_w*in, s_h*s_w*out)``: per window position the kernel taps of every phase
-        (zero where a phase has fewer taps)."""
-        kh, kw, cout, cin = weight.shape
-        (ah, aw), (sh, sw) = self.taps, self.stride
-        padded = np.zeros((ah * sh, aw * sw, cout, cin), weight.dtype)
-        padded[:kh, :kw] = weight
-        rows, cols = self._tap_index()
-        sub = padded[rows[:, :, None, None], cols[None, None, :, :]]  # (ah, sh, aw, sw, o, i)
-        return np.ascontiguousarray(sub.transpose(0, 2, 5, 1, 3, 4)).reshape(
-            ah * aw * cin, sh * sw * cout)
-
-    def _weight_grad(self, g_sub: np.ndarray) -> np.ndarray:
-        """The inverse regrouping of :meth:`_phase_weight` (each tap appears once)."""
-        kh, kw, cout, cin = self.w_shape
-        (ah, aw), (sh, sw) = self.taps, self.stride
-        sub = g_sub.reshape(ah, aw, cin, sh, sw, cout).transpose(0, 3, 1, 4, 5, 2)
-        padded = np.empty((ah * sh, aw * sw, cout, cin), g_sub.dtype)
-        rows, cols = self._tap_index()
-        padded[rows[:, :, None, None], cols[None, None, :, :]] = sub
-        return padded[:kh, :kw]
 
     def composite(self, x, weight, bias=None):
         """The same scatter with differentiable ops: one matmul, then per kernel position the
@@ -156,25 +128,18 @@ class Conv2DTransposeOp(Op):
         return out if bias is None else out + bias
 
     def backward(self, g):
-        cols, w_sub = self.saved
+        x_c, w_c, kept = self.saved
         needs = self.needs_input_grad
-        n, h, w, cin = self.x_shape
         cout = self.w_shape[2]
-        ah, aw = self.taps
-        q = (h + ah - 1, w + aw - 1)
         compute = accumulation_dtype(g.dtype)
-        g_rows = kernel.conv2d_transpose_phase_rows(g, self.stride, self.crop, q, compute)
         gx = gw = gb = None
+        if needs[1]:  # (first: the reference's regrouped gradient is kept for the input's)
+            gw = np.ascontiguousarray(kernel.conv2d_transpose_weight_grad(
+                x_c, g, kept, self.w_shape, self.stride, self.crop), dtype=g.dtype)
         if needs[0]:
-            blocks = np.matmul(g_rows, w_sub.T).reshape(n, q[0], q[1], ah, aw, cin)
-            gxp = np.zeros((n, h + 2 * (ah - 1), w + 2 * (aw - 1), cin), compute)
-            for i in range(ah):
-                for j in range(aw):
-                    gxp[:, i:i + q[0], j:j + q[1]] += blocks[:, :, :, i, j]
-            gx = gxp[:, ah - 1:ah - 1 + h, aw - 1:aw - 1 + w].astype(g.dtype)
-        if needs[1]:
-            gw = np.ascontiguousarray(self._weight_grad(np.matmul(cols.T, g_rows)),
-                                      dtype=g.dtype)
+            gx = np.ascontiguousarray(kernel.conv2d_transpose_input_grad(
+                g, w_c.astype(compute, copy=False), kept, self.x_shape, self.stride, self.crop),
+                dtype=g.dtype)
         if len(needs) > 2 and needs[2]:
             gb = kernel.conv_bias_grad(g.reshape(-1, cout))  # (16-bit: summed in float32)
         return gx, gw, gb

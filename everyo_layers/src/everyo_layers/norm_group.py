@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 
 from everyo import EveryOError, Module, Op, Parameter, dispatch
@@ -63,7 +64,8 @@ class RMSNormOp(Op):
 
     def forward(self, x, weight=None, ndims=1, eps=None):
         compute = accumulation_dtype(x.dtype)
-        eps = float(np.finfo(x.dtype).eps) if eps is None else eps  # PyTorch's default
+        # PyTorch's default; ml_dtypes' finfo: NumPy's does not know bfloat16
+        eps = float(ml_dtypes.finfo(x.dtype).eps) if eps is None else eps
         self.axes, self.eps = tuple(range(x.ndim - ndims, x.ndim)), eps
         xc = x.astype(compute, copy=False)
         wide = np.float64 if compute != np.float64 else None

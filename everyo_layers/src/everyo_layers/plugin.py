@@ -42,11 +42,13 @@ MODULES = (
     "everyo_layers.transformer",
     "everyo_layers.transformer_stack",
     "everyo_layers.conv_kernels",
+    "everyo_layers.conv_transpose_kernels",
     "everyo_layers.conv_depthwise_kernels",
     "everyo_layers.pool_kernels",
     "everyo_layers.norm_kernels",
     "everyo_layers.recurrent_kernels",
     "everyo_layers.state_conversion",
+    "everyo_layers.factory_arguments",  # device=/dtype= on the layers with parameters
 )
 
 

@@ -96,6 +96,9 @@ class _Recurrent(Module):
             raise EveryOError(f"{self.label}: the initial state is a pair (h0, c0)")
         for part in parts:
             shape = part.shape if isinstance(part, Tensor) else np.shape(part)
+            if np.asarray(part.data if isinstance(part, Tensor) else part).dtype.kind == "c":
+                raise EveryOError(f"{self.label}: the initial state is complex; a recurrent "
+                                  f"layer's state is real (its imaginary part would be dropped)")
             if tuple(shape) != expected:
                 raise EveryOError(f"{self.label}: expected initial state of shape "
                                   f"(num_layers * directions, batch, hidden) = {expected}, got "

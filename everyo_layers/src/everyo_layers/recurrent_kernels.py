@@ -23,10 +23,13 @@ def matmul_into(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
     return out
 
 
-def lstm_forward_steps(acts, scaled_w_hh, hs, cs, tanh_c) -> None:
+def lstm_forward_steps(acts, scaled_w_hh, hs, cs, tanh_c, bias=None) -> None:
     """Run the cell over every step: ``acts[t]`` (B, 4H) holds the input projection's
-    pre-activations and becomes the gates' activations; fills ``hs[1:T+1]``, ``cs[1:T+1]``
-    and ``tanh_c[:T]`` (``hs[0]``, ``cs[0]`` are the initial states)."""
+    pre-activations (plus ``bias`` (4H,), when given, added here first) and becomes the gates'
+    activations; fills ``hs[1:T+1]``, ``cs[1:T+1]`` and ``tanh_c[:T]`` (``hs[0]``, ``cs[0]``
+    are the initial states)."""
+    if bias is not None:
+        acts += bias
     steps, batch, four = acts.shape
     hidden = four // 4
     product = np.empty((batch, four), acts.dtype)
@@ -92,11 +95,13 @@ def lstm_backward_steps(gt, acts, cs, tanh_c, w_hh_t, dc, d_pre, work) -> np.nda
 
 KERNELS = {
     "lstm_forward_steps": Kernel(lstm_forward_steps, """
-        acts (T, B, 4H) pre-activations (input projection + biases), gate blocks o, i, f, g
+        acts (T, B, 4H) pre-activations (input projection [+ biases]), gate blocks o, i, f, g
         with o, i, f pre-scaled by 1/2; scaled_w_hh (H, 4H) in the same layout; hs (T+2, B, H)
-        and cs (T+1, B, H) with the initial states at index 0; tanh_c (T, B, H). All one
-        floating dtype (float16 products through float32 BLAS). Overwrites acts with the
-        activations, fills hs[1:T+1], cs[1:T+1] and tanh_c. Returns None."""),
+        and cs (T+1, B, H) with the initial states at index 0; tanh_c (T, B, H); bias None or
+        (4H,) in acts' layout, added to every step's pre-activations before the hidden
+        product (``(acts + bias) + product``, in that order). All one floating dtype (float16
+        products through float32 BLAS). Overwrites acts with the activations, fills
+        hs[1:T+1], cs[1:T+1] and tanh_c. Returns None."""),
     "lstm_backward_steps": Kernel(lstm_backward_steps, """
         gt (T, B, H) the outputs' gradients (any strides); acts, cs, tanh_c as
         lstm_forward_steps left them; w_hh_t (4H, H) the unscaled hidden weight, transposed

@@ -16,6 +16,8 @@ features)``; the loop itself runs time-major on views, so neither layout copies 
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from everyo import EveryOError, Op
@@ -73,6 +75,24 @@ def _time_major(x: np.ndarray, batch_first: bool) -> np.ndarray:
     return x.transpose(1, 0, 2) if batch_first else x
 
 
+def _weight_gradients(xt: np.ndarray, previous: np.ndarray, flat: np.ndarray) -> tuple:
+    """``(dw_ih, dw_hh)`` when one array holds both weights' pre-activation gradients
+    (``flat``, (T*B, G*H)): ``[x_t | h_{t-1}]^T @ flat`` as one GEMM, split by rows.
+
+    NOTE: each row of the product is the same dot products over the same T*B terms as in two
+    separate GEMMs, and one GEMM of ``F + H`` rows ran ~6% faster than the two of ``F`` and
+    ``H`` rows (bi-LSTM benchmark shapes: 1.72 against 1.83 ms), copying the two operands side
+    by side (one pass over the sequence and the hidden states, ~0.02 ms) included.
+    """
+    steps, batch, features = xt.shape
+    dtype = np.result_type(xt, previous, flat)  # (flat's: the activations' dtype)
+    both = np.empty((steps, batch, features + previous.shape[-1]), dtype)
+    both[..., :features] = xt
+    both[..., features:] = previous
+    product = blas_matmul(both.reshape(steps * batch, both.shape[-1]).T, flat)
+    return product[:features], product[features:]
+
+
 class _FusedRecurrentOp(Op):
     """Shared input projection and weight-gradient code of the fused recurrent ops.
 
@@ -100,7 +120,8 @@ class _FusedRecurrentOp(Op):
         # NOTE: the input projection of every time step in one GEMM. (Reshapes name every
         # size: NumPy cannot infer a -1 next to a zero, and an empty batch must work.)
         projected = blas_matmul(xt.reshape(steps * batch, features), w_ih)
-        projected += bias
+        if bias is not None:  # (None: the caller's time loop adds it)
+            projected += bias
         return xt, projected.reshape(steps, batch, projected.shape[-1]), hidden
 
     def _gradients(self, xt, hs, w_ih, w_hh, d_pre_x, d_pre_h, dh0, extra=()):
@@ -116,11 +137,14 @@ class _FusedRecurrentOp(Op):
                 dx = dx.transpose(1, 0, 2)
         n_states = 1 + len(extra)
         w_ih_i = n_states + 1
-        if need[w_ih_i]:
-            dw_ih = blas_matmul(xt.reshape(steps * batch, features).T, flat_x)
-        if need[w_ih_i + 1]:
-            previous = hs[:steps].reshape(steps * batch, hs.shape[-1])
-            dw_hh = blas_matmul(previous.T, flat_h)
+        if need[w_ih_i] and need[w_ih_i + 1] and d_pre_h is d_pre_x:
+            dw_ih, dw_hh = _weight_gradients(xt, hs[:steps], flat_x)
+        else:
+            if need[w_ih_i]:
+                dw_ih = blas_matmul(xt.reshape(steps * batch, features).T, flat_x)
+            if need[w_ih_i + 1]:
+                previous = hs[:steps].reshape(steps * batch, hs.shape[-1])
+                dw_hh = blas_matmul(previous.T, flat_h)
         if need[w_ih_i + 2]:
             db_ih = flat_x.sum(axis=0)
         if need[w_ih_i + 3]:
@@ -180,11 +204,22 @@ class RNNOp(_FusedRecurrentOp):
         return rnn_composite(x, h0, w_ih, w_hh, b_ih, b_hh, self.batch_first, self.relu)
 
 
-def _gate_blocks(order, hidden: int):
-    """``(target, source)`` slice pairs that put the gate blocks of a ``(.., G*H)`` axis in
-    ``order``: target block ``j`` is source block ``order[j]``."""
-    return [(slice(j * hidden, (j + 1) * hidden), slice(b * hidden, (b + 1) * hidden))
-            for j, b in enumerate(order)]
+@functools.lru_cache(maxsize=64)
+def _gate_blocks(order: tuple, hidden: int, scaled: tuple = ()) -> tuple:
+    """``(target, source, scale)`` slice triples that put the gate blocks of a ``(.., G*H)``
+    axis in ``order``: target block ``j`` is source block ``order[j]``, to be scaled when
+    ``j`` is in ``scaled``. Neighbouring blocks that stay neighbours in both orders and share
+    ``scale`` make one slice (one NumPy call fewer each: ``o, i, f, g`` from ``i, f, g, o`` is
+    two copies, or three with the sigmoid gates scaled, instead of four)."""
+    runs: list = []
+    for j, b in enumerate(order):
+        scale = j in scaled
+        if runs and runs[-1][1] == j and runs[-1][3] == b and runs[-1][4] == scale:
+            runs[-1][1], runs[-1][3] = j + 1, b + 1
+        else:
+            runs.append([j, j + 1, b, b + 1, scale])
+    return tuple((slice(t0 * hidden, t1 * hidden), slice(s0 * hidden, s1 * hidden), scale)
+                 for t0, t1, s0, s1, scale in runs)
 
 
 class LSTMOp(_FusedRecurrentOp):
@@ -212,8 +247,9 @@ class LSTMOp(_FusedRecurrentOp):
         """``w``'s last axis in the internal gate order, the sigmoid gates' columns times
         1/2 when ``scaled`` (exact: a power of two)."""
         out = np.empty(w.shape, dtype)
-        for block, (target, source) in enumerate(_gate_blocks(self.ORDER, w.shape[-1] // 4)):
-            if scaled and block < 3:
+        sigmoid_gates = (0, 1, 2) if scaled else ()
+        for target, source, scale in _gate_blocks(self.ORDER, w.shape[-1] // 4, sigmoid_gates):
+            if scale:
                 np.multiply(w[..., source], 0.5, out=out[..., target])
             else:
                 out[..., target] = w[..., source]
@@ -222,7 +258,7 @@ class LSTMOp(_FusedRecurrentOp):
     def _restored(self, grad: np.ndarray) -> np.ndarray:
         """A gradient's last axis back in PyTorch's gate order."""
         out = np.empty(grad.shape, grad.dtype)
-        for target, source in _gate_blocks(self.ORDER, grad.shape[-1] // 4):
+        for target, source, _ in _gate_blocks(self.ORDER, grad.shape[-1] // 4):
             out[..., source] = grad[..., target]
         return out
 
@@ -232,7 +268,8 @@ class LSTMOp(_FusedRecurrentOp):
         dtype = np.result_type(w_ih, w_hh)
         bias = b_ih + b_hh
         bias = self._internal(bias, np.result_type(bias, dtype), scaled=True)
-        xt, acts, _ = self._project(x, self._internal(w_ih, dtype, scaled=True), w_hh, bias,
+        # (the bias is added in the time loop: one fewer pass over every step's activations)
+        xt, acts, _ = self._project(x, self._internal(w_ih, dtype, scaled=True), w_hh, None,
                                     None, h0, False)
         if c0.shape != h0.shape:
             raise EveryOError(f"lstm: cell state shape {c0.shape} != hidden state {h0.shape}")
@@ -242,7 +279,7 @@ class LSTMOp(_FusedRecurrentOp):
         cs = np.empty((steps + 1, batch, H), acts.dtype)
         tanh_c = np.empty((steps, batch, H), acts.dtype)
         hs[0], cs[0] = h0, c0
-        kernel.lstm_forward_steps(acts, scaled_w_hh, hs, cs, tanh_c)
+        kernel.lstm_forward_steps(acts, scaled_w_hh, hs, cs, tanh_c, bias)
         hs[steps + 1] = cs[steps]
         self.saved = (xt, hs, cs, acts, tanh_c, w_ih, w_hh)
         out = hs[1:]

@@ -8,6 +8,7 @@ import math
 import numpy as np
 
 from everyo import EveryOError, Tensor, applied_in_backward
+from everyo.validation import checked_gradients
 from everyo_layers.precision import accumulation_dtype
 
 
@@ -54,7 +55,8 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0,
                           f"backward, so clipping them now would change nothing; to clip, "
                           f"build the wrapper without optimizer= and call optimizer.step() "
                           f"after clip_grad_norm_")
-    grads = [param.grad for param in parameters if param.grad is not None]
+    grads = checked_gradients("clip_grad_norm_", [param for param in parameters
+                                                  if param.grad is not None], writable=True)
     if not grads:
         return 0.0
     # NOTE: float16 gradients are measured in float32: their squares overflow at 256.

@@ -28,6 +28,10 @@ IMPLEMENTATIONS = {
     "conv2d_transpose_interleave": "everyo_numba.conv:conv2d_transpose_interleave",
     "conv2d_transpose_phase_rows": "everyo_numba.conv:conv2d_transpose_phase_rows",
     "conv_bias_grad": "everyo_numba.conv:conv_bias_grad",
+    # conv3 (#25): the transposed convolution without phases (one GEMM per group of images)
+    "conv2d_transpose_forward": "everyo_numba.conv_transpose:conv2d_transpose_forward",
+    "conv2d_transpose_weight_grad": "everyo_numba.conv_transpose:conv2d_transpose_weight_grad",
+    "conv2d_transpose_input_grad": "everyo_numba.conv_transpose:conv2d_transpose_input_grad",
     "depthwise_conv2d_forward": "everyo_numba.conv_depthwise:depthwise_conv2d_forward",
     "depthwise_conv2d_backward": "everyo_numba.conv_depthwise:depthwise_conv2d_backward",
     "layer_norm_forward": "everyo_numba.norm:layer_norm_forward",

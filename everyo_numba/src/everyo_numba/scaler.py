@@ -34,7 +34,7 @@ def unscale_all_finite(grads, inverse):
         return NotImplemented
     dtype = grads[0].dtype
     if dtype.name not in ("float32", "float64") or not native(grads[0]) or any(
-            g.dtype != dtype or not g.flags.c_contiguous for g in grads):
-        return NotImplemented
+            g.dtype != dtype or not g.flags.c_contiguous or not g.flags.writeable for g in grads):
+        return NotImplemented  # (a read-only array is another Numba type: not one tuple)
     return bool(_unscale_all_finite(tuple(g.reshape(-1) for g in grads), inverse,
                                     inverse != 1.0))

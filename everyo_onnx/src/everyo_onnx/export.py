@@ -15,7 +15,6 @@ export therefore never leaves a file behind nor touches an existing one.
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 from importlib import metadata
 
@@ -155,17 +154,13 @@ def eval_mode(model: Module):
 
 def write_atomically(path, data: bytes) -> None:
     """Write ``data`` to a temporary file beside ``path`` and rename it over ``path``."""
-    path = os.fspath(path)
-    if not path or os.path.isdir(path):
-        raise EveryOSerializationError(f"export_onnx: path {path!r} must name a file, not a "
-                                       f"directory")
-    directory = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(directory):
-        raise EveryOSerializationError(f"export_onnx: directory {directory!r} does not exist")
     try:
-        # NOTE: the core's writer, as eo.save's: 0o666 & ~umask, and the next write sweeps
-        # what a killed export left behind
-        write_file_atomically(path, lambda handle: handle.write(data))
+        # NOTE: the core's writer, as eo.save's: 0o666 & ~umask, the next write sweeps what a
+        # killed export left behind, and an empty path, a directory or a missing directory
+        # are refused by name before anything is written
+        write_file_atomically(path, lambda handle: handle.write(data), caller="export_onnx")
+    except EveryOSerializationError:
+        raise
     except OSError as exc:  # unwritable directory, full disk, ...: name the file
         raise EveryOSerializationError(f"export_onnx: cannot write {path!r}: {exc}") from exc
 

@@ -270,9 +270,10 @@ def _gradient_aliasing_data(grads: list, params) -> tuple | None:
         return None
     # a shared owner (one arena, or p.grad = p.data): sweep the byte bounds of all of them
     arrays = (grads, datas)
+    bounds = [byte_bounds(a) + (which, k) for which in (0, 1)
+              for k, a in enumerate(arrays[which]) if a.size]
     active: list = []
-    for low, high, kind, k in sorted(byte_bounds(a) + (kind, k) for kind in (0, 1)
-                                     for k, a in enumerate(arrays[kind]) if a.size):
+    for low, high, kind, k in sorted(bounds):
         active = [(end, other, m) for end, other, m in active if end > low]
         for _, other, m in active:
             if other != kind and np.shares_memory(arrays[other][m], arrays[kind][k]):

@@ -738,3 +738,53 @@ def _transpose_cases() -> list:
 
 _ALL += _with_swapped(_transpose_cases())
 CASES = [(name, build) for name, build, _ in _ALL]
+
+
+# -- norm4: max pooling's ties between -0.0 and +0.0 and between NaN payloads ------------------
+# (the reference is an np.maximum chain: on a tie it keeps the new value for float32, float64
+# and bfloat16 but the running one for float16; of two NaNs it keeps the running one. The
+# winner, hence the gradient's routing, is the first strictly greater value either way.)
+
+
+def _signed_zeros_and_nans(rng, shape, dtype):
+    """Mostly +-0.0 (random signs), some negatives, and NaNs of two payloads."""
+    choice = rng.integers(0, 6, size=shape)
+    data = np.where(choice < 2, 0.0, np.where(choice < 4, -0.0, -1.0)).astype(dtype)
+    bits = np.dtype(f"u{data.dtype.itemsize}")
+    flat = data.reshape(-1).view(bits)
+    quiet = np.array([np.nan], dtype).view(bits)[0]
+    flat[5::17], flat[11::23] = quiet, quiet | 1
+    return data
+
+
+def _pool_tie_forward(pool, stride, pads, dtype, how):
+    def build(rng):
+        x = layout(_signed_zeros_and_nans(rng, (3, 8, 8, 5), dtype), how)
+        out_hw, tiled = _pool_geometry(x.shape, pool, stride, pads)
+        return x, pool, stride, pads, out_hw, tiled
+    return build
+
+
+def _pool_tie_backward(pool, stride, pads, dtype, how):
+    def build(rng):
+        x = _signed_zeros_and_nans(rng, (3, 8, 8, 5), np.float32)
+        out_hw, tiled = _pool_geometry(x.shape, pool, stride, pads)
+        _, winner = max_pool2d_forward(x, pool, stride, pads, out_hw, tiled)
+        g = layout(values(rng, winner.shape, dtype), how)
+        return g, winner[:len(g)], (len(g),) + x.shape[1:], pool, stride, pads, out_hw, tiled
+    return build
+
+
+def _pool_tie_cases() -> list:
+    cases = []
+    for dtype in DTYPES:
+        for how in ("contiguous", "strided"):
+            for pool in POOLS:
+                label = f"ties-{pool[0]}s{pool[1]}-{dtype.name}-{how}"
+                cases.append(("max_pool2d_forward", _pool_tie_forward(*pool, dtype, how), label))
+                cases.append(("max_pool2d_backward", _pool_tie_backward(*pool, dtype, how), label))
+    return cases
+
+
+_ALL += _pool_tie_cases()
+CASES = [(name, build) for name, build, _ in _ALL]

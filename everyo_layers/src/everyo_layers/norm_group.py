@@ -55,6 +55,14 @@ class GroupNormOp(Op):
         return out if bias is None else out + bias
 
 
+def _rms_normalize(xc: np.ndarray, axes: tuple, eps: float) -> tuple:
+    """``(xhat, inv_rms)`` of ``xc`` (at least float32), the mean square summed in float64."""
+    wide = np.float64 if xc.dtype != np.float64 else None
+    ms = np.square(xc).mean(axis=axes, keepdims=True, dtype=wide)
+    inv_rms = (1.0 / np.sqrt(ms + eps)).astype(xc.dtype)
+    return xc * inv_rms, inv_rms
+
+
 class RMSNormOp(Op):
     """``x / sqrt(mean(x**2) + eps) * weight`` over the trailing ``ndims`` axes."""
 
@@ -67,11 +75,12 @@ class RMSNormOp(Op):
         # PyTorch's default; ml_dtypes' finfo: NumPy's does not know bfloat16
         eps = float(ml_dtypes.finfo(x.dtype).eps) if eps is None else eps
         self.axes, self.eps = tuple(range(x.ndim - ndims, x.ndim)), eps
-        xc = x.astype(compute, copy=False)
-        wide = np.float64 if compute != np.float64 else None
-        ms = np.square(xc).mean(axis=self.axes, keepdims=True, dtype=wide)
-        inv_rms = (1.0 / np.sqrt(ms + eps)).astype(compute)
-        xhat = xc * inv_rms
+        xhat, inv_rms = _rms_normalize(x.astype(compute, copy=False), self.axes, eps)
+        if not inv_rms.all() and compute != np.float64:
+            # a float32 square or mean square overflowed (|x| > ~1.8e19): 1 / inf would zero
+            # the output; computed in float64 and rounded once, as the other norms
+            xhat, inv_rms = (a.astype(compute) for a in _rms_normalize(
+                x.astype(np.float64), self.axes, eps))
         self.saved = (xhat, inv_rms, weight)
         out = xhat if weight is None else xhat * weight
         return out.astype(x.dtype, copy=False)

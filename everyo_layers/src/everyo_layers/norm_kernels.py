@@ -7,10 +7,17 @@ Shared rules (every implementation keeps them): the computation runs in
 statistics are accumulated in float64 (:func:`everyo_layers.norm_stats.moments`); forward
 returns ``xhat`` and ``inv_std`` in the computation dtype for backward, and the output in
 ``x``'s dtype.
+
+Float32 input whose deviations from the mean pass sqrt(float32 max) (~1.8e19) has squares, or
+a variance, beyond float32 (the centered values themselves may overflow near float32 max):
+``inv_std`` comes out 0 (1 / inf) and so would every output. Such a call is computed again in
+float64 and rounded once to the usual dtypes (:func:`recomputed_in_float64_on_overflow`), which
+gives the representable answer; ordinary input never takes that path and keeps its bits.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -18,6 +25,22 @@ import numpy as np
 from everyo.kernels import Kernel
 from everyo_layers.norm_stats import mean_over, moments
 from everyo_layers.precision import accumulation_dtype
+
+
+def recomputed_in_float64_on_overflow(forward):
+    """``forward`` (returning ``(out, xhat, inv_std, ...)``), run again on float64 input when
+    an ``inv_std`` is 0: a variance (or a centered value) overflowed the computation dtype.
+    The float64 results are rounded to the first run's dtypes (a variance beyond float32
+    becomes inf, as the mathematics says). The check costs one pass over ``inv_std``."""
+    @functools.wraps(forward)
+    def run(x, *args):
+        result = forward(x, *args)
+        inv_std = result[2]
+        if inv_std.dtype == np.float64 or inv_std.all():  # (NaN is truthy: it stays)
+            return result
+        wide = forward(x.astype(np.float64), *args)
+        return tuple(w.astype(r.dtype, copy=False) for w, r in zip(wide, result, strict=True))
+    return run
 
 
 def normalize(x, centered, var, eps, weight, bias) -> tuple:
@@ -33,6 +56,7 @@ def normalize(x, centered, var, eps, weight, bias) -> tuple:
     return out.astype(x.dtype, copy=False), xhat, inv_std
 
 
+@recomputed_in_float64_on_overflow
 def layer_norm_forward(x, weight, bias, ndims: int, eps: float) -> tuple:
     """LayerNorm over the trailing ``ndims`` axes: ``(out, xhat, inv_std)``."""
     xc = x.astype(accumulation_dtype(x.dtype), copy=False)
@@ -61,6 +85,7 @@ def layer_norm_backward(g, xhat, inv_std, weight, ndims: int, needs: tuple) -> t
     return gx, gw, gb
 
 
+@recomputed_in_float64_on_overflow
 def batch_norm_forward(x, weight, bias, eps: float) -> tuple:
     """BatchNorm by the batch's statistics over every axis but the last:
     ``(out, xhat, inv_std, mean, biased variance)``."""
@@ -103,6 +128,7 @@ def group_shape(shape: tuple, groups: int) -> tuple:
     return n, math.prod(shape[1:-1]), groups, c // groups
 
 
+@recomputed_in_float64_on_overflow
 def group_norm_forward(x, weight, bias, groups: int, eps: float) -> tuple:
     """GroupNorm of channels-last ``x`` (N, ..., C): ``(out, xhat, inv_std)``; ``inv_std`` is
     ``(N, 1, groups, 1)``."""

@@ -13,6 +13,10 @@ A missing weight is passed to the loops as ones and a missing bias as negative z
 and ``v + (-0.0)`` are ``v`` exactly (signed zeros, infinities and NaN included), and one
 branch-free loop vectorises where four specialised ones would not be smaller.
 
+A zero ``inv_std`` (1 / inf: a float32 variance, square or centered value overflowed, at
+deviations above ~1.8e19) sends the call to the reference, which computes it again in float64
+(``recomputed_in_float64_on_overflow``): one check of the statistics, nothing in the loops.
+
 Every wrapper allocates its results in their final shape and hands the loops reshaped views, so
 that it returns arrays that own their memory (autograd copies a gradient that is a view).
 """
@@ -130,6 +134,8 @@ def layer_norm_forward(x, weight, bias, ndims, eps):
     _layer_norm_forward(_rows(x, compute, m, d), _weight(weight, d, compute),
                         _bias(bias, d, compute), eps, out.reshape(m, d), xhat.reshape(m, d),
                         inv_std.reshape(m))
+    if not inv_std.all():
+        return NotImplemented
     return out.astype(x.dtype, copy=False), xhat, inv_std
 
 
@@ -236,6 +242,8 @@ def batch_norm_forward(x, weight, bias, eps):
     xhat, out = np.empty(x.shape, compute), np.empty(x.shape, compute)
     _channel_moments(xc, mean, var, xhat.reshape(m, c))
     inv_std = (1.0 / np.sqrt(var + eps)).astype(compute, copy=False)  # (C values: NumPy's)
+    if not inv_std.all():
+        return NotImplemented
     dummy = np.zeros(1, compute)
     _scale_shift(xhat.reshape(m, c), inv_std, dummy if weight is None else weight,
                  dummy if bias is None else bias, weight is not None, bias is not None,
@@ -398,6 +406,8 @@ def group_norm_forward(x, weight, bias, groups, eps):
     _group_norm_forward(np.ascontiguousarray(x, dtype=compute).reshape(n, p, c), groups, eps,
                         _weight(weight, c, compute), _bias(bias, c, compute),
                         out.reshape(n, p, c), xhat.reshape(n, p, c), inv_std.reshape(n, groups))
+    if not inv_std.all():
+        return NotImplemented
     return out.astype(x.dtype, copy=False), xhat, inv_std
 
 

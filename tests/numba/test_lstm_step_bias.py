@@ -124,3 +124,25 @@ def test_mixed_dtype_products_stay_one_call(monkeypatch):
     w = np.ones((128, 512), np.float32)
     assert recurrent._block_rows(np.ones((32, 128), np.float64), w) == 0
     assert recurrent._block_rows(np.ones((32, 128), np.float32), w) == recurrent._PROBE_ROWS
+
+
+def test_a_weight_laid_out_unlike_the_probe_stays_one_call(monkeypatch):
+    """The probe multiplies C-ordered operands; a column-major weight (BLAS's other transpose
+    flag) can give other bits in 8-row calls (measured: hidden 32), so a probe's yes must not
+    reach it: the provider keeps the reference's bits whatever the timing said."""
+    recurrent = _recurrent()
+    monkeypatch.setattr(recurrent, "_probe_block_rows", lambda batch, w: recurrent._PROBE_ROWS)
+    monkeypatch.setattr(recurrent, "_BLOCK_ROWS", {})
+
+    def run(selection):
+        acts, w, hs, cs, tanh_c, bias = _arguments(np.random.default_rng(7), 6, 32, 32,
+                                                   np.float64)
+        with eo.kernels.use(selection), threadpool_limits(1):
+            eo.kernels.kernel.lstm_forward_steps(acts, np.asfortranarray(w), hs, cs, tanh_c,
+                                                 bias)
+        return hs
+
+    expected, got = run("numpy"), run("numba")
+    assert np.array_equal(got.view(np.uint64), expected.view(np.uint64))
+    assert recurrent._block_rows(np.ones((32, 32)), np.asfortranarray(np.ones((32, 128)))) == 0
+    assert recurrent._block_rows(np.ones((32, 32)).T, np.ones((32, 128))) == 0

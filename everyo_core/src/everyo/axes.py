@@ -89,7 +89,9 @@ def pytorch_axis(name: str, axis, keepdims, dim=UNSET, keepdim=UNSET,
         if axis is not default_axis and axis != default_axis:  # (axis given too)
             raise EveryOError(f"{name}: got both axis={axis!r} and PyTorch's dim={dim!r}; "
                               f"pass one")
-        axis = dim
+        # PyTorch's sum/mean(dim=[]) reduce every axis (NumPy's axis=() reduces none)
+        empty = isinstance(dim, (tuple, list)) and not dim
+        axis = None if empty and name in ("sum", "mean") else dim
     if keepdim is not UNSET:
         if keepdims:
             raise EveryOError(f"{name}: got both keepdims and PyTorch's keepdim; pass one")

@@ -66,9 +66,22 @@ def allocating(what: str, shape: tuple | None = None, dtype=None) -> Iterator[No
         if shape is None or dtype is None:
             raise EveryOMemoryError(f"{what}: a tensor is too large to allocate "
                                     f"({type(exc).__name__}: {exc})") from None
-        needed = math.prod(shape) * dtype.itemsize
         raise EveryOMemoryError(f"{what}: a {dtype.name} tensor of shape {tuple(shape)} needs "
-                                f"{needed:.3g} bytes, more than can be allocated") from None
+                                f"{_bytes(math.prod(shape) * dtype.itemsize)} bytes, more than "
+                                f"can be allocated") from None
+
+
+def _bytes(needed: int) -> str:
+    """``needed`` to 3 digits; past a float's range (where ``:.3g`` raises OverflowError)
+    its leading digit and power of ten."""
+    if needed < 10**300:
+        return f"{needed:.3g}"
+    power = int(math.log10(needed))  # (not len(str()): Python caps int-to-str at 4300 digits)
+    while needed // 10**power >= 10:
+        power += 1
+    while needed // 10**power == 0:
+        power -= 1
+    return f"about {needed // 10**power}e+{power}"
 
 
 class PluginError(EveryOError):

@@ -403,10 +403,20 @@ def check_writable(owner: str, params: list, numbered_in: list) -> None:
 
 def _gradients(params: list, group: dict) -> list:
     """The gradients a step of ``group`` follows: with ``maximize``, PyTorch's rule, each
-    ``.grad`` negated before anything else (weight decay, momentum) reads it."""
+    ``.grad`` negated before anything else (weight decay, momentum) reads it. A gradient
+    narrower than its weight (a hand-assigned float16 one on a float32 weight) is converted
+    to the weight's dtype first (exactly): computed in its own dtype, ``lr * g`` or ``g * g``
+    underflowed to zero, a step silently lost."""
+    grads = [_at_least_weight_dtype(p.grad, p.data.dtype) for p in params]
     if group.get("maximize"):
-        return [-p.grad for p in params]
-    return [p.grad for p in params]
+        return [-g for g in grads]
+    return grads
+
+
+def _at_least_weight_dtype(grad: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    if grad.dtype == dtype or np.result_type(grad.dtype, dtype) == grad.dtype:
+        return grad
+    return grad.astype(dtype)
 
 
 def _saved_count(owner: str, name: str, value) -> int:

@@ -104,10 +104,13 @@ def _probe_block_rows(batch: int, w) -> int:
 
 def _block_rows(h, w) -> int:
     """Rows per call for ``h @ w`` (into an array of their one dtype); 0 for mixed dtypes,
-    whose product NumPy casts before BLAS (a probe in one dtype says nothing of another)."""
-    if h.dtype != w.dtype:
+    whose product NumPy casts before BLAS (a probe in one dtype says nothing of another),
+    and for operands not C-contiguous: the probe multiplies C-ordered ones, and another
+    layout is another BLAS call (a column-major weight at hidden 32 gives other bits in
+    8-row calls where the C-ordered one does not)."""
+    if h.dtype != w.dtype or not (h.flags.c_contiguous and w.flags.c_contiguous):
         return 0
-    key = (h.shape, w.shape, h.dtype.char, h.strides, w.strides)
+    key = (h.shape, w.shape, h.dtype.char)
     rows = _BLOCK_ROWS.get(key)
     if rows is None:
         rows = _BLOCK_ROWS[key] = _probe_block_rows(h.shape[0], w)

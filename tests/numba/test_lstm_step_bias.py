@@ -11,6 +11,7 @@ import pytest
 from threadpoolctl import threadpool_limits
 
 import everyo as eo
+from support.lstm_arguments import lstm_forward_arguments
 
 pytest.importorskip("numba", reason="everyo-numba's kernels need Numba")
 
@@ -21,16 +22,11 @@ SHAPES = [(32, 32, 128), (5, 1, 17), (3, 7, 5)]  # (steps, batch, hidden)
 
 
 def _arguments(rng, steps, batch, hidden, dtype):
-    acts = (rng.standard_normal((steps, batch, 4 * hidden)) * 0.7).astype(dtype)
-    w = (rng.standard_normal((hidden, 4 * hidden)) * 0.6 / np.sqrt(hidden)).astype(dtype)
-    hs = np.zeros((steps + 2, batch, hidden), dtype)
-    cs = np.zeros((steps + 1, batch, hidden), dtype)
-    hs[0] = rng.standard_normal((batch, hidden)).astype(dtype)
-    cs[0] = rng.standard_normal((batch, hidden)).astype(dtype)
+    forward = lstm_forward_arguments(rng, steps, batch, hidden, dtype)
     # (a bias of large and small entries, so that its rounding against the projection and
     # the product shows in the last bits when the additions' order changes)
     bias = (rng.standard_normal(4 * hidden) * 10.0 ** rng.integers(-3, 2, 4 * hidden))
-    return acts, w, hs, cs, np.zeros((steps, batch, hidden), dtype), bias.astype(dtype)
+    return forward + (bias.astype(dtype),)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

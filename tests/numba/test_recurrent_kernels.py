@@ -21,6 +21,7 @@ import pytest
 from threadpoolctl import threadpool_limits
 
 import everyo as eo
+from support.lstm_arguments import lstm_forward_arguments
 
 pytest.importorskip("numba", reason="everyo-numba's kernels need Numba")
 
@@ -36,16 +37,6 @@ def _same_bits(a: np.ndarray, b: np.ndarray, where: str) -> None:
     bits = np.dtype(f"u{a.dtype.itemsize}")
     mismatched = np.count_nonzero(a.view(bits) != b.view(bits))
     assert mismatched == 0, f"{where}: {mismatched} of {a.size} elements differ"
-
-
-def _forward_arguments(rng, steps, batch, hidden, dtype):
-    acts = (rng.standard_normal((steps, batch, 4 * hidden)) * 0.7).astype(dtype)
-    w = (rng.standard_normal((hidden, 4 * hidden)) * 0.6 / np.sqrt(hidden)).astype(dtype)
-    hs = np.zeros((steps + 2, batch, hidden), dtype)
-    cs = np.zeros((steps + 1, batch, hidden), dtype)
-    hs[0] = rng.standard_normal((batch, hidden)).astype(dtype)
-    cs[0] = rng.standard_normal((batch, hidden)).astype(dtype)
-    return acts, w, hs, cs, np.zeros((steps, batch, hidden), dtype)
 
 
 def _backward_arguments(rng, forward, strided: bool):
@@ -65,7 +56,7 @@ def _backward_arguments(rng, forward, strided: bool):
 def test_the_lstm_loops_give_the_reference_bits(shape, dtype, strided, threads):
     def run(selection):
         rng = np.random.default_rng(3)
-        forward = _forward_arguments(rng, *shape, dtype)
+        forward = lstm_forward_arguments(rng, *shape, dtype)
         with eo.kernels.use(selection):
             eo.kernels.kernel.lstm_forward_steps(*forward)
             backward = _backward_arguments(rng, forward, strided)
@@ -84,7 +75,7 @@ def test_the_provider_really_runs_on_these_arguments():
     # NOTE: the bit-for-bit test above would pass trivially if the provider declined (returned
     # NotImplemented, so that the reference ran twice).
     rng = np.random.default_rng(0)
-    forward = _forward_arguments(rng, 3, 2, 5, np.float32)
+    forward = lstm_forward_arguments(rng, 3, 2, 5, np.float32)
     assert PROVIDER.resolve("lstm_forward_steps")(*forward) is None
     dh = PROVIDER.resolve("lstm_backward_steps")(*_backward_arguments(rng, forward, True))
     assert isinstance(dh, np.ndarray) and dh.shape == (2, 5)

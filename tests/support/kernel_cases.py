@@ -80,17 +80,27 @@ def _pool_geometry(shape, pool, stride, pads):
     return out_hw, tiled
 
 
-def _pool_forward(pool, stride, pads, dtype, how):
+def _special_values(rng, shape, dtype):
+    return values(rng, shape, dtype, specials=True)
+
+
+def _plain_values(rng, shape, dtype):
+    return values(rng, shape, dtype)
+
+
+def _pool_forward(pool, stride, pads, dtype, how, make=_special_values):
+    """Max pooling's forward on ``make(rng, shape, dtype)`` inputs."""
     def build(rng):
-        x = layout(values(rng, (3, 8, 8, 5), dtype, specials=True), how)
+        x = layout(make(rng, (3, 8, 8, 5), dtype), how)
         out_hw, tiled = _pool_geometry(x.shape, pool, stride, pads)
         return x, pool, stride, pads, out_hw, tiled
     return build
 
 
-def _pool_backward(pool, stride, pads, dtype, how):
+def _pool_backward(pool, stride, pads, dtype, how, make=_plain_values):
+    """Max pooling's backward, its winners taken on a float32 ``make(rng, shape, float32)``."""
     def build(rng):
-        x = values(rng, (3, 8, 8, 5), np.float32)
+        x = make(rng, (3, 8, 8, 5), np.float32)
         out_hw, tiled = _pool_geometry(x.shape, pool, stride, pads)
         _, winner = max_pool2d_forward(x, pool, stride, pads, out_hw, tiled)
         g = layout(values(rng, winner.shape, dtype), how)
@@ -757,32 +767,15 @@ def _signed_zeros_and_nans(rng, shape, dtype):
     return data
 
 
-def _pool_tie_forward(pool, stride, pads, dtype, how):
-    def build(rng):
-        x = layout(_signed_zeros_and_nans(rng, (3, 8, 8, 5), dtype), how)
-        out_hw, tiled = _pool_geometry(x.shape, pool, stride, pads)
-        return x, pool, stride, pads, out_hw, tiled
-    return build
-
-
-def _pool_tie_backward(pool, stride, pads, dtype, how):
-    def build(rng):
-        x = _signed_zeros_and_nans(rng, (3, 8, 8, 5), np.float32)
-        out_hw, tiled = _pool_geometry(x.shape, pool, stride, pads)
-        _, winner = max_pool2d_forward(x, pool, stride, pads, out_hw, tiled)
-        g = layout(values(rng, winner.shape, dtype), how)
-        return g, winner[:len(g)], (len(g),) + x.shape[1:], pool, stride, pads, out_hw, tiled
-    return build
-
-
 def _pool_tie_cases() -> list:
     cases = []
     for dtype in DTYPES:
         for how in ("contiguous", "strided"):
             for pool in POOLS:
                 label = f"ties-{pool[0]}s{pool[1]}-{dtype.name}-{how}"
-                cases.append(("max_pool2d_forward", _pool_tie_forward(*pool, dtype, how), label))
-                cases.append(("max_pool2d_backward", _pool_tie_backward(*pool, dtype, how), label))
+                for name, build in (("max_pool2d_forward", _pool_forward),
+                                    ("max_pool2d_backward", _pool_backward)):
+                    cases.append((name, build(*pool, dtype, how, _signed_zeros_and_nans), label))
     return cases
 
 

@@ -96,3 +96,10 @@ def test_the_layer_takes_inplace_and_returns_its_output():
     assert y is not x and set(np.unique(y.data)) == {0.0, 2.0}
     np.testing.assert_array_equal(x.data, np.ones(100))
     assert "inplace=True" in repr(layer)
+
+
+@pytest.mark.parametrize("p", [0.5, 1.0])
+def test_an_array_input_gives_a_tensor_whatever_p(p):
+    """p=1 is computed apart (zeros): it returns a Tensor as every other p does."""
+    out = eo.dropout(np.ones(4, np.float32), p, generator=np.random.default_rng(0))
+    assert isinstance(out, eo.Tensor) and out.data.dtype == np.float32

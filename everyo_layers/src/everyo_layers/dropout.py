@@ -72,8 +72,8 @@ def _dropped(x, p: float, training: bool, inplace: bool, generator):
                           f"EveryO's graph. Use the result, x = eo.dropout(x, p), or write "
                           f"inside eo.no_grad()")
     if p == 1.0:  # PyTorch's: times zero, so an inf or NaN input gives NaN as there, quietly
-        with np.errstate(invalid="ignore"):
-            out = x * np.zeros((), dtype=array_of(x).dtype)
+        with np.errstate(invalid="ignore"):  # (an op, so an array input gives a Tensor too)
+            out = dispatch("mul", x, np.zeros((), dtype=array_of(x).dtype))
     else:
         rng = generator if generator is not None else default_generator()
         out = dispatch("dropout", x, p=p, rng=rng)
